@@ -1,0 +1,1 @@
+"""Backends: each takes validated tensors and a Plan and returns the output."""

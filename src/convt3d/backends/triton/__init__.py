@@ -1,0 +1,39 @@
+"""Fused Triton forward. Triton is imported only when this backend is used."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ...plan import Plan
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def unsupported_reason(input: torch.Tensor, plan: Plan):
+    """None when the Triton kernel can serve this call, else a short reason."""
+    if not triton_available():
+        return "triton is not installed"
+    if input.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"device {input.device.type} needs TRITON_INTERPRET=1"
+    if input.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {input.dtype} (supported: float32, float16, bfloat16)"
+    return None
+
+
+def conv_transpose3d(input, weight, bias, plan: Plan):
+    reason = unsupported_reason(input, plan)
+    if reason is not None:
+        raise RuntimeError(f"convt3d: backend='triton' cannot run this call: {reason}")
+    from .forward import conv_transpose3d_triton
+
+    return conv_transpose3d_triton(input, weight, bias, plan)

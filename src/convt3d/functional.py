@@ -1,0 +1,106 @@
+"""conv_transpose3d(): validate -> plan -> pick backend -> run."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .ops import apply
+from .plan import Plan, make_plan
+
+logger = logging.getLogger("convt3d")
+
+BACKENDS = ("auto", "torch", "triton", "eager")
+
+
+def _check_tensor(value, name: str, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+
+
+def validate(input, weight, bias, stride, padding, output_padding, groups, dilation) -> tuple[torch.Tensor, Plan, bool]:
+    """Check every argument before any work. Returns the batched input, the plan, and whether input was unbatched."""
+    _check_tensor(input, "input")
+    _check_tensor(weight, "weight")
+    _check_tensor(bias, "bias", optional=True)
+    if input.dim() not in (4, 5):
+        raise ValueError(
+            f"input must be 5-D (N, C, D, H, W) or 4-D unbatched (C, D, H, W), got {input.dim()}-D shape {tuple(input.shape)}"
+        )
+    if weight.dim() != 5:
+        raise ValueError(f"weight must be 5-D (C_in, C_out/groups, kD, kH, kW), got shape {tuple(weight.shape)}")
+    if not (input.is_floating_point() or input.is_complex()):
+        raise TypeError(f"input must be a floating-point tensor, got {input.dtype}")
+    if weight.dtype != input.dtype:
+        raise TypeError(f"weight dtype {weight.dtype} must match input dtype {input.dtype}")
+    if weight.device != input.device:
+        raise ValueError(f"weight is on {weight.device} but input is on {input.device}; they must be on the same device")
+    unbatched = input.dim() == 4
+    batched = input.unsqueeze(0) if unbatched else input
+    plan = make_plan(tuple(batched.shape), tuple(weight.shape), stride, padding, output_padding, groups, dilation)
+    if bias is not None:
+        if bias.dtype != input.dtype:
+            raise TypeError(f"bias dtype {bias.dtype} must match input dtype {input.dtype}")
+        if bias.device != input.device:
+            raise ValueError(f"bias is on {bias.device} but input is on {input.device}; they must be on the same device")
+        if tuple(bias.shape) != (plan.out_channels,):
+            raise ValueError(
+                f"bias must have shape ({plan.out_channels},) = (C_out,), got {tuple(bias.shape)}"
+            )
+    return batched, plan, unbatched
+
+
+def choose_backend(input: torch.Tensor, plan: Plan) -> str:
+    """The fastest backend we know for this device and plan, or the reason we fall back."""
+    if input.device.type == "cuda":
+        from .backends.triton import unsupported_reason
+
+        reason = unsupported_reason(input, plan)
+        if reason is None:
+            return "triton"
+        logger.debug("convt3d: triton backend not used (%s); using the torch phase backend", reason)
+        return "torch"
+    # With stride 1 there is a single phase: the phase path would only add a weight flip and a copy.
+    if all(s == 1 for s in plan.stride):
+        return "eager"
+    return "torch"
+
+
+def run_backend(backend: str, input, weight, bias, plan: Plan) -> torch.Tensor:
+    if backend == "torch":
+        from .backends.torch_phase import conv_transpose3d as run
+    elif backend == "triton":
+        from .backends.triton import conv_transpose3d as run
+    else:
+        return torch.nn.functional.conv_transpose3d(
+            input, weight, bias, plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation
+        )
+    return run(input, weight, bias, plan)
+
+
+def conv_transpose3d(
+    input,
+    weight,
+    bias=None,
+    stride=1,
+    padding=0,
+    output_padding=0,
+    groups=1,
+    dilation=1,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Same arguments and result as torch.nn.functional.conv_transpose3d.
+
+    backend: "auto" (fastest known for the device), "torch" (portable phase decomposition),
+    "triton" (fused Triton kernel: CUDA, or CPU under TRITON_INTERPRET=1) or "eager"
+    (torch.nn.functional.conv_transpose3d itself). Autograd flows through every backend.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    batched, plan, unbatched = validate(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    out = apply(batched, weight, bias, plan, backend)
+    return out.squeeze(0) if unbatched else out

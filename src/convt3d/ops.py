@@ -1,0 +1,81 @@
+"""The operator torch.ops.convt3d.conv_transpose3d: registration, fake impl and autograd.
+
+Registering through torch.library lets torch.compile(fullgraph=True) trace models that use
+convt3d without a graph break, and gives the op a fake (meta) implementation for shape
+propagation. The backward is aten's convolution_backward (cuDNN on CUDA): differentiable
+and traceable, but not yet a fused Triton kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional, Sequence
+
+import torch
+
+from .plan import Plan, make_plan
+
+
+@functools.lru_cache(maxsize=256)
+def cached_plan(input_shape, weight_shape, stride, padding, output_padding, groups, dilation) -> Plan:
+    return make_plan(input_shape, weight_shape, stride, padding, output_padding, groups, dilation)
+
+
+def _plan_of(input, weight, stride, padding, output_padding, groups, dilation) -> Plan:
+    return cached_plan(tuple(input.shape), tuple(weight.shape), tuple(stride), tuple(padding),
+                       tuple(output_padding), groups, tuple(dilation))
+
+
+@torch.library.custom_op("convt3d::conv_transpose3d", mutates_args=())
+def conv_transpose3d_op(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    output_padding: Sequence[int],
+    groups: int,
+    dilation: Sequence[int],
+    backend: str,
+) -> torch.Tensor:
+    from .functional import choose_backend, run_backend
+
+    plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
+    if backend == "auto":
+        backend = choose_backend(input, plan)
+    return run_backend(backend, input, weight, bias, plan)
+
+
+@conv_transpose3d_op.register_fake
+def _(input, weight, bias, stride, padding, output_padding, groups, dilation, backend):
+    plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
+    return input.new_empty(plan.output_shape)
+
+
+def _setup_context(ctx, inputs, output):
+    input, weight, bias, stride, padding, output_padding, groups, dilation, _ = inputs
+    ctx.save_for_backward(input, weight)
+    ctx.has_bias = bias is not None
+    ctx.params = (list(stride), list(padding), list(output_padding), groups, list(dilation))
+
+
+def _backward(ctx, grad_output):
+    input, weight = ctx.saved_tensors
+    stride, padding, output_padding, groups, dilation = ctx.params
+    grad_input, grad_weight, _ = torch.ops.aten.convolution_backward(
+        grad_output, input, weight, None, stride, padding, dilation, True, output_padding, groups,
+        [ctx.needs_input_grad[0], ctx.needs_input_grad[1], False],
+    )
+    grad_bias = grad_output.sum(dim=(0, 2, 3, 4)) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+
+
+conv_transpose3d_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: Plan, backend: str):
+    """Call the registered op with a validated batched input and its plan."""
+    return conv_transpose3d_op(
+        input, weight, bias, list(plan.stride), list(plan.padding), list(plan.output_padding), plan.groups,
+        list(plan.dilation), backend,
+    )

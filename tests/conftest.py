@@ -1,0 +1,86 @@
+import os
+import random
+
+import pytest
+import torch
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "interpreter: runs Triton kernels under TRITON_INTERPRET=1 on the CPU")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def random_config(rng: random.Random, max_size: int = 5) -> dict:
+    """A random valid ConvTranspose3d configuration, small enough for float64 on the CPU."""
+    while True:
+        groups = rng.choice([1, 1, 1, 2, 3])
+        cfg = dict(
+            batch=rng.choice([0, 1, 1, 2]),
+            in_channels=groups * rng.randint(1, 3),
+            out_channels=groups * rng.randint(1, 3),
+            groups=groups,
+            kernel_size=tuple(rng.randint(1, 4) for _ in range(3)),
+            stride=tuple(rng.randint(1, 3) for _ in range(3)),
+            padding=tuple(rng.randint(0, 3) for _ in range(3)),
+            dilation=tuple(rng.randint(1, 3) for _ in range(3)),
+            spatial=tuple(rng.randint(1, max_size) for _ in range(3)),
+            bias=rng.random() < 0.5,
+            unbatched=rng.random() < 0.1,
+        )
+        cfg["output_padding"] = tuple(
+            rng.randint(0, max(s, d) - 1) for s, d in zip(cfg["stride"], cfg["dilation"])
+        )
+        out = [
+            (n - 1) * s - 2 * p + d * (k - 1) + op + 1
+            for n, s, p, d, k, op in zip(
+                cfg["spatial"], cfg["stride"], cfg["padding"], cfg["dilation"], cfg["kernel_size"], cfg["output_padding"]
+            )
+        ]
+        if min(out) >= 1:
+            if rng.random() < 0.5:  # ints where all three agree, as users often write them
+                for key in ("stride", "padding", "dilation", "output_padding"):
+                    if len(set(cfg[key])) == 1:
+                        cfg[key] = cfg[key][0]
+            return cfg
+
+
+def make_tensors(cfg: dict, dtype=torch.float64, device="cpu", generator=None):
+    shape = (cfg["in_channels"], *cfg["spatial"])
+    if not cfg["unbatched"]:
+        shape = (cfg["batch"], *shape)
+    x = torch.randn(shape, dtype=dtype, device=device, generator=generator)
+    w = torch.randn(
+        cfg["in_channels"], cfg["out_channels"] // cfg["groups"], *cfg["kernel_size"], dtype=dtype, device=device,
+        generator=generator,
+    )
+    b = torch.randn(cfg["out_channels"], dtype=dtype, device=device, generator=generator) if cfg["bias"] else None
+    return x, w, b
+
+
+def layer_args(cfg: dict) -> dict:
+    return {k: cfg[k] for k in ("stride", "padding", "output_padding", "groups", "dilation")}
+
+
+def assert_close_rel(actual, expected, rel: float, what: str = ""):
+    """Relative Frobenius error, with the first mismatching elements printed on failure."""
+    assert actual.shape == expected.shape, f"{what} shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert not torch.isnan(actual).any(), f"{what} has NaN (an element was not written?)"
+    a, e = actual.double(), expected.double()
+    denom = e.norm().item()
+    err = (a - e).norm().item() / denom if denom > 0 else (a - e).norm().item()
+    if err > rel:
+        diff = (a - e).abs().flatten()
+        worst = diff.topk(min(5, diff.numel())).indices
+        rows = [f"  at {tuple(torch.unravel_index(i, a.shape))}: got {a.flatten()[i]:.6g}, want {e.flatten()[i]:.6g}"
+                for i in worst]
+        raise AssertionError(f"{what} relative error {err:.3e} > {rel:.1e}\n" + "\n".join(rows))
+    return err

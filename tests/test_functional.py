@@ -1,0 +1,94 @@
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convt3d
+from conftest import assert_close_rel, layer_args, make_tensors, random_config
+
+# (dtype, relative tolerance vs PyTorch's own float64 result).
+# float32: two float32 summations of the same products, in different orders.
+DTYPES = [(torch.float64, 1e-10), (torch.float32, 1e-5)]
+
+
+@pytest.mark.parametrize("dtype, rel", DTYPES)
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+@pytest.mark.parametrize("seed", range(150))
+def test_parity_random_configs(seed, backend, dtype, rel):
+    cfg = random_config(random.Random(seed))
+    x, w, b = make_tensors(cfg, torch.float64)
+    expected = F.conv_transpose3d(x, w, b, **layer_args(cfg))
+    x_in, w_in, b_in = (t.to(dtype) if t is not None else None for t in (x, w, b))
+    before = [t.clone() if t is not None else None for t in (x_in, w_in, b_in)]
+    actual = convt3d.conv_transpose3d(x_in, w_in, b_in, **layer_args(cfg), backend=backend)
+    assert actual.dtype == dtype
+    assert_close_rel(actual, expected, rel, f"config {cfg}")
+    for t, t0 in zip((x_in, w_in, b_in), before):
+        assert t is None or torch.equal(t, t0), "inputs must never be modified"
+
+
+def test_problem_77_shape_at_batch_1_float32():
+    x = torch.rand(1, 32, 16, 32, 32)
+    w = torch.randn(32, 64, 3, 3, 3) * 0.1
+    expected = F.conv_transpose3d(x.double(), w.double(), None, 2, 1, 0, 1, 2)
+    actual = convt3d.conv_transpose3d(x, w, None, stride=2, padding=1, dilation=2)
+    assert_close_rel(actual, expected, 1e-6)
+
+
+def test_non_contiguous_input():
+    x = torch.randn(2, 3, 6, 5, 4, dtype=torch.float64).transpose(2, 4)
+    w = torch.randn(3, 2, 3, 2, 3, dtype=torch.float64)
+    expected = F.conv_transpose3d(x, w, None, (2, 1, 3), 1, (1, 0, 2))
+    assert_close_rel(convt3d.conv_transpose3d(x, w, None, (2, 1, 3), 1, (1, 0, 2)), expected, 1e-12)
+
+
+def _args():
+    return torch.randn(1, 4, 3, 3, 3), torch.randn(4, 2, 3, 3, 3), torch.randn(2)
+
+
+BAD_INPUTS = [
+    # (what to change, exception, text the message must contain)
+    (lambda x, w, b: dict(input=x[0, 0]), ValueError, "input must be 5-D"),
+    (lambda x, w, b: dict(input=x[None]), ValueError, "input must be 5-D"),
+    (lambda x, w, b: dict(weight=w[0]), ValueError, "weight must be 5-D"),
+    (lambda x, w, b: dict(weight=torch.randn(3, 2, 3, 3, 3)), ValueError, "input channels"),
+    (lambda x, w, b: dict(groups=3), ValueError, "groups"),
+    (lambda x, w, b: dict(stride=0), ValueError, "stride"),
+    (lambda x, w, b: dict(dilation=0), ValueError, "dilation"),
+    (lambda x, w, b: dict(padding=-1), ValueError, "padding"),
+    (lambda x, w, b: dict(stride=2, output_padding=2), ValueError, "output_padding"),
+    (lambda x, w, b: dict(output_padding=-1), ValueError, "output_padding"),
+    (lambda x, w, b: dict(weight=w.double()), TypeError, "weight dtype"),
+    (lambda x, w, b: dict(bias=b.double()), TypeError, "bias dtype"),
+    (lambda x, w, b: dict(weight=w.to("meta")), ValueError, "weight is on meta"),
+    (lambda x, w, b: dict(bias=b.to("meta")), ValueError, "bias is on meta"),
+    (lambda x, w, b: dict(bias=torch.randn(3)), ValueError, "bias must have shape"),
+    (lambda x, w, b: dict(bias=torch.randn(2, 1)), ValueError, "bias must have shape"),
+    (lambda x, w, b: dict(stride=(1, 2)), ValueError, "stride"),
+    (lambda x, w, b: dict(padding=(0, 0, 0, 0)), ValueError, "padding"),
+    (lambda x, w, b: dict(dilation=1.5), TypeError, "dilation"),
+    (lambda x, w, b: dict(input=x.numpy()), TypeError, "input must be a torch.Tensor"),
+    (lambda x, w, b: dict(weight=[1.0]), TypeError, "weight must be a torch.Tensor"),
+    (lambda x, w, b: dict(bias=3.0), TypeError, "bias must be a torch.Tensor"),
+    (lambda x, w, b: dict(input=x.to(torch.int64), weight=w.to(torch.int64), bias=None), TypeError, "floating-point"),
+    (lambda x, w, b: dict(input=torch.randn(1, 4, 0, 3, 3)), ValueError, "spatial size"),
+    (lambda x, w, b: dict(padding=4), ValueError, "output size"),
+    (lambda x, w, b: dict(backend="cudnn"), ValueError, "backend"),
+]
+
+
+@pytest.mark.parametrize("change, error, text", BAD_INPUTS)
+def test_bad_input_names_the_argument(change, error, text):
+    x, w, b = _args()
+    kwargs = dict(input=x, weight=w, bias=b)
+    kwargs.update(change(x, w, b))
+    with pytest.raises(error, match=text):
+        convt3d.conv_transpose3d(**kwargs)
+
+
+def test_triton_backend_explains_when_it_cannot_run(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x, w, b = _args()
+    with pytest.raises(RuntimeError, match="triton"):
+        convt3d.conv_transpose3d(x, w, b, backend="triton")

@@ -1,0 +1,96 @@
+import os
+import random
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+import convt3d
+from conftest import assert_close_rel, layer_args, make_tensors, random_config
+
+
+def test_op_is_registered():
+    assert hasattr(torch.ops.convt3d, "conv_transpose3d")
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+@pytest.mark.parametrize("seed", range(12))
+def test_gradcheck_float64(seed, backend):
+    rng = random.Random(1000 + seed)
+    cfg = random_config(rng, max_size=3)
+    cfg["batch"] = max(cfg["batch"], 1)
+    x, w, b = make_tensors(cfg)
+    inputs = [t.requires_grad_() for t in (x, w, b) if t is not None]
+
+    def f(x, w, b=None):
+        return convt3d.conv_transpose3d(x, w, b, **layer_args(cfg), backend=backend)
+
+    assert torch.autograd.gradcheck(f, inputs), cfg
+
+
+def test_float32_gradients_match_eager():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 5, 4, 6, requires_grad=True)
+    layer = nn.ConvTranspose3d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2, dilation=(1, 2, 1))
+    ours = convt3d.convert(nn.ConvTranspose3d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2,
+                                              dilation=(1, 2, 1)))
+    ours.load_state_dict(layer.state_dict())
+    grad = torch.randn(layer(x).shape)
+    expected = torch.autograd.grad(layer(x), (x, layer.weight, layer.bias), grad)
+    actual = torch.autograd.grad(ours(x), (x, ours.weight, ours.bias), grad)
+    for a, e, name in zip(actual, expected, ("input", "weight", "bias")):
+        assert_close_rel(a, e, 1e-5, f"grad {name}")
+
+
+def test_compile_fullgraph_matches_eager():
+    torch._dynamo.reset()
+    model = nn.Sequential(convt3d.ConvTranspose3d(3, 4, 3, stride=2, padding=1), nn.ReLU())
+    x = torch.randn(2, 3, 4, 5, 3)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    assert_close_rel(compiled(x), model(x), 1e-6)
+    x.requires_grad_()
+    compiled(x).sum().backward()
+    expected = torch.autograd.grad(model(x).sum(), x)[0]
+    assert_close_rel(x.grad, expected, 1e-6)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(convt3d.ConvTranspose3d(2, 3, 3, stride=2, padding=1), nn.Tanh(),
+                         convt3d.ConvTranspose3d(3, 1, 2, stride=(1, 2, 2)))
+
+
+def _ddp_worker(rank, world, port, data, result_path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = nn.parallel.DistributedDataParallel(_model())
+        x, target = data
+        shard = slice(rank * len(x) // world, (rank + 1) * len(x) // world)
+        F.mse_loss(model(x[shard]), target[shard]).backward()
+        if rank == 0:
+            torch.save([p.grad for p in model.parameters()], result_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_gradients_match_single_process(tmp_path):
+    torch.manual_seed(1)
+    x = torch.randn(4, 2, 3, 3, 3)
+    reference = _model()
+    target = torch.randn_like(reference(x))
+    F.mse_loss(reference(x), target).backward()
+    path = tmp_path / "grads.pt"
+    mp.spawn(_ddp_worker, args=(2, _free_port(), (x, target), str(path)), nprocs=2, join=True)
+    for got, want in zip(torch.load(path), (p.grad for p in reference.parameters())):
+        assert_close_rel(got, want, 1e-5, "DDP gradient")
