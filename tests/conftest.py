@@ -4,6 +4,10 @@ import random
 import pytest
 import torch
 
+# Without a GPU, Triton kernels run in the interpreter; it must be chosen before any kernel is defined.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")

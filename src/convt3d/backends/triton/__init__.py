@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -27,6 +28,11 @@ def unsupported_reason(input: torch.Tensor, plan: Plan):
         return f"device {input.device.type} needs TRITON_INTERPRET=1"
     if input.dtype not in SUPPORTED_DTYPES:
         return f"dtype {input.dtype} (supported: float32, float16, bfloat16)"
+    # Offsets inside one sample (and inside the weight) are 32-bit; sample and channel-group bases are 64-bit.
+    sample_out = plan.out_channels * math.prod(plan.output_spatial)
+    if max(input[0].numel() if input.shape[0] else 0, sample_out, plan.in_channels * plan.out_channels
+           // plan.groups * math.prod(plan.kernel_size)) >= 2**31:
+        return "one sample of the input or output, or the weight, has 2**31 elements or more"
     return None
 
 

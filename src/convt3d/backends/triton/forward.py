@@ -1,0 +1,306 @@
+"""Fused Triton forward of conv_transpose3d: one kernel writes every output element once.
+
+Output index along an axis with stride s and padding p is written o = s*u + v, v in [0, s):
+every o with the same v lies in the same phase r = (v + p) mod s and reads input
+i = u + (v + p) // s - m_t for each tap t of that phase (t*d = r + s*m_t). A program owns,
+for one sample n and one output depth od, a block of BLOCK_R rows oh = s_h*u_h + v_h (one v_h)
+and BLOCK_Q columns u_w, and every v_w of them: BLOCK_R * BLOCK_Q * s_w outputs by BLOCK_CO
+output channels. Per v_w it runs an implicit GEMM over (taps of the phase) x (input channels)
+on tensor cores and stores the tile; rows whose depth or height phase no tap reaches are
+filled with the bias in full contiguous rows and run no GEMM at all.
+
+Precision (float32 inputs): PRECISION 1 rounds both operands to TF32 (round to nearest, ties
+away, as cuDNN's conversion does) and runs one TF32 dot; PRECISION 2 splits each operand into
+a TF32 high part and a TF32 remainder and runs three dots (3xTF32, about float32 accuracy).
+PRECISION 0 is the native dot of float16/bfloat16 operands. Accumulation is float32 always.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ...plan import Plan
+
+NATIVE, TF32, TF32X3 = 0, 1, 2
+
+
+@triton.jit
+def _round_to_tf32(x):
+    # Keep 10 mantissa bits, rounding to nearest with ties away from zero (PTX cvt.rna.tf32.f32).
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x1000) & -8192  # -8192 == 0xFFFFE000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+    if INTERPRETED and a.dtype == tl.bfloat16:
+        # The interpreter's dot mishandles bfloat16 (seen with Triton 3.9); bfloat16 products are exact in
+        # float32, so a float32 dot of the upcast operands computes what the tensor cores do.
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif PRECISION == 1:
+        acc = tl.dot(_round_to_tf32(a), _round_to_tf32(b), acc, input_precision="tf32")
+    elif PRECISION == 2:
+        a_hi = _round_to_tf32(a)
+        b_hi = _round_to_tf32(b)
+        a_lo = _round_to_tf32(a - a_hi)
+        b_lo = _round_to_tf32(b - b_hi)
+        acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
+        acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
+        acc = tl.dot(a_hi, b_hi, acc, input_precision="tf32")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _phase_taps(r, S: tl.constexpr, DIL: tl.constexpr, TAP_STEP: tl.constexpr, K):
+    """First tap t0 and number of taps reaching phase r (taps of one phase step by TAP_STEP)."""
+    t0 = r * 0 - 1  # none yet
+    for t in tl.static_range(TAP_STEP):
+        t0 = tl.where(((t * DIL) % S == r) & (t0 < 0), t, t0)
+    count = tl.where((t0 >= 0) & (t0 < K), (K - t0 + TAP_STEP - 1) // TAP_STEP, 0)
+    t0 = tl.maximum(t0, 0)
+    return t0, count
+
+
+@triton.jit
+def _useful_taps(q_lo, q_hi, m0, M_STEP: tl.constexpr, count, size):
+    """Tap range [lo, hi) of a phase whose input q - m0 - j*M_STEP lies in [0, size) for some q in [q_lo, q_hi]."""
+    top = q_hi - m0
+    hi = tl.where(top < 0, 0, tl.minimum(count, top // M_STEP + 1))
+    bottom = q_lo - m0 - size + 1
+    lo = tl.where(bottom <= 0, 0, (bottom + M_STEP - 1) // M_STEP)
+    return lo, tl.maximum(hi, lo)
+
+
+@triton.jit
+def conv_transpose3d_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    CIN_G, COUT_G, D, H, W, OD, OH, OW,
+    KD, KH, KW,
+    sxn, sxc, sxd, sxh, sxw,
+    syn, syc, syd, syh, syw,
+    U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS, GROUPS,
+    S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
+    P_D: tl.constexpr, P_H: tl.constexpr, P_W: tl.constexpr,
+    DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+    STEP_D: tl.constexpr, STEP_H: tl.constexpr, STEP_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
+    FILL_W: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
+    # Program order: output-channel blocks fastest, so programs sharing an input tile run together.
+    pid = tl.program_id(0)
+    co_block = pid % (CO_BLOCKS * GROUPS)
+    pid = pid // (CO_BLOCKS * GROUPS)
+    uw_block = pid % U_W_BLOCKS
+    pid = pid // U_W_BLOCKS
+    uh_block = pid % U_H_BLOCKS
+    pid = pid // U_H_BLOCKS
+    v_h = pid % S_H
+    pid = pid // S_H
+    od = pid % OD
+    n = pid // OD
+    group = co_block // CO_BLOCKS
+    co = (co_block % CO_BLOCKS) * BLOCK_CO + tl.arange(0, BLOCK_CO)
+    co_ok = co < COUT_G
+
+    y_base = y_ptr + n.to(tl.int64) * syn + od.to(tl.int64) * syd + (group * COUT_G).to(tl.int64) * syc
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + group * COUT_G + co, mask=co_ok, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
+
+    # Depth: one output plane, phase r_d, compact index q_d.
+    r_d = (od + P_D) % S_D
+    q_d = (od + P_D) // S_D
+    t0_d, n_d = _phase_taps(r_d, S_D, DIL_D, STEP_D, KD)
+    M_STEP_D: tl.constexpr = STEP_D * DIL_D // S_D
+    m0_d = (t0_d * DIL_D - r_d) // S_D
+    jd_lo, jd_hi = _useful_taps(q_d, q_d, m0_d, M_STEP_D, n_d, D)
+    # Height: rows oh = S_H * u_h + v_h of one phase r_h.
+    r_h = (v_h + P_H) % S_H
+    base_h = (v_h + P_H) // S_H
+    t0_h, n_h = _phase_taps(r_h, S_H, DIL_H, STEP_H, KH)
+    M_STEP_H: tl.constexpr = STEP_H * DIL_H // S_H
+    m0_h = (t0_h * DIL_H - r_h) // S_H
+    u_h0 = uh_block * BLOCK_R
+    jh_lo, jh_hi = _useful_taps(u_h0 + base_h, u_h0 + BLOCK_R - 1 + base_h, m0_h, M_STEP_H, n_h, H)
+    u_w0 = uw_block * BLOCK_Q
+
+    if (jd_hi - jd_lo) * (jh_hi - jh_lo) == 0:
+        # No tap reaches these rows: write the bias over whole contiguous rows.
+        e = tl.arange(0, BLOCK_R * FILL_W)
+        oh = S_H * (u_h0 + e // FILL_W) + v_h
+        ow = S_W * u_w0 + e % FILL_W
+        ok = (oh < OH) & (ow < OW) & (e % FILL_W < S_W * BLOCK_Q)
+        ptrs = y_base + co[:, None] * syc + (oh * syh + ow * syw)[None, :]
+        fill = tl.zeros([BLOCK_CO, BLOCK_R * FILL_W], dtype=tl.float32) + bias[:, None]
+        tl.store(ptrs, fill.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok[None, :])
+    else:
+        m = tl.arange(0, BLOCK_M)
+        u_h = u_h0 + m // BLOCK_Q
+        u_w = u_w0 + m % BLOCK_Q
+        oh = S_H * u_h + v_h
+        ci = tl.arange(0, BLOCK_CI)
+        x_base = x_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
+        w_group = w_ptr + group * CIN_G * COUT_G
+        CI_BLOCKS = tl.cdiv(CIN_G, BLOCK_CI)
+        for v_w in tl.static_range(S_W):
+            r_w: tl.constexpr = (v_w + P_W) % S_W
+            base_w: tl.constexpr = (v_w + P_W) // S_W
+            ow = S_W * u_w + v_w
+            t0_w, n_w = _phase_taps(r_w + u_w0 * 0, S_W, DIL_W, STEP_W, KW)
+            M_STEP_W: tl.constexpr = STEP_W * DIL_W // S_W
+            m0_w = (t0_w * DIL_W - r_w) // S_W
+            jw_lo, jw_hi = _useful_taps(u_w0 + base_w, u_w0 + BLOCK_Q - 1 + base_w, m0_w, M_STEP_W, n_w, W)
+            if S_W * u_w0 + v_w >= OW:  # this v_w has no output column in the block
+                jw_hi = jw_lo
+            nd = jd_hi - jd_lo
+            nh = jh_hi - jh_lo
+            nw = jw_hi - jw_lo
+            acc = tl.zeros([BLOCK_M, BLOCK_CO], dtype=tl.float32)
+            for k in range(nd * nh * nw * CI_BLOCKS):
+                tap = k // CI_BLOCKS
+                ci0 = (k % CI_BLOCKS) * BLOCK_CI
+                jd = jd_lo + tap // (nh * nw)
+                jh = jh_lo + (tap // nw) % nh
+                jw = jw_lo + tap % nw
+                t_d = t0_d + jd * STEP_D
+                t_h = t0_h + jh * STEP_H
+                t_w = t0_w + jw * STEP_W
+                i_d = q_d - m0_d - jd * M_STEP_D + m * 0  # broadcast: the interpreter cannot mask with scalars
+                i_h = u_h + base_h - m0_h - jh * M_STEP_H
+                i_w = u_w + base_w - m0_w - jw * M_STEP_W
+                row_ok = (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H) & (i_w >= 0) & (i_w < W)
+                ci_ok = ci0 + ci < CIN_G
+                a = tl.load(
+                    x_base + (i_d * sxd + i_h * sxh + i_w * sxw)[:, None] + ((ci0 + ci) * sxc)[None, :],
+                    mask=row_ok[:, None] & ci_ok[None, :], other=0.0,
+                )
+                tap_row = ((t_d * KH + t_h) * KW + t_w) * GROUPS * CIN_G * COUT_G
+                b = tl.load(
+                    w_group + tap_row + (ci0 + ci)[:, None] * COUT_G + co[None, :],
+                    mask=ci_ok[:, None] & co_ok[None, :], other=0.0,
+                )
+                acc = _dot(a, b, acc, PRECISION, INTERPRETED)
+            out = acc + bias[None, :]
+            ok = (oh < OH) & (ow < OW)
+            # Pointers laid out [channel, position] so that neighbouring threads write neighbouring columns.
+            ptrs = y_base + co[:, None] * syc + (oh * syh + ow * syw)[None, :]
+            tl.store(ptrs, tl.trans(out).to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok[None, :])
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _configs():
+    if _interpreted():
+        return [dict(BLOCK_M=32, BLOCK_CO=16, BLOCK_CI=16, num_warps=4, num_stages=1)]
+    return [
+        dict(BLOCK_M=m, BLOCK_CO=co, BLOCK_CI=ci, num_warps=w, num_stages=s)
+        for m, co, ci, w, s in [
+            (128, 64, 32, 4, 3),
+            (128, 64, 32, 8, 3),
+            (128, 64, 16, 4, 4),
+            (64, 64, 32, 4, 3),
+            (256, 64, 32, 8, 3),
+            (128, 128, 32, 8, 3),
+            (64, 128, 32, 4, 3),
+            (256, 32, 32, 8, 3),
+        ]
+    ]
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def precision_for(dtype: torch.dtype) -> int:
+    """PyTorch's rule for convolutions: TF32 when torch.backends.cudnn.allow_tf32, else full float32."""
+    if dtype != torch.float32:
+        return NATIVE
+    return TF32 if torch.backends.cudnn.allow_tf32 else TF32X3
+
+
+def output_memory_format(input: torch.Tensor) -> torch.memory_format:
+    """As PyTorch's convolutions: channels_last_3d output for a channels_last_3d (not contiguous) input."""
+    if not input.is_contiguous() and input.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+_best_config: dict = {}
+
+
+def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | None = None, config: dict | None = None):
+    """Check, allocate, launch. input (N, C_in, D, H, W) and weight are validated; any strides."""
+    out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device,
+                      memory_format=output_memory_format(input))
+    if out.numel() == 0:
+        return out
+    precision = precision_for(input.dtype) if precision is None else precision
+    n, c_in, d, h, w = input.shape
+    groups = plan.groups
+    cin_g, cout_g = c_in // groups, plan.out_channels // groups
+    kd, kh, kw = plan.kernel_size
+    od, oh, ow = plan.output_spatial
+    (s_d, s_h, s_w), (p_d, p_h, p_w), (dl_d, dl_h, dl_w) = plan.stride, plan.padding, plan.dilation
+    if cin_g == 0:
+        return out.copy_(bias.view(1, -1, 1, 1, 1).expand_as(out)) if bias is not None else out.zero_()
+    # Taps laid out [kD, kH, kW, C_in, C_out/g]: each (tap, input-channel block) is one contiguous tile.
+    w_packed = weight.permute(2, 3, 4, 0, 1).contiguous()
+    u_h, u_w = -(-oh // s_h), -(-ow // s_w)
+    block_q = min(32, _pow2_at_most(u_w))
+
+    key = (plan, input.dtype, precision, input.device)
+    candidates = [config] if config is not None else ([_best_config[key]] if key in _best_config else _configs())
+
+    def launch(cfg):
+        block_r = max(1, cfg["BLOCK_M"] // block_q)
+        block_co = max(16, min(cfg["BLOCK_CO"], triton.next_power_of_2(cout_g)))
+        block_ci = max(16, min(cfg["BLOCK_CI"], triton.next_power_of_2(cin_g)))
+        grid = (n * od * s_h * triton.cdiv(u_h, block_r) * triton.cdiv(u_w, block_q)
+                * triton.cdiv(cout_g, block_co) * groups,)
+        conv_transpose3d_kernel[grid](
+            input, w_packed, bias if bias is not None else w_packed, out,
+            cin_g, cout_g, d, h, w, od, oh, ow, kd, kh, kw,
+            *input.stride(), *out.stride(),
+            triton.cdiv(u_h, block_r), triton.cdiv(u_w, block_q), triton.cdiv(cout_g, block_co), groups,
+            S_D=s_d, S_H=s_h, S_W=s_w, P_D=p_d, P_H=p_h, P_W=p_w, DIL_D=dl_d, DIL_H=dl_h, DIL_W=dl_w,
+            STEP_D=s_d // math.gcd(s_d, dl_d), STEP_H=s_h // math.gcd(s_h, dl_h), STEP_W=s_w // math.gcd(s_w, dl_w),
+            HAS_BIAS=bias is not None, PRECISION=precision, INTERPRETED=_interpreted(),
+            BLOCK_R=block_r, BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci,
+            FILL_W=triton.next_power_of_2(s_w * block_q),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+
+    if len(candidates) == 1:
+        launch(candidates[0])
+    else:
+        _best_config[key] = _autotune(launch, candidates)
+        launch(_best_config[key])
+    return out
+
+
+def _autotune(launch, candidates):
+    """Time each config once warm (do_bench) and keep the fastest; configs that fail to compile are skipped."""
+    best, best_ms = None, float("inf")
+    for cfg in candidates:
+        try:
+            ms = triton.testing.do_bench(lambda: launch(cfg), warmup=5, rep=20)
+        except Exception:  # e.g. out of shared memory for this tile
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    if best is None:
+        raise RuntimeError("convt3d: no Triton config compiled for this layer")
+    return best

@@ -1,0 +1,135 @@
+"""The fused Triton forward, under TRITON_INTERPRET=1 on the CPU (and natively on a GPU)."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convt3d
+from conftest import assert_close_rel, layer_args, make_tensors, random_config
+
+pytest.importorskip("triton")
+from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3, conv_transpose3d_triton  # noqa: E402
+from convt3d.plan import make_plan  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
+    """Reference rounding: float32 to 10 mantissa bits, nearest, ties away from zero."""
+    bits = t.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & -8192).view(torch.float32)
+
+
+def run(x, w, b, cfg, precision):
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    y = conv_transpose3d_triton(x, w, b, plan, precision=precision)
+    assert y.shape == plan.output_shape
+    return y
+
+
+def tensors(cfg, dtype):
+    x, w, b = make_tensors(dict(cfg, unbatched=False), torch.float32, DEVICE)
+    return x.to(dtype), w.to(dtype), (b.to(dtype) if b is not None else None)
+
+
+CASES = [
+    # Problem 77 in miniature: one non-empty phase of eight, taps cut at the borders.
+    dict(batch=2, in_channels=4, out_channels=8, groups=1, kernel_size=(3, 3, 3), stride=2, padding=1, dilation=2,
+         output_padding=0, spatial=(3, 5, 6), bias=False),
+    # Tile edges: widths and heights not multiples of the block; more channels than one block.
+    dict(batch=1, in_channels=20, out_channels=40, groups=1, kernel_size=(2, 3, 4), stride=(1, 2, 3),
+         padding=(0, 1, 2), dilation=1, output_padding=(0, 1, 2), spatial=(2, 7, 13), bias=True),
+    # Groups, dilation, stride 3 with phases only some taps reach.
+    dict(batch=2, in_channels=6, out_channels=9, groups=3, kernel_size=(3, 2, 3), stride=(3, 3, 2), padding=(2, 0, 1),
+         dilation=(2, 1, 3), output_padding=(1, 0, 2), spatial=(3, 4, 5), bias=True),
+    # k2 s2 (U-Net) and k4 s2 p1 (VAE decoder).
+    dict(batch=1, in_channels=5, out_channels=3, groups=1, kernel_size=(2, 2, 2), stride=2, padding=0, dilation=1,
+         output_padding=0, spatial=(3, 3, 4), bias=True),
+    dict(batch=1, in_channels=3, out_channels=4, groups=1, kernel_size=(4, 4, 4), stride=2, padding=1, dilation=1,
+         output_padding=0, spatial=(2, 3, 5), bias=False),
+    # Padding so large that whole phases read nothing.
+    dict(batch=1, in_channels=2, out_channels=2, groups=1, kernel_size=(1, 3, 3), stride=(4, 2, 2), padding=(0, 2, 3),
+         dilation=1, output_padding=(3, 1, 0), spatial=(2, 2, 4), bias=True),
+]
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
+def test_tf32_rounds_operands_to_nearest(cfg):
+    x, w, b = tensors(cfg, torch.float32)
+    y = run(x, w, b, cfg, TF32)
+    # Exactly the products of the TF32-rounded operands, summed in float32.
+    ref_rounded = F.conv_transpose3d(round_to_tf32(x).double(), round_to_tf32(w).double(),
+                                     b.double() if b is not None else None, **layer_args(cfg))
+    assert_close_rel(y, ref_rounded, 1e-6)
+    ref = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
+    assert_close_rel(y, ref, 2e-3)  # TF32 keeps 11 significant bits
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
+def test_tf32x3_is_float32_accurate(cfg):
+    x, w, b = tensors(cfg, torch.float32)
+    ref = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
+    assert_close_rel(run(x, w, b, cfg, TF32X3), ref, 1e-6)
+
+
+# float16 keeps 11 significant bits, bfloat16 8: the output's own rounding dominates.
+@pytest.mark.parametrize("dtype, rel", [(torch.float16, 2e-3), (torch.bfloat16, 1.5e-2)])
+@pytest.mark.parametrize("cfg", CASES[:3], ids=range(3))
+def test_half_precision(cfg, dtype, rel):
+    x, w, b = tensors(cfg, dtype)
+    y = run(x, w, b, cfg, NATIVE)
+    assert y.dtype == dtype
+    ref = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
+    assert_close_rel(y, ref, rel)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_configs_tf32x3(seed):
+    cfg = random_config(random.Random(7000 + seed))
+    cfg["batch"] = max(1, cfg["batch"])
+    x, w, b = tensors(cfg, torch.float32)
+    ref = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
+    assert_close_rel(run(x, w, b, cfg, TF32X3), ref, 1e-6, str(cfg))
+
+
+def test_strided_and_channels_last_inputs_keep_pytorchs_memory_format():
+    cfg = CASES[1]
+    x, w, b = tensors(cfg, torch.float32)
+    ref = F.conv_transpose3d(x.double(), w.double(), b.double(), **layer_args(cfg))
+    x_cl = x.to(memory_format=torch.channels_last_3d)
+    y = run(x_cl, w, b, cfg, TF32X3)
+    assert y.is_contiguous(memory_format=torch.channels_last_3d)
+    assert_close_rel(y, ref, 1e-6)
+    x_t = x.transpose(3, 4).contiguous().transpose(3, 4)
+    assert_close_rel(run(x_t, w, b, cfg, TF32X3), ref, 1e-6)
+
+
+def test_functional_backend_triton_and_batch_zero():
+    cfg = CASES[0]
+    x, w, b = tensors(cfg, torch.float32)
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        y = convt3d.conv_transpose3d(x, w, None, **layer_args(cfg), backend="triton")
+    assert_close_rel(y, F.conv_transpose3d(x.double(), w.double(), None, **layer_args(cfg)), 1e-6)
+    empty = convt3d.conv_transpose3d(x[:0], w, None, **layer_args(cfg), backend="triton")
+    assert empty.shape == (0, *y.shape[1:])
+
+
+def test_every_element_written():
+    """The output is allocated uninitialised: poison what the allocator hands out and check no NaN survives."""
+    cfg = CASES[5]
+    x, w, b = tensors(cfg, torch.float32)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kwargs):
+        return real_empty(*args, **kwargs).fill_(float("nan"))
+
+    torch.empty = poisoned_empty
+    try:
+        y = conv_transpose3d_triton(x, w, b, plan, precision=TF32X3)
+    finally:
+        torch.empty = real_empty
+    ref = F.conv_transpose3d(x.double(), w.double(), b.double(), **layer_args(cfg))
+    assert_close_rel(y, ref, 1e-6)
