@@ -2,8 +2,9 @@
 
 Each non-empty phase is an ordinary correlation of the input (cropped and padded to the
 phase's window) with the flipped taps that reach it; its result is copied once into a
-strided view of the output. Empty phases get the bias (or zero). No zero-stuffed input,
-no col2im.
+strided view of the output. Empty regions get the bias (or zero), filled as whole planes
+or rows where a depth or height phase is empty, since large contiguous fills are far
+cheaper than element-strided ones. No zero-stuffed input, no col2im.
 """
 
 from __future__ import annotations
@@ -11,55 +12,67 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..plan import AxisPhase, Plan
+from ..plan import AxisPhase, AxisPlan, Plan
 
 
-def _window(phase: AxisPhase, in_size: int) -> tuple[slice, int, int, int]:
-    """Input slice, symmetric conv padding, and output offset that realise one axis phase.
+def _out_slice(phase: AxisPhase, axis: AxisPlan) -> slice:
+    return slice(phase.out_start, phase.out_start + axis.stride * (phase.out_count - 1) + 1, axis.stride)
 
-    conv3d pads symmetrically, so pad both sides by the larger of the two pads and drop the
-    extra outputs that the smaller side produces.
-    """
-    start, stop = phase.input_start, phase.input_start + phase.input_span
-    pad_left, pad_right = max(0, -start), max(0, stop - in_size)
-    pad = max(pad_left, pad_right)
-    return slice(max(0, start), min(in_size, stop)), pad, pad - pad_left, phase.input_dilation
+
+def _pads(phase: AxisPhase, in_size: int) -> tuple[int, int]:
+    """(left, right) padding of the input that gives exactly the phase's window; negative crops."""
+    return -phase.input_start, phase.input_start + phase.input_span - in_size
+
+
+def _fill(target: torch.Tensor, bias) -> None:
+    if bias is None:
+        target.zero_()
+    else:
+        target.copy_(bias.view(1, -1, 1, 1, 1).expand_as(target))
+
+
+def _phase_weight(weight: torch.Tensor, phases: tuple[AxisPhase, ...], groups: int) -> torch.Tensor:
+    """(C_out, C_in/g, taps...) in the flipped tap order of each axis phase."""
+    w = weight[:, :, list(phases[0].taps)][:, :, :, list(phases[1].taps)][:, :, :, :, list(phases[2].taps)]
+    c_in, c_out_g = w.shape[:2]
+    w = w.reshape(groups, c_in // groups, c_out_g, *w.shape[2:]).transpose(1, 2)
+    return w.reshape(groups * c_out_g, c_in // groups, *w.shape[3:])
+
+
+def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tensor:
+    pads = [_pads(p, a.in_size) for p, a in zip(phases, plan.axes)]
+    x = input
+    if any(pads):
+        # F.pad takes the last axis first.
+        x = F.pad(input, [v for pair in reversed(pads) for v in pair])
+    w = _phase_weight(weight, phases, plan.groups)
+    return F.conv3d(x, w, bias, 1, 0, tuple(p.input_dilation for p in phases), plan.groups)
 
 
 def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors."""
     out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device)
-    fill = bias.view(1, -1, 1, 1, 1) if bias is not None else None
-    groups = plan.groups
-    c_in, c_out_g = weight.shape[0], weight.shape[1]
-    for phase in plan.phases:
-        target = out[(slice(None), slice(None), *_phase_slices(phase, plan))]
-        if target.numel() == 0:
+    axis_d, axis_h, axis_w = plan.axes
+    for pd in axis_d.phases:
+        if pd.out_count == 0:
             continue
-        if not phase.reads_input:
-            if fill is None:
-                target.zero_()
-            else:
-                target.copy_(fill.expand_as(target))
+        sd = _out_slice(pd, axis_d)
+        if not pd.reads_input(axis_d.in_size):
+            _fill(out[:, :, sd], bias)
             continue
-        windows = [_window(p, a.in_size) for p, a in zip(phase.axes, plan.axes)]
-        x = input[(slice(None), slice(None), *(w[0] for w in windows))]
-        taps = [list(p.taps) for p in phase.axes]
-        # Phase weight for conv3d: (C_out, C_in/g, taps...) with taps in flipped (descending) order.
-        w = weight[:, :, taps[0]][:, :, :, taps[1]][:, :, :, :, taps[2]]
-        w = w.reshape(groups, c_in // groups, c_out_g, *w.shape[2:]).transpose(1, 2)
-        w = w.reshape(groups * c_out_g, c_in // groups, *w.shape[3:])
-        y = F.conv3d(
-            x, w, bias, stride=1, padding=tuple(w_[1] for w_ in windows),
-            dilation=tuple(w_[3] for w_ in windows), groups=groups,
-        )
-        y = y[(slice(None), slice(None), *(slice(w_[2], w_[2] + p.out_count) for w_, p in zip(windows, phase.axes)))]
-        target.copy_(y)
+        for ph in axis_h.phases:
+            if ph.out_count == 0:
+                continue
+            sh = _out_slice(ph, axis_h)
+            if not ph.reads_input(axis_h.in_size):
+                _fill(out[:, :, sd, sh], bias)
+                continue
+            for pw in axis_w.phases:
+                if pw.out_count == 0:
+                    continue
+                view = out[:, :, sd, sh, _out_slice(pw, axis_w)]
+                if pw.reads_input(axis_w.in_size):
+                    view.copy_(_phase_conv(input, weight, bias, plan, (pd, ph, pw)))
+                else:
+                    _fill(view, bias)
     return out
-
-
-def _phase_slices(phase, plan: Plan) -> tuple[slice, ...]:
-    return tuple(
-        slice(p.out_start, p.out_start + a.stride * (p.out_count - 1) + 1, a.stride) if p.out_count else slice(0, 0)
-        for p, a in zip(phase.axes, plan.axes)
-    )

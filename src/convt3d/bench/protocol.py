@@ -1,0 +1,87 @@
+"""KernelBench's measuring protocol, and the floor model.
+
+Correctness: 5 trials with fresh torch.rand inputs, torch.allclose(atol=rtol=1e-4) against the
+eager module, and the relative error against a float64 reference. Timing on CUDA: events around
+each call, 5 warm-up calls, 100 timed calls, the L2 cache flushed (a 256 MB buffer written)
+before each. On the CPU: wall clock, warm-up, repeats.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+KERNELBENCH_ATOL = KERNELBENCH_RTOL = 1e-4
+FLUSH_BYTES = 256 * 1024 * 1024
+# HBM3e bandwidth of the H200 by NVIDIA's datasheet; other GPUs are named but not modelled.
+DATASHEET_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
+
+
+@dataclass
+class Timing:
+    mean_ms: float
+    std_ms: float
+    min_ms: float
+    max_ms: float
+
+    @classmethod
+    def of(cls, samples_ms: list[float]) -> "Timing":
+        std = statistics.stdev(samples_ms) if len(samples_ms) > 1 else 0.0
+        return cls(statistics.fmean(samples_ms), std, min(samples_ms), max(samples_ms))
+
+
+def time_cuda(fn: Callable[[], object], warmup: int = 5, iters: int = 100, device=None) -> Timing:
+    """CUDA events around each call, the L2 flushed before each."""
+    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for start, end in zip(starts, ends):
+        flush.fill_(1)
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return Timing.of([s.elapsed_time(e) for s, e in zip(starts, ends)])
+
+
+def time_cpu(fn: Callable[[], object], warmup: int = 1, iters: int = 5) -> Timing:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return Timing.of(samples)
+
+
+def relative_error(actual: torch.Tensor, reference64: torch.Tensor) -> float:
+    """||actual - ref|| / ||ref|| in float64."""
+    diff = actual.double() - reference64
+    return (diff.norm() / reference64.norm()).item()
+
+
+def kernelbench_check(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    return bool(torch.allclose(actual, expected, atol=KERNELBENCH_ATOL, rtol=KERNELBENCH_RTOL))
+
+
+def floor_bytes(input_shape, weight_shape, output_shape, bias: bool, element_size: int) -> int:
+    """Fewest bytes any implementation moves: input and weight read once, output written once."""
+    elements = math.prod(input_shape) + math.prod(weight_shape) + math.prod(output_shape)
+    return (elements + (output_shape[1] if bias else 0)) * element_size
+
+
+def datasheet_bandwidth(device_name: str) -> tuple[str, float] | None:
+    """(name, bytes/s) of the GPU's datasheet memory bandwidth, where we know it."""
+    for key, bandwidth in DATASHEET_BANDWIDTH.items():
+        if key in device_name:
+            return key, bandwidth
+    return None

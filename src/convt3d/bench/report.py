@@ -1,0 +1,95 @@
+"""Environment, terminal table, JSON and PNG chart."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+
+import torch
+
+
+def environment(device: torch.device) -> dict:
+    env = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        device=platform.processor() or platform.machine(),
+        driver=None,
+        torch=torch.__version__,
+        triton=None,
+        cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        python=platform.python_version(),
+    )
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        env["device"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+        env["driver"] = _driver_version()
+    else:
+        env["threads"] = torch.get_num_threads()
+    return env
+
+
+def _driver_version():
+    try:
+        import subprocess
+
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    except Exception:
+        return None
+
+
+def _fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def table(rows: list[dict]) -> str:
+    header = ("implementation", "mean ± std ms", "speed-up", "× floor", "rel err fp64", "KB check")
+    lines = []
+    for r in rows:
+        timing = f"{r['mean_ms']:.4f} ± {r['std_ms']:.4f}" if r["mean_ms"] is not None else "-"
+        check = {True: "pass", False: "FAIL", None: "-"}[r["kernelbench_check"]]
+        name = r["implementation"] if "layer" not in r else f"{r['layer']}: {r['implementation']}"
+        lines.append((name, timing, _fmt(r["speedup_vs_eager"], ".2f") + "×" if r["speedup_vs_eager"] else "-",
+                      _fmt(r["ratio_to_floor"], ".2f"), _fmt(r["rel_err_fp64"], ".1e"), check))
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
+    out = [" | ".join(h.ljust(w) for h, w in zip(header, widths)), "-+-".join("-" * w for w in widths)]
+    out += [" | ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines]
+    return "\n".join(out)
+
+
+def write_json(path: str, env: dict, rows: list[dict], workload: dict | list) -> None:
+    with open(path, "w") as f:
+        json.dump(dict(environment=env, workload=workload, results=rows), f, indent=2)
+
+
+def write_plot(path: str, rows: list[dict], title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("--plot needs matplotlib (pip install matplotlib)") from None
+    bars = [r for r in rows if not r["implementation"].startswith("floor")]
+    floors = [r for r in rows if r["implementation"].startswith("floor: write")]
+    names = [r["implementation"] if "layer" not in r else f"{r['layer']}\n{r['implementation']}" for r in bars]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(bars) + 1.8))
+    colors = ["tab:green" if "convt3d" in n else "tab:gray" for n in names]
+    ax.barh(names, [r["mean_ms"] for r in bars], xerr=[r["std_ms"] for r in bars], color=colors)
+    for floor in floors:
+        ax.axvline(floor["mean_ms"], color="tab:red", linestyle="--",
+                   label=f"floor: write the output once ({floor['mean_ms']:.3f} ms)")
+    if floors:
+        ax.legend(loc="lower right")
+    ax.invert_yaxis()
+    ax.set_xlabel("latency, ms (mean ± std)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,127 @@
+"""Run the protocol over implementations of one layer and return table rows."""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+
+from ..module import convert
+from .protocol import (
+    Timing,
+    datasheet_bandwidth,
+    floor_bytes,
+    kernelbench_check,
+    relative_error,
+    time_cpu,
+    time_cuda,
+)
+from .workloads import DTYPES, Layer
+
+TRIALS = 5
+
+
+def _tf32(enabled: bool):
+    return torch.backends.cudnn.flags(enabled=True, allow_tf32=enabled)
+
+
+def _row(name: str, timing: Timing | None, **extra) -> dict:
+    row = dict(implementation=name, mean_ms=None, std_ms=None, min_ms=None, max_ms=None, speedup_vs_eager=None,
+               ratio_to_floor=None, rel_err_fp64=None, kernelbench_check=None)
+    if timing is not None:
+        row.update(mean_ms=timing.mean_ms, std_ms=timing.std_ms, min_ms=timing.min_ms, max_ms=timing.max_ms)
+    row.update(extra)
+    return row
+
+
+def run_layer(layer: Layer, device: torch.device, backward: bool = False, compile: bool = True,
+              iters: int | None = None, log=lambda msg: None) -> list[dict]:
+    """All rows for one layer. On the CPU: eager and convt3d only, wall-clock timing."""
+    dtype = DTYPES[layer.dtype]
+    on_gpu = device.type == "cuda"
+    torch.manual_seed(0)
+    eager = layer.module().to(device=device, dtype=dtype)
+    ours = convert(copy.deepcopy(eager))
+    fp32 = dtype == torch.float32
+
+    # (name, callable, TF32 allowed?)
+    impls: list[tuple[str, Callable, bool]] = [("PyTorch eager", eager, True)]
+    if on_gpu and compile:
+        impls.append(("torch.compile (inductor)", torch.compile(eager), True))
+    impls.append(("convt3d", ours, True))
+    if on_gpu and fp32:
+        impls += [("PyTorch eager, TF32 off", eager, False), ("convt3d, TF32 off", ours, False)]
+
+    rows = []
+    with torch.no_grad():
+        for name, fn, tf32 in impls:
+            log(f"{name}: checking")
+            check, err = _correctness(layer, fn, eager, dtype, device, tf32 if on_gpu else None)
+            log(f"{name}: timing")
+            x = torch.rand(layer.input_shape, device=device, dtype=dtype)
+            with _tf32(tf32) if on_gpu else nullcontext():
+                timing = _time(lambda: fn(x), on_gpu, iters)
+            rows.append(_row(name, timing, rel_err_fp64=err, kernelbench_check=check))
+        out_shape = layer.plan().output_shape
+        if on_gpu:
+            buf = torch.empty(out_shape, device=device, dtype=dtype)
+            rows.append(_row("floor: write the output once (measured)", _time(buf.zero_, True, iters)))
+            found = datasheet_bandwidth(torch.cuda.get_device_name(device))
+            if found is not None:
+                nbytes = floor_bytes(layer.input_shape, layer.weight_shape(), out_shape, layer.bias, buf.element_size())
+                ms = nbytes / found[1] * 1e3
+                rows.append(_row(f"floor: input+weight+output bytes / {found[1] / 1e12:.1f} TB/s ({found[0]} datasheet)",
+                                 Timing(ms, 0.0, ms, ms)))
+    if backward:
+        rows += _backward_rows(layer, eager, ours, dtype, device, iters)
+    _relate(rows)
+    return rows
+
+
+def _time(fn, on_gpu: bool, iters: int | None) -> Timing:
+    if on_gpu:
+        return time_cuda(fn, iters=iters or 100)
+    return time_cpu(fn, iters=iters or 5)
+
+
+def _correctness(layer, fn, eager, dtype, device, tf32):
+    """KernelBench's check against the eager module (same precision flags) on fresh inputs, and the float64 error."""
+    passed, worst = True, 0.0
+    weight64 = eager.weight.detach().double()
+    bias64 = eager.bias.detach().double() if eager.bias is not None else None
+    for _ in range(TRIALS):
+        x = torch.rand(layer.input_shape, device=device, dtype=dtype)
+        with _tf32(tf32) if tf32 is not None else nullcontext():
+            expected, actual = eager(x), fn(x)
+        reference = torch.nn.functional.conv_transpose3d(
+            x.double(), weight64, bias64, eager.stride, eager.padding, eager.output_padding, eager.groups, eager.dilation
+        )
+        passed &= kernelbench_check(actual, expected)
+        worst = max(worst, relative_error(actual, reference))
+    return passed, worst
+
+
+def _backward_rows(layer, eager, ours, dtype, device, iters):
+    on_gpu = device.type == "cuda"
+    x = torch.rand(layer.input_shape, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.rand(layer.plan().output_shape, device=device, dtype=dtype)
+    rows = []
+    for name, fn in (("PyTorch eager, forward+backward", eager), ("convt3d, forward+backward", ours)):
+        def step():
+            fn(x).backward(grad)
+        rows.append(_row(name, _time(step, on_gpu, iters)))
+    return rows
+
+
+def _relate(rows: list[dict]) -> None:
+    """Fill speed-up over eager (default precision) and ratio to the measured floor."""
+    eager = next(r["mean_ms"] for r in rows if r["implementation"] == "PyTorch eager")
+    eager_bwd = next((r["mean_ms"] for r in rows if r["implementation"] == "PyTorch eager, forward+backward"), None)
+    floor = next((r["mean_ms"] for r in rows if r["implementation"].startswith("floor: write")), None)
+    for r in rows:
+        base = eager_bwd if "forward+backward" in r["implementation"] else eager
+        r["speedup_vs_eager"] = base / r["mean_ms"]
+        if floor is not None and "forward+backward" not in r["implementation"]:
+            r["ratio_to_floor"] = r["mean_ms"] / floor

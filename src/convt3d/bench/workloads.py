@@ -1,0 +1,95 @@
+"""Layers to benchmark: KernelBench level-1 problem 77 by default, any layer by --config, or a sweep."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..plan import make_plan, triple
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Layer:
+    name: str = "kernelbench_l1_77"
+    in_channels: int = 32
+    out_channels: int = 64
+    kernel_size: object = 3
+    stride: object = 2
+    padding: object = 1
+    output_padding: object = 0
+    groups: int = 1
+    dilation: object = 2
+    bias: bool = False
+    input_shape: list = field(default_factory=lambda: [16, 32, 16, 32, 32])
+    dtype: str = "float32"
+
+    def validate(self) -> "Layer":
+        """Raise ValueError/TypeError naming the bad field, before any work."""
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if len(self.input_shape) != 5:
+            raise ValueError(f"input_shape must be [N, C, D, H, W], got {self.input_shape}")
+        if self.input_shape[1] != self.in_channels:
+            raise ValueError(f"input_shape[1]={self.input_shape[1]} must equal in_channels={self.in_channels}")
+        if self.groups < 1 or self.out_channels % self.groups:
+            raise ValueError(f"groups={self.groups} must divide out_channels={self.out_channels}")
+        self.plan()
+        return self
+
+    def weight_shape(self) -> tuple[int, ...]:
+        return (self.in_channels, self.out_channels // self.groups, *triple(self.kernel_size, "kernel_size"))
+
+    def plan(self):
+        return make_plan(self.input_shape, self.weight_shape(), self.stride, self.padding, self.output_padding,
+                         self.groups, self.dilation)
+
+    def module(self) -> torch.nn.ConvTranspose3d:
+        return torch.nn.ConvTranspose3d(
+            self.in_channels, self.out_channels, self.kernel_size, stride=self.stride, padding=self.padding,
+            output_padding=self.output_padding, groups=self.groups, bias=self.bias, dilation=self.dilation,
+        )
+
+    def with_batch(self, batch: int) -> "Layer":
+        return Layer(**{**asdict(self), "input_shape": [batch, *self.input_shape[1:]]})
+
+    def describe(self) -> str:
+        return (f"ConvTranspose3d({self.in_channels}, {self.out_channels}, k={self.kernel_size}, s={self.stride}, "
+                f"p={self.padding}, op={self.output_padding}, g={self.groups}, d={self.dilation}, bias={self.bias}) "
+                f"on {self.dtype} input {list(self.input_shape)}")
+
+
+PROBLEM_77 = Layer()
+
+
+def parse_config(text: str) -> Layer:
+    """A layer from JSON (inline or a file path); fields default to problem 77's."""
+    path = Path(text)
+    try:
+        data = json.loads(path.read_text() if path.is_file() else text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--config must be JSON or a path to a JSON file: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError("--config must be a JSON object of layer fields")
+    unknown = set(data) - set(Layer.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"--config has unknown fields {sorted(unknown)}; known: {sorted(Layer.__dataclass_fields__)}")
+    if "input_shape" not in data and "in_channels" in data:
+        data["input_shape"] = [PROBLEM_77.input_shape[0], data["in_channels"], *PROBLEM_77.input_shape[2:]]
+    return Layer(**{"name": "custom", **data}).validate()
+
+
+def default_sweep_path() -> Path:
+    # In a checkout (editable install or PYTHONPATH=src) the sweep lives in benchmarks/.
+    return Path(__file__).resolve().parents[3] / "benchmarks" / "sweep.json"
+
+
+def load_sweep(path: str | None) -> list[Layer]:
+    sweep_path = Path(path) if path else default_sweep_path()
+    if not sweep_path.is_file():
+        raise ValueError(f"sweep file {sweep_path} not found: pass --sweep PATH to a JSON list of layers")
+    return [Layer(**entry).validate() for entry in json.loads(sweep_path.read_text())]
