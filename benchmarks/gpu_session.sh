@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One device call: versions, config timings, GPU tests, and the bench table for problem 77.
+# Run from the repository root on the GPU machine: bash benchmarks/gpu_session.sh [steps...]
+set -uo pipefail
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/convt3d-out}; mkdir -p "$OUT"
+steps=${*:-"env tune tests bench"}
+for step in $steps; do
+  case $step in
+    env) nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+         python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" ;;
+    tune) python3 benchmarks/tune_configs.py 2>&1 | tee "$OUT/tune.log" ;;
+    tests) python3 -m pytest -q -x tests/test_gpu.py tests/test_triton_forward.py 2>&1 | tail -25 | tee "$OUT/pytest.log" ;;
+    bench) python3 -m convt3d bench --json "$OUT/p77.json" --plot "$OUT/p77.png" 2>&1 | tee "$OUT/bench.log" ;;
+    backward) python3 -m convt3d bench --backward --no-compile --json "$OUT/p77_backward.json" 2>&1 | tee "$OUT/backward.log" ;;
+    sweep) python3 -m convt3d bench --sweep --no-compile --json "$OUT/sweep.json" --plot "$OUT/sweep.png" 2>&1 | tee "$OUT/sweep.log" ;;
+  esac
+done
