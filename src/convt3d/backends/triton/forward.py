@@ -38,24 +38,16 @@ def _round_to_tf32(x):
 
 
 @triton.jit
-def _dot(a, b, acc, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
-    if INTERPRETED and a.dtype == tl.bfloat16:
-        # The interpreter's dot mishandles bfloat16 (seen with Triton 3.9); bfloat16 products are exact in
-        # float32, so a float32 dot of the upcast operands computes what the tensor cores do.
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    elif PRECISION == 1:
-        acc = tl.dot(_round_to_tf32(a), _round_to_tf32(b), acc, input_precision="tf32")
-    elif PRECISION == 2:
-        a_hi = _round_to_tf32(a)
-        b_hi = _round_to_tf32(b)
-        a_lo = _round_to_tf32(a - a_hi)
-        b_lo = _round_to_tf32(b - b_hi)
-        acc = tl.dot(a_lo, b_hi, acc, input_precision="tf32")
-        acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
-        acc = tl.dot(a_hi, b_hi, acc, input_precision="tf32")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
+def split_tf32_kernel(src_ptr, hi_ptr, lo_ptr, numel, WRITE_LO: tl.constexpr, BLOCK: tl.constexpr):
+    """hi = tf32(src) and, for 3xTF32, lo = tf32(src - hi): a contiguous pre-pass over an operand, so that the
+    GEMM's loads feed the tensor cores directly (and can be pipelined) instead of passing through registers."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < numel
+    x = tl.load(src_ptr + offs, mask=ok)
+    hi = _round_to_tf32(x)
+    tl.store(hi_ptr + offs, hi, mask=ok)
+    if WRITE_LO:
+        tl.store(lo_ptr + offs, _round_to_tf32(x - hi), mask=ok)
 
 
 @triton.jit
@@ -81,7 +73,7 @@ def _useful_taps(q_lo, q_hi, m0, M_STEP: tl.constexpr, count, size):
 
 @triton.jit
 def conv_transpose3d_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr,
+    x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, b_ptr, y_ptr,
     CIN_G, COUT_G, D, H, W, OD, OH, OW,
     KD, KH, KW,
     sxn, sxc, sxd, sxh, sxw,
@@ -136,14 +128,16 @@ def conv_transpose3d_kernel(
     u_w0 = uw_block * BLOCK_Q
 
     if (jd_hi - jd_lo) * (jh_hi - jh_lo) == 0:
-        # No tap reaches these rows: write the bias over whole contiguous rows.
-        e = tl.arange(0, BLOCK_R * FILL_W)
-        oh = S_H * (u_h0 + e // FILL_W) + v_h
-        ow = S_W * u_w0 + e % FILL_W
-        ok = (oh < OH) & (ow < OW) & (e % FILL_W < S_W * BLOCK_Q)
-        ptrs = y_base + co[:, None] * syc + (oh * syh + ow * syw)[None, :]
-        fill = tl.zeros([BLOCK_CO, BLOCK_R * FILL_W], dtype=tl.float32) + bias[:, None]
-        tl.store(ptrs, fill.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok[None, :])
+        # No tap reaches these rows: write the bias over whole contiguous rows, one row at a time
+        # (a [BLOCK_CO, FILL_W] tile of 64-bit pointers is all the registers it needs).
+        e = tl.arange(0, FILL_W)
+        fill_ow = S_W * u_w0 + e
+        fill = (tl.zeros([BLOCK_CO, FILL_W], dtype=tl.float32) + bias[:, None]).to(y_ptr.dtype.element_ty)
+        for rr in range(BLOCK_R):
+            fill_oh = S_H * (u_h0 + rr) + v_h
+            fill_ok = (fill_ow < OW) & (e < S_W * BLOCK_Q) & (fill_oh + e * 0 < OH)
+            tl.store(y_base + co[:, None] * syc + (fill_oh * syh + fill_ow * syw)[None, :], fill,
+                     mask=co_ok[:, None] & fill_ok[None, :])
     else:
         m = tl.arange(0, BLOCK_M)
         u_h = u_h0 + m // BLOCK_Q
@@ -151,14 +145,16 @@ def conv_transpose3d_kernel(
         oh = S_H * u_h + v_h
         ci = tl.arange(0, BLOCK_CI)
         x_base = x_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
+        x_lo_base = x_lo_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
         w_group = w_ptr + group * CIN_G * COUT_G
+        w_lo_group = w_lo_ptr + group * CIN_G * COUT_G
         CI_BLOCKS = tl.cdiv(CIN_G, BLOCK_CI)
+        M_STEP_W: tl.constexpr = STEP_W * DIL_W // S_W
         for v_w in tl.static_range(S_W):
-            r_w: tl.constexpr = (v_w + P_W) % S_W
-            base_w: tl.constexpr = (v_w + P_W) // S_W
+            r_w = (v_w + P_W) % S_W
+            base_w = (v_w + P_W) // S_W
             ow = S_W * u_w + v_w
             t0_w, n_w = _phase_taps(r_w + u_w0 * 0, S_W, DIL_W, STEP_W, KW)
-            M_STEP_W: tl.constexpr = STEP_W * DIL_W // S_W
             m0_w = (t0_w * DIL_W - r_w) // S_W
             jw_lo, jw_hi = _useful_taps(u_w0 + base_w, u_w0 + BLOCK_Q - 1 + base_w, m0_w, M_STEP_W, n_w, W)
             if S_W * u_w0 + v_w >= OW:  # this v_w has no output column in the block
@@ -181,16 +177,30 @@ def conv_transpose3d_kernel(
                 i_w = u_w + base_w - m0_w - jw * M_STEP_W
                 row_ok = (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H) & (i_w >= 0) & (i_w < W)
                 ci_ok = ci0 + ci < CIN_G
-                a = tl.load(
-                    x_base + (i_d * sxd + i_h * sxh + i_w * sxw)[:, None] + ((ci0 + ci) * sxc)[None, :],
-                    mask=row_ok[:, None] & ci_ok[None, :], other=0.0,
-                )
+                a_offs = (i_d * sxd + i_h * sxh + i_w * sxw)[:, None] + ((ci0 + ci) * sxc)[None, :]
+                a_ok = row_ok[:, None] & ci_ok[None, :]
                 tap_row = ((t_d * KH + t_h) * KW + t_w) * GROUPS * CIN_G * COUT_G
-                b = tl.load(
-                    w_group + tap_row + (ci0 + ci)[:, None] * COUT_G + co[None, :],
-                    mask=ci_ok[:, None] & co_ok[None, :], other=0.0,
-                )
-                acc = _dot(a, b, acc, PRECISION, INTERPRETED)
+                b_offs = tap_row + (ci0 + ci)[:, None] * COUT_G + co[None, :]
+                b_ok = ci_ok[:, None] & co_ok[None, :]
+                a = tl.load(x_base + a_offs, mask=a_ok, other=0.0)
+                b = tl.load(w_group + b_offs, mask=b_ok, other=0.0)
+                if PRECISION == 2:
+                    # 3xTF32: a*b ~ a_lo*b_hi + a_hi*b_lo + a_hi*b_hi. The step's sum is added to acc with an
+                    # ordinary rounded add: Hopper's tensor cores truncate as they accumulate, which over all
+                    # K-steps biased problem 77's result by 5e-6 relative, too much for float32 accuracy.
+                    a_lo = tl.load(x_lo_base + a_offs, mask=a_ok, other=0.0)
+                    b_lo = tl.load(w_lo_group + b_offs, mask=b_ok, other=0.0)
+                    step = tl.dot(a_lo, b, input_precision="tf32")
+                    step = tl.dot(a, b_lo, step, input_precision="tf32")
+                    acc += tl.dot(a, b, step, input_precision="tf32")
+                elif PRECISION == 1:
+                    acc = tl.dot(a, b, acc, input_precision="tf32")
+                elif INTERPRETED and a.dtype == tl.bfloat16:
+                    # The interpreter's dot mishandles bfloat16 (seen with Triton 3.9); bfloat16 products are
+                    # exact in float32, so a float32 dot of the upcast operands computes what tensor cores do.
+                    acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(a, b, acc)
             out = acc + bias[None, :]
             ok = (oh < OH) & (ow < OW)
             # Pointers laid out [channel, position] so that neighbouring threads write neighbouring columns.
@@ -208,14 +218,14 @@ def _configs():
     return [
         dict(BLOCK_M=m, BLOCK_CO=co, BLOCK_CI=ci, num_warps=w, num_stages=s)
         for m, co, ci, w, s in [
-            (128, 64, 32, 4, 3),
             (128, 64, 32, 8, 3),
-            (128, 64, 16, 4, 4),
-            (64, 64, 32, 4, 3),
+            (128, 64, 32, 8, 2),
+            (128, 64, 16, 8, 4),
             (256, 64, 32, 8, 3),
+            (256, 64, 16, 8, 3),
+            (64, 64, 32, 4, 3),
             (128, 128, 32, 8, 3),
             (64, 128, 32, 4, 3),
-            (256, 32, 32, 8, 3),
         ]
     ]
 
@@ -241,6 +251,21 @@ def output_memory_format(input: torch.Tensor) -> torch.memory_format:
 _best_config: dict = {}
 
 
+def _split(t: torch.Tensor, precision: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Operands as the GEMM reads them: as given (half precision), TF32-rounded, or TF32 high and low parts.
+    The rounded copies are contiguous (in t's memory format for a channels_last_3d input)."""
+    if precision == NATIVE:
+        return t, t
+    fmt = output_memory_format(t) if t.dim() == 5 else torch.contiguous_format
+    src = t.contiguous(memory_format=fmt)
+    hi = torch.empty_like(src)
+    lo = torch.empty_like(src) if precision == TF32X3 else hi
+    block = 1024
+    split_tf32_kernel[(triton.cdiv(src.numel(), block),)](src, hi, lo, src.numel(), WRITE_LO=precision == TF32X3,
+                                                          BLOCK=block)
+    return hi, lo
+
+
 def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | None = None, config: dict | None = None):
     """Check, allocate, launch. input (N, C_in, D, H, W) and weight are validated; any strides."""
     out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device,
@@ -258,6 +283,8 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
         return out.copy_(bias.view(1, -1, 1, 1, 1).expand_as(out)) if bias is not None else out.zero_()
     # Taps laid out [kD, kH, kW, C_in, C_out/g]: each (tap, input-channel block) is one contiguous tile.
     w_packed = weight.permute(2, 3, 4, 0, 1).contiguous()
+    x_hi, x_lo = _split(input, precision)
+    w_hi, w_lo = _split(w_packed, precision)
     u_h, u_w = -(-oh // s_h), -(-ow // s_w)
     block_q = min(32, _pow2_at_most(u_w))
 
@@ -271,9 +298,9 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
         grid = (n * od * s_h * triton.cdiv(u_h, block_r) * triton.cdiv(u_w, block_q)
                 * triton.cdiv(cout_g, block_co) * groups,)
         conv_transpose3d_kernel[grid](
-            input, w_packed, bias if bias is not None else w_packed, out,
+            x_hi, x_lo, w_hi, w_lo, bias if bias is not None else w_hi, out,
             cin_g, cout_g, d, h, w, od, oh, ow, kd, kh, kw,
-            *input.stride(), *out.stride(),
+            *x_hi.stride(), *out.stride(),
             triton.cdiv(u_h, block_r), triton.cdiv(u_w, block_q), triton.cdiv(cout_g, block_co), groups,
             S_D=s_d, S_H=s_h, S_W=s_w, P_D=p_d, P_H=p_h, P_W=p_w, DIL_D=dl_d, DIL_H=dl_h, DIL_W=dl_w,
             STEP_D=s_d // math.gcd(s_d, dl_d), STEP_H=s_h // math.gcd(s_h, dl_h), STEP_W=s_w // math.gcd(s_w, dl_w),
