@@ -23,7 +23,7 @@ def main(block_m=128, block_co=64, block_ci=32, warps=4, stages=3, precision=1):
     sig = {name: ptr if name.endswith("_ptr") else "i32" for name in fn.arg_names}
     constexprs = dict(S_D=2, S_H=2, S_W=2, P_D=1, P_H=1, P_W=1, DIL_D=2, DIL_H=2, DIL_W=2, STEP_D=1, STEP_H=1,
                       STEP_W=1, HAS_BIAS=False, PRECISION=precision, INTERPRETED=False, BLOCK_R=block_m // block_q,
-                      BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci, FILL_W=2 * block_q, sxw=1, syw=1)
+                      BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci, FILL_W=2 * block_q, EVEN_CI=True, sxc=1, syw=1)
     for k, v in constexprs.items():
         sig[k] = "constexpr"
     src = ASTSource(fn, sig, constexprs)
@@ -33,14 +33,11 @@ def main(block_m=128, block_co=64, block_ci=32, warps=4, stages=3, precision=1):
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
         sass = subprocess.run([bin_dir / "cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
-        ptx = Path(tmp) / "k.ptx"
-        ptx.write_text(kernel.asm["ptx"])
-        report = subprocess.run([bin_dir / "ptxas", "-v", "--gpu-name=sm_90a", ptx, "-o", Path(tmp) / "o.cubin"],
-                                capture_output=True, text=True).stderr
+        usage = subprocess.run([bin_dir / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
     mma = {op: sass.count(op) for op in ("HGMMA", "HMMA", "FFMA", "LDL", "STL")}
     print(f"BLOCK_M={block_m} BLOCK_CO={block_co} BLOCK_CI={block_ci} warps={warps} stages={stages} "
           f"precision={precision}: shared={kernel.metadata.shared} B, SASS counts {mma}")
-    print("\n".join(line for line in report.splitlines() if "registers" in line or "spill" in line))
+    print(" ".join(line.strip() for line in usage.splitlines() if "REG" in line))
     return kernel
 
 

@@ -15,6 +15,7 @@ input offsets m_t step by d/gcd(s, d). A 3D plan is the product of three 1D plan
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -142,6 +143,12 @@ class Plan:
     output_padding: tuple[int, int, int]
     dilation: tuple[int, int, int]
     axes: tuple[AxisPlan, AxisPlan, AxisPlan]
+
+    @functools.cached_property
+    def key(self) -> tuple[int, ...]:
+        """Every number that defines the plan, flat: a cheap key for caches (hashing the dataclass is not)."""
+        return (self.batch, self.in_channels, self.out_channels, self.groups, *self.input_spatial, *self.kernel_size,
+                *self.stride, *self.padding, *self.output_padding, *self.dilation)
 
     @property
     def output_spatial(self) -> tuple[int, int, int]:

@@ -17,6 +17,7 @@ PRECISION 0 is the native dot of float16/bfloat16 operands. Accumulation is floa
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -38,16 +39,44 @@ def _round_to_tf32(x):
 
 
 @triton.jit
-def split_tf32_kernel(src_ptr, hi_ptr, lo_ptr, numel, WRITE_LO: tl.constexpr, BLOCK: tl.constexpr):
-    """hi = tf32(src) and, for 3xTF32, lo = tf32(src - hi): a contiguous pre-pass over an operand, so that the
-    GEMM's loads feed the tensor cores directly (and can be pipelined) instead of passing through registers."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < numel
-    x = tl.load(src_ptr + offs, mask=ok)
-    hi = _round_to_tf32(x)
-    tl.store(hi_ptr + offs, hi, mask=ok)
-    if WRITE_LO:
-        tl.store(lo_ptr + offs, _round_to_tf32(x - hi), mask=ok)
+def channels_last_kernel(x_ptr, hi_ptr, lo_ptr, C, S, sxn, sxc, sxs, PRECISION: tl.constexpr,
+                         BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
+    """x (N, C, S) with strides (sxn, sxc, sxs) -> (N, S, C) contiguous: the GEMM's reduction axis (channels)
+    becomes contiguous, so each output position's channel row loads as wide vectors. For float32 the copy is
+    TF32-rounded (PRECISION 1) or split into TF32 high and low parts (PRECISION 2) on the way, so that loads
+    feed the tensor cores directly."""
+    n = tl.program_id(2).to(tl.int64)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    sp = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    ok = (c[None, :] < C) & (sp[:, None] < S)
+    x = tl.load(x_ptr + n * sxn + c[None, :].to(tl.int64) * sxc + sp[:, None].to(tl.int64) * sxs, mask=ok)
+    dst = n * S * C + sp[:, None].to(tl.int64) * C + c[None, :]
+    if PRECISION == 0:
+        tl.store(hi_ptr + dst, x, mask=ok)
+    else:
+        hi = _round_to_tf32(x)
+        tl.store(hi_ptr + dst, hi, mask=ok)
+        if PRECISION == 2:
+            tl.store(lo_ptr + dst, _round_to_tf32(x - hi), mask=ok)
+
+
+@triton.jit
+def pack_weight_kernel(w_ptr, hi_ptr, lo_ptr, C_IN, C_OUT_G, TAPS, PRECISION: tl.constexpr, BLOCK: tl.constexpr):
+    """Contiguous weight (C_in, C_out/g, taps) -> (taps, C_in, C_out/g), rounded or split as the GEMM reads it:
+    each (tap, input-channel block) becomes one contiguous tile."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < TAPS * C_IN * C_OUT_G
+    co = offs % C_OUT_G
+    ci = (offs // C_OUT_G) % C_IN
+    tap = offs // (C_OUT_G * C_IN)
+    w = tl.load(w_ptr + (ci * C_OUT_G + co) * TAPS + tap, mask=ok)
+    if PRECISION == 0:
+        tl.store(hi_ptr + offs, w, mask=ok)
+    else:
+        hi = _round_to_tf32(w)
+        tl.store(hi_ptr + offs, hi, mask=ok)
+        if PRECISION == 2:
+            tl.store(lo_ptr + offs, _round_to_tf32(w - hi), mask=ok)
 
 
 @triton.jit
@@ -72,140 +101,188 @@ def _useful_taps(q_lo, q_hi, m0, M_STEP: tl.constexpr, count, size):
 
 
 @triton.jit
+def _phase_gemm(
+    v_w: tl.constexpr, x_base, x_lo_base, w_group, w_lo_group, co, co_ok, m, u_h, u_w, u_w0,
+    q_d, m0_d, t0_d, jd_lo, jd_hi, base_h, m0_h, t0_h, jh_lo, jh_hi,
+    D, H, W, OW, KH, KW, GROUPS, CIN_G, COUT_G, sxc, sxd, sxh, sxw,
+    S_W: tl.constexpr, P_W: tl.constexpr, DIL_W: tl.constexpr, STEP_D: tl.constexpr, STEP_H: tl.constexpr,
+    STEP_W: tl.constexpr, M_STEP_D: tl.constexpr, M_STEP_H: tl.constexpr,
+    PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
+    EVEN_CI: tl.constexpr,
+):
+    """The [BLOCK_M, BLOCK_CO] float32 tile of output columns ow = S_W * u_w + v_w: an implicit GEMM over the
+    taps of their phase (in all three axes) and the group's input channels."""
+    ci = tl.arange(0, BLOCK_CI)
+    CI_BLOCKS = tl.cdiv(CIN_G, BLOCK_CI)
+    M_STEP_W: tl.constexpr = STEP_W * DIL_W // S_W
+    r_w = (v_w + P_W) % S_W
+    base_w = (v_w + P_W) // S_W
+    t0_w, n_w = _phase_taps(r_w + u_w0 * 0, S_W, DIL_W, STEP_W, KW)
+    m0_w = (t0_w * DIL_W - r_w) // S_W
+    jw_lo, jw_hi = _useful_taps(u_w0 + base_w, u_w0 + BLOCK_Q - 1 + base_w, m0_w, M_STEP_W, n_w, W)
+    if S_W * u_w0 + v_w >= OW:  # this v_w has no output column in the block
+        jw_hi = jw_lo
+    nd = jd_hi - jd_lo
+    nh = jh_hi - jh_lo
+    nw = jw_hi - jw_lo
+    acc = tl.zeros([BLOCK_M, BLOCK_CO], dtype=tl.float32)
+    for k in range(nd * nh * nw * CI_BLOCKS):
+        tap = k // CI_BLOCKS
+        ci0 = (k % CI_BLOCKS) * BLOCK_CI
+        jd = jd_lo + tap // (nh * nw)
+        jh = jh_lo + (tap // nw) % nh
+        jw = jw_lo + tap % nw
+        t_d = t0_d + jd * STEP_D
+        t_h = t0_h + jh * STEP_H
+        t_w = t0_w + jw * STEP_W
+        i_d = q_d - m0_d - jd * M_STEP_D + m * 0  # broadcast: the interpreter cannot mask with scalars
+        i_h = u_h + base_h - m0_h - jh * M_STEP_H
+        i_w = u_w + base_w - m0_w - jw * M_STEP_W
+        row_ok = (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H) & (i_w >= 0) & (i_w < W)
+        a_offs = (i_d * sxd + i_h * sxh + i_w * sxw)[:, None] + ((ci0 + ci) * sxc)[None, :]
+        tap_row = ((t_d * KH + t_h) * KW + t_w) * GROUPS * CIN_G * COUT_G
+        b_offs = tap_row + (ci0 + ci)[:, None] * COUT_G + co[None, :]
+        if EVEN_CI:  # whole channel blocks: masks constant along channels, so channel rows load as vectors
+            a_ok = row_ok[:, None]
+            b_ok = co_ok[None, :]
+        else:
+            ci_ok = ci0 + ci < CIN_G
+            a_ok = row_ok[:, None] & ci_ok[None, :]
+            b_ok = ci_ok[:, None] & co_ok[None, :]
+        a = tl.load(x_base + a_offs, mask=a_ok, other=0.0)
+        b = tl.load(w_group + b_offs, mask=b_ok, other=0.0)
+        if PRECISION == 2:
+            # 3xTF32: a*b ~ a_lo*b_hi + a_hi*b_lo + a_hi*b_hi. The step's sum is added to acc with an
+            # ordinary rounded add: Hopper's tensor cores truncate as they accumulate, which over all
+            # K-steps biased problem 77's result by 5e-6 relative, too much for float32 accuracy.
+            a_lo = tl.load(x_lo_base + a_offs, mask=a_ok, other=0.0)
+            b_lo = tl.load(w_lo_group + b_offs, mask=b_ok, other=0.0)
+            step = tl.dot(a_lo, b, input_precision="tf32")
+            step = tl.dot(a, b_lo, step, input_precision="tf32")
+            acc += tl.dot(a, b, step, input_precision="tf32")
+        elif PRECISION == 1:
+            acc = tl.dot(a, b, acc, input_precision="tf32")
+        elif INTERPRETED and a.dtype == tl.bfloat16:
+            # The interpreter's dot mishandles bfloat16 (seen with Triton 3.9); bfloat16 products are
+            # exact in float32, so a float32 dot of the upcast operands computes what tensor cores do.
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def conv_transpose3d_kernel(
     x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, b_ptr, y_ptr,
     CIN_G, COUT_G, D, H, W, OD, OH, OW,
     KD, KH, KW,
     sxn, sxc, sxd, sxh, sxw,
     syn, syc, syd, syh, syw,
-    U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS, GROUPS,
+    U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS, GROUPS, ITEMS,
     S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
     P_D: tl.constexpr, P_H: tl.constexpr, P_W: tl.constexpr,
     DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     STEP_D: tl.constexpr, STEP_H: tl.constexpr, STEP_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
-    FILL_W: tl.constexpr,
+    FILL_W: tl.constexpr, EVEN_CI: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
-    # Program order: output-channel blocks fastest, so programs sharing an input tile run together.
-    pid = tl.program_id(0)
-    co_block = pid % (CO_BLOCKS * GROUPS)
-    pid = pid // (CO_BLOCKS * GROUPS)
-    uw_block = pid % U_W_BLOCKS
-    pid = pid // U_W_BLOCKS
-    uh_block = pid % U_H_BLOCKS
-    pid = pid // U_H_BLOCKS
-    v_h = pid % S_H
-    pid = pid // S_H
-    od = pid % OD
-    n = pid // OD
-    group = co_block // CO_BLOCKS
-    co = (co_block % CO_BLOCKS) * BLOCK_CO + tl.arange(0, BLOCK_CO)
-    co_ok = co < COUT_G
+    # Each program walks the work items (blocks of output rows) with a stride of the grid size: one item per
+    # program with a full grid, or many with a persistent one (configs choose).
+    for item in range(tl.program_id(0), ITEMS, tl.num_programs(0)):
+        # Work-item order: output-channel blocks fastest, so items sharing an input tile run together.
+        pid = item
+        co_block = pid % (CO_BLOCKS * GROUPS)
+        pid = pid // (CO_BLOCKS * GROUPS)
+        uw_block = pid % U_W_BLOCKS
+        pid = pid // U_W_BLOCKS
+        uh_block = pid % U_H_BLOCKS
+        pid = pid // U_H_BLOCKS
+        v_h = pid % S_H
+        pid = pid // S_H
+        od = pid % OD
+        n = pid // OD
+        group = co_block // CO_BLOCKS
+        co = (co_block % CO_BLOCKS) * BLOCK_CO + tl.arange(0, BLOCK_CO)
+        co_ok = co < COUT_G
 
-    y_base = y_ptr + n.to(tl.int64) * syn + od.to(tl.int64) * syd + (group * COUT_G).to(tl.int64) * syc
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + group * COUT_G + co, mask=co_ok, other=0.0).to(tl.float32)
-    else:
-        bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
+        y_base = y_ptr + n.to(tl.int64) * syn + od.to(tl.int64) * syd + (group * COUT_G).to(tl.int64) * syc
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + group * COUT_G + co, mask=co_ok, other=0.0).to(tl.float32)
+        else:
+            bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
 
-    # Depth: one output plane, phase r_d, compact index q_d.
-    r_d = (od + P_D) % S_D
-    q_d = (od + P_D) // S_D
-    t0_d, n_d = _phase_taps(r_d, S_D, DIL_D, STEP_D, KD)
-    M_STEP_D: tl.constexpr = STEP_D * DIL_D // S_D
-    m0_d = (t0_d * DIL_D - r_d) // S_D
-    jd_lo, jd_hi = _useful_taps(q_d, q_d, m0_d, M_STEP_D, n_d, D)
-    # Height: rows oh = S_H * u_h + v_h of one phase r_h.
-    r_h = (v_h + P_H) % S_H
-    base_h = (v_h + P_H) // S_H
-    t0_h, n_h = _phase_taps(r_h, S_H, DIL_H, STEP_H, KH)
-    M_STEP_H: tl.constexpr = STEP_H * DIL_H // S_H
-    m0_h = (t0_h * DIL_H - r_h) // S_H
-    u_h0 = uh_block * BLOCK_R
-    jh_lo, jh_hi = _useful_taps(u_h0 + base_h, u_h0 + BLOCK_R - 1 + base_h, m0_h, M_STEP_H, n_h, H)
-    u_w0 = uw_block * BLOCK_Q
-
-    if (jd_hi - jd_lo) * (jh_hi - jh_lo) == 0:
-        # No tap reaches these rows: write the bias over whole contiguous rows, one row at a time
-        # (a [BLOCK_CO, FILL_W] tile of 64-bit pointers is all the registers it needs).
-        e = tl.arange(0, FILL_W)
-        fill_ow = S_W * u_w0 + e
-        fill = (tl.zeros([BLOCK_CO, FILL_W], dtype=tl.float32) + bias[:, None]).to(y_ptr.dtype.element_ty)
-        for rr in range(BLOCK_R):
-            fill_oh = S_H * (u_h0 + rr) + v_h
-            fill_ok = (fill_ow < OW) & (e < S_W * BLOCK_Q) & (fill_oh + e * 0 < OH)
-            tl.store(y_base + co[:, None] * syc + (fill_oh * syh + fill_ow * syw)[None, :], fill,
-                     mask=co_ok[:, None] & fill_ok[None, :])
-    else:
-        m = tl.arange(0, BLOCK_M)
-        u_h = u_h0 + m // BLOCK_Q
-        u_w = u_w0 + m % BLOCK_Q
-        oh = S_H * u_h + v_h
-        ci = tl.arange(0, BLOCK_CI)
-        x_base = x_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
-        x_lo_base = x_lo_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
-        w_group = w_ptr + group * CIN_G * COUT_G
-        w_lo_group = w_lo_ptr + group * CIN_G * COUT_G
-        CI_BLOCKS = tl.cdiv(CIN_G, BLOCK_CI)
-        M_STEP_W: tl.constexpr = STEP_W * DIL_W // S_W
-        for v_w in tl.static_range(S_W):
-            r_w = (v_w + P_W) % S_W
-            base_w = (v_w + P_W) // S_W
-            ow = S_W * u_w + v_w
-            t0_w, n_w = _phase_taps(r_w + u_w0 * 0, S_W, DIL_W, STEP_W, KW)
-            m0_w = (t0_w * DIL_W - r_w) // S_W
-            jw_lo, jw_hi = _useful_taps(u_w0 + base_w, u_w0 + BLOCK_Q - 1 + base_w, m0_w, M_STEP_W, n_w, W)
-            if S_W * u_w0 + v_w >= OW:  # this v_w has no output column in the block
-                jw_hi = jw_lo
-            nd = jd_hi - jd_lo
-            nh = jh_hi - jh_lo
-            nw = jw_hi - jw_lo
-            acc = tl.zeros([BLOCK_M, BLOCK_CO], dtype=tl.float32)
-            for k in range(nd * nh * nw * CI_BLOCKS):
-                tap = k // CI_BLOCKS
-                ci0 = (k % CI_BLOCKS) * BLOCK_CI
-                jd = jd_lo + tap // (nh * nw)
-                jh = jh_lo + (tap // nw) % nh
-                jw = jw_lo + tap % nw
-                t_d = t0_d + jd * STEP_D
-                t_h = t0_h + jh * STEP_H
-                t_w = t0_w + jw * STEP_W
-                i_d = q_d - m0_d - jd * M_STEP_D + m * 0  # broadcast: the interpreter cannot mask with scalars
-                i_h = u_h + base_h - m0_h - jh * M_STEP_H
-                i_w = u_w + base_w - m0_w - jw * M_STEP_W
-                row_ok = (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H) & (i_w >= 0) & (i_w < W)
-                ci_ok = ci0 + ci < CIN_G
-                a_offs = (i_d * sxd + i_h * sxh + i_w * sxw)[:, None] + ((ci0 + ci) * sxc)[None, :]
-                a_ok = row_ok[:, None] & ci_ok[None, :]
-                tap_row = ((t_d * KH + t_h) * KW + t_w) * GROUPS * CIN_G * COUT_G
-                b_offs = tap_row + (ci0 + ci)[:, None] * COUT_G + co[None, :]
-                b_ok = ci_ok[:, None] & co_ok[None, :]
-                a = tl.load(x_base + a_offs, mask=a_ok, other=0.0)
-                b = tl.load(w_group + b_offs, mask=b_ok, other=0.0)
-                if PRECISION == 2:
-                    # 3xTF32: a*b ~ a_lo*b_hi + a_hi*b_lo + a_hi*b_hi. The step's sum is added to acc with an
-                    # ordinary rounded add: Hopper's tensor cores truncate as they accumulate, which over all
-                    # K-steps biased problem 77's result by 5e-6 relative, too much for float32 accuracy.
-                    a_lo = tl.load(x_lo_base + a_offs, mask=a_ok, other=0.0)
-                    b_lo = tl.load(w_lo_group + b_offs, mask=b_ok, other=0.0)
-                    step = tl.dot(a_lo, b, input_precision="tf32")
-                    step = tl.dot(a, b_lo, step, input_precision="tf32")
-                    acc += tl.dot(a, b, step, input_precision="tf32")
-                elif PRECISION == 1:
-                    acc = tl.dot(a, b, acc, input_precision="tf32")
-                elif INTERPRETED and a.dtype == tl.bfloat16:
-                    # The interpreter's dot mishandles bfloat16 (seen with Triton 3.9); bfloat16 products are
-                    # exact in float32, so a float32 dot of the upcast operands computes what tensor cores do.
-                    acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(a, b, acc)
-            out = acc + bias[None, :]
-            ok = (oh < OH) & (ow < OW)
-            # Pointers laid out [channel, position] so that neighbouring threads write neighbouring columns.
-            ptrs = y_base + co[:, None] * syc + (oh * syh + ow * syw)[None, :]
-            tl.store(ptrs, tl.trans(out).to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok[None, :])
+        # Depth: one output plane, phase r_d, compact index q_d.
+        r_d = (od + P_D) % S_D
+        q_d = (od + P_D) // S_D
+        t0_d, n_d = _phase_taps(r_d, S_D, DIL_D, STEP_D, KD)
+        M_STEP_D: tl.constexpr = STEP_D * DIL_D // S_D
+        m0_d = (t0_d * DIL_D - r_d) // S_D
+        jd_lo, jd_hi = _useful_taps(q_d, q_d, m0_d, M_STEP_D, n_d, D)
+        # Height: rows oh = S_H * u_h + v_h of phase r_h.
+        M_STEP_H: tl.constexpr = STEP_H * DIL_H // S_H
+        u_h0 = uh_block * BLOCK_R
+        r_h = (v_h + P_H) % S_H
+        base_h = (v_h + P_H) // S_H
+        t0_h, n_h = _phase_taps(r_h, S_H, DIL_H, STEP_H, KH)
+        m0_h = (t0_h * DIL_H - r_h) // S_H
+        jh_lo, jh_hi = _useful_taps(u_h0 + base_h, u_h0 + BLOCK_R - 1 + base_h, m0_h, M_STEP_H, n_h, H)
+        u_w0 = uw_block * BLOCK_Q
+        if (jd_hi - jd_lo) * (jh_hi - jh_lo) == 0:
+            # No tap reaches these rows: write the bias over whole contiguous rows, one row at a time
+            # (a [BLOCK_CO, FILL_W] tile of 64-bit pointers is all the registers it needs).
+            e = tl.arange(0, FILL_W)
+            fill_ow = S_W * u_w0 + e
+            fill = tl.zeros([BLOCK_CO, FILL_W], dtype=tl.float32) + bias[:, None]
+            fill = fill.to(y_ptr.dtype.element_ty)
+            for rr in range(BLOCK_R):
+                fill_oh = S_H * (u_h0 + rr) + v_h
+                fill_ok = (fill_ow < OW) & (e < S_W * BLOCK_Q) & (fill_oh + e * 0 < OH)
+                tl.store(y_base + co[:, None] * syc + (fill_oh * syh + fill_ow * syw)[None, :], fill,
+                         mask=co_ok[:, None] & fill_ok[None, :])
+        else:
+            m = tl.arange(0, BLOCK_M)
+            u_h = u_h0 + m // BLOCK_Q
+            u_w = u_w0 + m % BLOCK_Q
+            oh = S_H * u_h + v_h
+            x_base = x_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
+            x_lo_base = x_lo_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
+            w_group = w_ptr + group * CIN_G * COUT_G
+            w_lo_group = w_lo_ptr + group * CIN_G * COUT_G
+            args = (x_base, x_lo_base, w_group, w_lo_group, co, co_ok, m, u_h, u_w, u_w0,
+                    q_d, m0_d, t0_d, jd_lo, jd_hi, base_h, m0_h, t0_h, jh_lo, jh_hi,
+                    D, H, W, OW, KH, KW, GROUPS, CIN_G, COUT_G, sxc, sxd, sxh, sxw)
+            if S_W == 2:
+                # Interleave the two column phases in registers, so that every output row is stored contiguously
+                # (stride-2 stores of each phase apart cost more than the GEMM itself on problem 77).
+                even = _phase_gemm(0, *args, S_W=S_W, P_W=P_W, DIL_W=DIL_W, STEP_D=STEP_D, STEP_H=STEP_H, STEP_W=STEP_W,
+                           M_STEP_D=M_STEP_D, M_STEP_H=M_STEP_H, PRECISION=PRECISION, INTERPRETED=INTERPRETED,
+                           BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI,
+                       EVEN_CI=EVEN_CI) + bias[None, :]
+                odd = _phase_gemm(1, *args, S_W=S_W, P_W=P_W, DIL_W=DIL_W, STEP_D=STEP_D, STEP_H=STEP_H, STEP_W=STEP_W,
+                          M_STEP_D=M_STEP_D, M_STEP_H=M_STEP_H, PRECISION=PRECISION, INTERPRETED=INTERPRETED,
+                          BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI,
+                       EVEN_CI=EVEN_CI) + bias[None, :]
+                tile = tl.reshape(tl.permute(tl.join(even, odd), (1, 0, 2)), (BLOCK_CO, 2 * BLOCK_M))
+                j = tl.arange(0, 2 * BLOCK_M)
+                oh2 = S_H * (u_h0 + j // (2 * BLOCK_Q)) + v_h
+                ow2 = 2 * u_w0 + j % (2 * BLOCK_Q)
+                ok2 = (oh2 < OH) & (ow2 < OW)
+                tl.store(y_base + co[:, None] * syc + (oh2 * syh + ow2 * syw)[None, :],
+                         tile.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok2[None, :])
+            else:
+                for v_w in tl.static_range(S_W):
+                    out = _phase_gemm(v_w, *args, S_W=S_W, P_W=P_W, DIL_W=DIL_W, STEP_D=STEP_D, STEP_H=STEP_H, STEP_W=STEP_W,
+                              M_STEP_D=M_STEP_D, M_STEP_H=M_STEP_H, PRECISION=PRECISION, INTERPRETED=INTERPRETED,
+                              BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI,
+                       EVEN_CI=EVEN_CI) + bias[None, :]
+                    ow = S_W * u_w + v_w
+                    ok = (oh < OH) & (ow < OW)
+                    # Pointers laid out [channel, position] so that neighbouring threads write neighbouring columns.
+                    ptrs = y_base + co[:, None] * syc + (oh * syh + ow * syw)[None, :]
+                    tl.store(ptrs, tl.trans(out).to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok[None, :])
 
 
 def _interpreted() -> bool:
@@ -214,18 +291,18 @@ def _interpreted() -> bool:
 
 def _configs():
     if _interpreted():
-        return [dict(BLOCK_M=32, BLOCK_CO=16, BLOCK_CI=16, num_warps=4, num_stages=1)]
+        return [dict(BLOCK_M=32, BLOCK_CO=16, BLOCK_CI=16, num_warps=4, num_stages=1, PER_SM=1)]
     return [
-        dict(BLOCK_M=m, BLOCK_CO=co, BLOCK_CI=ci, num_warps=w, num_stages=s)
-        for m, co, ci, w, s in [
-            (128, 64, 32, 8, 3),
-            (128, 64, 32, 8, 2),
-            (128, 64, 16, 8, 4),
-            (256, 64, 32, 8, 3),
-            (256, 64, 16, 8, 3),
-            (64, 64, 32, 4, 3),
-            (128, 128, 32, 8, 3),
-            (64, 128, 32, 4, 3),
+        dict(BLOCK_M=m, BLOCK_CO=co, BLOCK_CI=ci, num_warps=w, num_stages=s, PER_SM=per_sm)
+        for m, co, ci, w, s, per_sm in [
+            (128, 64, 32, 8, 3, 0),
+            (128, 64, 32, 4, 3, 0),
+            (128, 64, 16, 8, 4, 0),
+            (64, 64, 32, 4, 3, 0),
+            (256, 64, 32, 8, 3, 0),
+            (128, 128, 32, 8, 3, 0),
+            (128, 64, 32, 8, 3, 2),
+            (64, 64, 32, 4, 3, 8),
         ]
     ]
 
@@ -248,22 +325,32 @@ def output_memory_format(input: torch.Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
+def _operands(input, weight, precision):
+    """(x, x_lo, w, w_lo) as the GEMM reads them: channels-last input and tap-major weights, TF32-rounded or
+    split into high and low parts for float32 (x_lo, w_lo are x, w where unused)."""
+    c_in, c_out_g = weight.shape[:2]
+    taps = weight[0, 0].numel()
+    w_hi = torch.empty((taps, c_in, c_out_g), dtype=weight.dtype, device=weight.device)
+    w_lo = torch.empty_like(w_hi) if precision == TF32X3 else w_hi
+    pack_weight_kernel[(triton.cdiv(w_hi.numel(), 1024),)](weight.contiguous(), w_hi, w_lo, c_in, c_out_g, taps,
+                                                          PRECISION=precision, BLOCK=1024)
+    n, c, d, h, w = input.shape
+    x_hi = torch.empty((n, d, h, w, c), dtype=input.dtype, device=input.device).permute(0, 4, 1, 2, 3)
+    x_lo = torch.empty_like(x_hi) if precision == TF32X3 else x_hi
+    if x_hi.numel():
+        flat = input.flatten(2)  # a view where the strides allow, else a copy
+        grid = (triton.cdiv(d * h * w, 64), triton.cdiv(c, 32), n)
+        channels_last_kernel[grid](flat, x_hi, x_lo, c, d * h * w, *flat.stride(), PRECISION=precision,
+                                   BLOCK_C=32, BLOCK_S=64)
+    return x_hi, x_lo, w_hi, w_lo
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 _best_config: dict = {}
-
-
-def _split(t: torch.Tensor, precision: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Operands as the GEMM reads them: as given (half precision), TF32-rounded, or TF32 high and low parts.
-    The rounded copies are contiguous (in t's memory format for a channels_last_3d input)."""
-    if precision == NATIVE:
-        return t, t
-    fmt = output_memory_format(t) if t.dim() == 5 else torch.contiguous_format
-    src = t.contiguous(memory_format=fmt)
-    hi = torch.empty_like(src)
-    lo = torch.empty_like(src) if precision == TF32X3 else hi
-    block = 1024
-    split_tf32_kernel[(triton.cdiv(src.numel(), block),)](src, hi, lo, src.numel(), WRITE_LO=precision == TF32X3,
-                                                          BLOCK=block)
-    return hi, lo
 
 
 def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | None = None, config: dict | None = None):
@@ -273,61 +360,68 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
     if out.numel() == 0:
         return out
     precision = precision_for(input.dtype) if precision is None else precision
-    n, c_in, d, h, w = input.shape
+    groups = plan.groups
+    cin_g, cout_g = plan.in_channels // groups, plan.out_channels // groups
+    if cin_g == 0:
+        return out.copy_(bias.view(1, -1, 1, 1, 1).expand_as(out)) if bias is not None else out.zero_()
+    x_hi, x_lo, w_hi, w_lo = _operands(input, weight, precision)
+    key = (plan.key, input.dtype, precision, str(input.device), x_hi.stride(), out.stride(), bias is not None)
+    if config is not None:
+        _launch(config, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
+    elif key in _best_config:
+        _launch(_best_config[key], plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
+    else:
+        candidates = _configs()
+        best = candidates[0] if len(candidates) == 1 else _autotune(
+            lambda cfg: _launch(cfg, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision), candidates)
+        _best_config[key] = best
+        _launch(best, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
+    return out
+
+
+def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
+    n, c_in, d, h, w_in = x.shape
     groups = plan.groups
     cin_g, cout_g = c_in // groups, plan.out_channels // groups
     kd, kh, kw = plan.kernel_size
     od, oh, ow = plan.output_spatial
     (s_d, s_h, s_w), (p_d, p_h, p_w), (dl_d, dl_h, dl_w) = plan.stride, plan.padding, plan.dilation
-    if cin_g == 0:
-        return out.copy_(bias.view(1, -1, 1, 1, 1).expand_as(out)) if bias is not None else out.zero_()
-    # Taps laid out [kD, kH, kW, C_in, C_out/g]: each (tap, input-channel block) is one contiguous tile.
-    w_packed = weight.permute(2, 3, 4, 0, 1).contiguous()
-    x_hi, x_lo = _split(input, precision)
-    w_hi, w_lo = _split(w_packed, precision)
     u_h, u_w = -(-oh // s_h), -(-ow // s_w)
     block_q = min(32, _pow2_at_most(u_w))
-
-    key = (plan, input.dtype, precision, input.device)
-    candidates = [config] if config is not None else ([_best_config[key]] if key in _best_config else _configs())
-
-    def launch(cfg):
-        block_r = max(1, cfg["BLOCK_M"] // block_q)
-        block_co = max(16, min(cfg["BLOCK_CO"], triton.next_power_of_2(cout_g)))
-        block_ci = max(16, min(cfg["BLOCK_CI"], triton.next_power_of_2(cin_g)))
-        grid = (n * od * s_h * triton.cdiv(u_h, block_r) * triton.cdiv(u_w, block_q)
-                * triton.cdiv(cout_g, block_co) * groups,)
-        conv_transpose3d_kernel[grid](
-            x_hi, x_lo, w_hi, w_lo, bias if bias is not None else w_hi, out,
-            cin_g, cout_g, d, h, w, od, oh, ow, kd, kh, kw,
-            *x_hi.stride(), *out.stride(),
-            triton.cdiv(u_h, block_r), triton.cdiv(u_w, block_q), triton.cdiv(cout_g, block_co), groups,
-            S_D=s_d, S_H=s_h, S_W=s_w, P_D=p_d, P_H=p_h, P_W=p_w, DIL_D=dl_d, DIL_H=dl_h, DIL_W=dl_w,
-            STEP_D=s_d // math.gcd(s_d, dl_d), STEP_H=s_h // math.gcd(s_h, dl_h), STEP_W=s_w // math.gcd(s_w, dl_w),
-            HAS_BIAS=bias is not None, PRECISION=precision, INTERPRETED=_interpreted(),
-            BLOCK_R=block_r, BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci,
-            FILL_W=triton.next_power_of_2(s_w * block_q),
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        )
-
-    if len(candidates) == 1:
-        launch(candidates[0])
+    block_r = max(1, cfg["BLOCK_M"] // block_q)
+    block_co = max(16, min(cfg["BLOCK_CO"], triton.next_power_of_2(cout_g)))
+    block_ci = max(16, min(cfg["BLOCK_CI"], triton.next_power_of_2(cin_g)))
+    u_h_blocks, u_w_blocks, co_blocks = triton.cdiv(u_h, block_r), triton.cdiv(u_w, block_q), triton.cdiv(cout_g, block_co)
+    items = n * od * s_h * u_h_blocks * u_w_blocks * co_blocks * groups
+    if _interpreted():
+        programs = min(items, 3)  # few programs, so that the interpreter walks the persistent loop too
     else:
-        _best_config[key] = _autotune(launch, candidates)
-        launch(_best_config[key])
-    return out
+        # PER_SM 0: one program per item; else a persistent grid of PER_SM programs per multiprocessor.
+        programs = min(items, cfg["PER_SM"] * _sm_count(out.device.index or 0)) if cfg["PER_SM"] else items
+    conv_transpose3d_kernel[(programs,)](
+        x, x_lo, w, w_lo, bias if bias is not None else w, out,
+        cin_g, cout_g, d, h, w_in, od, oh, ow, kd, kh, kw,
+        *x.stride(), *out.stride(),
+        u_h_blocks, u_w_blocks, co_blocks, groups, items,
+        S_D=s_d, S_H=s_h, S_W=s_w, P_D=p_d, P_H=p_h, P_W=p_w, DIL_D=dl_d, DIL_H=dl_h, DIL_W=dl_w,
+        STEP_D=s_d // math.gcd(s_d, dl_d), STEP_H=s_h // math.gcd(s_h, dl_h), STEP_W=s_w // math.gcd(s_w, dl_w),
+        HAS_BIAS=bias is not None, PRECISION=precision, INTERPRETED=_interpreted(),
+        BLOCK_R=block_r, BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci,
+        FILL_W=triton.next_power_of_2(s_w * block_q), EVEN_CI=cin_g % block_ci == 0,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
 
 
 def _autotune(launch, candidates):
-    """Time each config once warm (do_bench) and keep the fastest; configs that fail to compile are skipped."""
+    """Time each config warm (do_bench) and keep the fastest; configs that do not fit (shared memory) are skipped."""
     best, best_ms = None, float("inf")
     for cfg in candidates:
         try:
             ms = triton.testing.do_bench(lambda: launch(cfg), warmup=5, rep=20)
-        except Exception:  # e.g. out of shared memory for this tile
+        except triton.runtime.errors.OutOfResources:
             continue
         if ms < best_ms:
             best, best_ms = cfg, ms
     if best is None:
-        raise RuntimeError("convt3d: no Triton config compiled for this layer")
+        raise RuntimeError("convt3d: no Triton tile config fits this GPU for this layer")
     return best
