@@ -53,20 +53,53 @@ def validate(input, weight, bias, stride, padding, output_padding, groups, dilat
     return batched, plan, unbatched
 
 
-def choose_backend(input: torch.Tensor, plan: Plan) -> str:
-    """The fastest backend we know for this device and plan, or the reason we fall back."""
+_cuda_choice: dict = {}
+
+
+def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) -> str:
+    """The fastest backend for this device, plan, dtype and precision mode.
+
+    On CUDA the first call of each (layer, dtype, TF32 mode) times the candidates, fused Triton, the torch
+    phase path and PyTorch's own kernel, and keeps the fastest (as cudnn.benchmark does), so "auto" is never
+    slower than eager beyond timing noise. On the CPU a rule: the phase path wherever the stride exceeds 1.
+    """
     if input.device.type == "cuda":
         from .backends.triton import unsupported_reason
 
         reason = unsupported_reason(input, plan)
-        if reason is None:
-            return "triton"
-        logger.debug("convt3d: triton backend not used (%s); using the torch phase backend", reason)
-        return "torch"
+        if reason is not None:
+            logger.debug("convt3d: triton backend not used (%s)", reason)
+        candidates = (["triton"] if reason is None else []) + ["torch", "eager"]
+        key = (plan.key, input.dtype, torch.backends.cudnn.allow_tf32, bias is not None, input.device,
+               input.is_contiguous())
+        if key not in _cuda_choice:
+            if torch.cuda.is_current_stream_capturing():
+                return candidates[0]  # no timing inside a CUDA graph capture
+            _cuda_choice[key] = _fastest(candidates, input, weight, bias, plan)
+            logger.debug("convt3d: auto chose %s for %s", _cuda_choice[key], plan.key)
+        return _cuda_choice[key]
     # With stride 1 there is a single phase: the phase path would only add a weight flip and a copy.
     if all(s == 1 for s in plan.stride):
         return "eager"
     return "torch"
+
+
+def _fastest(candidates, input, weight, bias, plan, repeats: int = 10) -> str:
+    """Median time of each candidate over `repeats` warm calls (CUDA events); the fastest's name."""
+    times = {}
+    for name in candidates:
+        for _ in range(3):  # warm-up: compilation, autotuning, cuDNN's algorithm search
+            run_backend(name, input, weight, bias, plan)
+        samples = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run_backend(name, input, weight, bias, plan)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        times[name] = sorted(samples)[repeats // 2]
+    return min(times, key=times.get)
 
 
 def run_backend(backend: str, input, weight, bias, plan: Plan) -> torch.Tensor:

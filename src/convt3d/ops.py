@@ -42,7 +42,7 @@ def conv_transpose3d_op(
 
     plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
     if backend == "auto":
-        backend = choose_backend(input, plan)
+        backend = choose_backend(input, weight, bias, plan)
     return run_backend(backend, input, weight, bias, plan)
 
 
