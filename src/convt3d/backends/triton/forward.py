@@ -140,14 +140,21 @@ def _phase_gemm(
         i_h = u_h + base_h - m0_h - jh * M_STEP_H
         i_w = u_w + base_w - m0_w - jw * M_STEP_W
         row_ok = (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H) & (i_w >= 0) & (i_w < W)
-        a_offs = (i_d * sxd + i_h * sxh + i_w * sxw)[:, None] + ((ci0 + ci) * sxc)[None, :]
+        # Masked-off lanes still form addresses: clamp every index into its tensor so that none points outside
+        # it (an unclamped one faulted on the H200 for a grouped layer with 2 channels per group).
+        rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
+                + tl.minimum(tl.maximum(i_w, 0), W - 1) * sxw)
         tap_row = ((t_d * KH + t_h) * KW + t_w) * GROUPS * CIN_G * COUT_G
-        b_offs = tap_row + (ci0 + ci)[:, None] * COUT_G + co[None, :]
         if EVEN_CI:  # whole channel blocks: masks constant along channels, so channel rows load as vectors
+            a_offs = rows[:, None] + ((ci0 + ci) * sxc)[None, :]
+            b_offs = tap_row + (ci0 + ci)[:, None] * COUT_G + tl.minimum(co, COUT_G - 1)[None, :]
             a_ok = row_ok[:, None]
             b_ok = co_ok[None, :]
         else:
             ci_ok = ci0 + ci < CIN_G
+            ci_c = tl.minimum(ci0 + ci, CIN_G - 1)
+            a_offs = rows[:, None] + (ci_c * sxc)[None, :]
+            b_offs = tap_row + ci_c[:, None] * COUT_G + tl.minimum(co, COUT_G - 1)[None, :]
             a_ok = row_ok[:, None] & ci_ok[None, :]
             b_ok = ci_ok[:, None] & co_ok[None, :]
         a = tl.load(x_base + a_offs, mask=a_ok, other=0.0)
