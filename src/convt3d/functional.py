@@ -6,8 +6,8 @@ import logging
 
 import torch
 
-from .ops import apply
-from .plan import Plan, make_plan
+from .ops import apply, cached_plan
+from .plan import Plan, make_plan, triple
 
 logger = logging.getLogger("convt3d")
 
@@ -40,7 +40,9 @@ def validate(input, weight, bias, stride, padding, output_padding, groups, dilat
         raise ValueError(f"weight is on {weight.device} but input is on {input.device}; they must be on the same device")
     unbatched = input.dim() == 4
     batched = input.unsqueeze(0) if unbatched else input
-    plan = make_plan(tuple(batched.shape), tuple(weight.shape), stride, padding, output_padding, groups, dilation)
+    # (torch.compile traces the plain function; the cache is for eager calls.)
+    plan = (make_plan if torch.compiler.is_compiling() else cached_plan)(tuple(batched.shape), tuple(weight.shape), triple(stride, "stride"), triple(padding, "padding"),
+                       triple(output_padding, "output_padding"), groups, triple(dilation, "dilation"))
     if bias is not None:
         if bias.dtype != input.dtype:
             raise TypeError(f"bias dtype {bias.dtype} must match input dtype {input.dtype}")

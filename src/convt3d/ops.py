@@ -26,6 +26,14 @@ def _plan_of(input, weight, stride, padding, output_padding, groups, dilation) -
                        tuple(output_padding), groups, tuple(dilation))
 
 
+def _forward(input, weight, bias, plan: Plan, backend: str) -> torch.Tensor:
+    from .functional import choose_backend, run_backend
+
+    if backend == "auto":
+        backend = choose_backend(input, weight, bias, plan)
+    return run_backend(backend, input, weight, bias, plan)
+
+
 @torch.library.custom_op("convt3d::conv_transpose3d", mutates_args=())
 def conv_transpose3d_op(
     input: torch.Tensor,
@@ -38,12 +46,8 @@ def conv_transpose3d_op(
     dilation: Sequence[int],
     backend: str,
 ) -> torch.Tensor:
-    from .functional import choose_backend, run_backend
-
     plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
-    if backend == "auto":
-        backend = choose_backend(input, weight, bias, plan)
-    return run_backend(backend, input, weight, bias, plan)
+    return _forward(input, weight, bias, plan, backend)
 
 
 @conv_transpose3d_op.register_fake
@@ -74,7 +78,12 @@ conv_transpose3d_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: Plan, backend: str):
-    """Call the registered op with a validated batched input and its plan."""
+    """Run a validated batched call: through the registered op where autograd or torch.compile needs it,
+    else directly (the op's dispatch costs tens of microseconds, as much as a small layer's kernel)."""
+    needs_grad = torch.is_grad_enabled() and (
+        input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    if not needs_grad and not torch.compiler.is_compiling():
+        return _forward(input, weight, bias, plan, backend)
     return conv_transpose3d_op(
         input, weight, bias, list(plan.stride), list(plan.padding), list(plan.output_padding), plan.groups,
         list(plan.dilation), backend,
