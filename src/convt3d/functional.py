@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -55,51 +56,60 @@ def validate(input, weight, bias, stride, padding, output_padding, groups, dilat
     return batched, plan, unbatched
 
 
-_cuda_choice: dict = {}
+_choice: dict = {}
 
 
 def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) -> str:
-    """The fastest backend for this device, plan, dtype and precision mode.
+    """The fastest backend for this layer, device, dtype and precision mode, timed once.
 
-    On CUDA the first call of each (layer, dtype, TF32 mode) times the candidates, fused Triton, the torch
-    phase path and PyTorch's own kernel, and keeps the fastest (as cudnn.benchmark does), so "auto" is never
-    slower than eager beyond timing noise. On the CPU a rule: the phase path wherever the stride exceeds 1.
+    The first call of each (layer, dtype, device, TF32 mode, thread count) times the candidates (on CUDA the
+    fused Triton kernel, the torch phase path and PyTorch's own kernel; on the CPU the phase path and PyTorch's
+    own) and keeps the fastest, as cudnn.benchmark does: no rule of thumb held across layers (on a 2-core CPU
+    the phase path ran 4x faster than eager on one layer and 2x slower on another), and with PyTorch's own
+    kernel among the candidates "auto" is never slower than eager beyond timing noise.
     """
+    candidates = ["torch", "eager"]
     if input.device.type == "cuda":
         from .backends.triton import unsupported_reason
 
         reason = unsupported_reason(input, plan)
-        if reason is not None:
+        if reason is None:
+            candidates.insert(0, "triton")
+        else:
             logger.debug("convt3d: triton backend not used (%s)", reason)
-        candidates = (["triton"] if reason is None else []) + ["torch", "eager"]
-        key = (plan.key, input.dtype, torch.backends.cudnn.allow_tf32, bias is not None, input.device,
-               input.is_contiguous())
-        if key not in _cuda_choice:
-            if torch.cuda.is_current_stream_capturing():
-                return candidates[0]  # no timing inside a CUDA graph capture
-            _cuda_choice[key] = _fastest(candidates, input, weight, bias, plan)
-            logger.debug("convt3d: auto chose %s for %s", _cuda_choice[key], plan.key)
-        return _cuda_choice[key]
-    # With stride 1 there is a single phase: the phase path would only add a weight flip and a copy.
-    if all(s == 1 for s in plan.stride):
-        return "eager"
-    return "torch"
+    elif all(s == 1 for s in plan.stride):
+        return "eager"  # one phase: the phase path could only add a weight flip and a copy
+    key = (plan.key, input.dtype, str(input.device), torch.backends.cudnn.allow_tf32, torch.get_num_threads(),
+           bias is not None, input.is_contiguous())
+    if key not in _choice:
+        if input.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return candidates[0]  # no timing inside a CUDA graph capture
+        _choice[key] = _fastest(candidates, input, weight, bias, plan)
+        logger.debug("convt3d: auto chose %s for %s", _choice[key], plan.key)
+    return _choice[key]
 
 
-def _fastest(candidates, input, weight, bias, plan, repeats: int = 10) -> str:
-    """Median time of each candidate over `repeats` warm calls (CUDA events); the fastest's name."""
+def _fastest(candidates, input, weight, bias, plan) -> str:
+    """Median time of each candidate over a few warm calls; the fastest's name."""
+    on_cuda = input.device.type == "cuda"
+    repeats = 10 if on_cuda else 3
     times = {}
     for name in candidates:
-        for _ in range(3):  # warm-up: compilation, autotuning, cuDNN's algorithm search
+        for _ in range(3 if on_cuda else 1):  # warm-up: compilation, autotuning, algorithm search
             run_backend(name, input, weight, bias, plan)
         samples = []
         for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run_backend(name, input, weight, bias, plan)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
+            if on_cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                run_backend(name, input, weight, bias, plan)
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                run_backend(name, input, weight, bias, plan)
+                samples.append(time.perf_counter() - t0)
         times[name] = sorted(samples)[repeats // 2]
     return min(times, key=times.get)
 
@@ -130,7 +140,8 @@ def conv_transpose3d(
 ) -> torch.Tensor:
     """Same arguments and result as torch.nn.functional.conv_transpose3d.
 
-    backend: "auto" (fastest known for the device), "torch" (portable phase decomposition),
+    backend: "auto" (the fastest of the others for this layer, timed on its first call), "torch" (portable
+    phase decomposition),
     "triton" (fused Triton kernel: CUDA, or CPU under TRITON_INTERPRET=1) or "eager"
     (torch.nn.functional.conv_transpose3d itself). Autograd flows through every backend.
     """

@@ -1,0 +1,46 @@
+"""KernelBench L1/77 at batch 2 on the CPU: convt3d's portable path against torch.nn.functional.conv_transpose3d.
+
+Both sides in one run, interleaved (eager, convt3d, eager, ...) so that machine noise hits both alike;
+wall clock, warm-up first, fresh torch.rand input, relative error against float64.
+    PYTHONPATH=src python3 benchmarks/cpu_problem77.py [--repeats 10] [--batch 2]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import convt3d
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=2)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    layer = torch.nn.ConvTranspose3d(32, 64, 3, stride=2, padding=1, dilation=2, bias=False)
+    x = torch.rand(args.batch, 32, 16, 32, 32)
+    w = layer.weight.detach()
+    eager = lambda: F.conv_transpose3d(x, w, None, stride=2, padding=1, dilation=2)  # noqa: E731
+    ours = lambda: convt3d.conv_transpose3d(x, w, None, stride=2, padding=1, dilation=2)  # noqa: E731
+    ref = F.conv_transpose3d(x.double(), w.double(), None, stride=2, padding=1, dilation=2)
+    err = {name: ((fn().double() - ref).norm() / ref.norm()).item() for name, fn in (("eager", eager), ("convt3d", ours))}
+    times = {"eager": [], "convt3d": []}
+    eager(), ours()  # warm-up
+    for _ in range(args.repeats):
+        for name, fn in (("eager", eager), ("convt3d", ours)):
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {args.repeats} repeats")
+    for name in times:
+        print(f"{name:8s} mean {statistics.fmean(times[name]):7.2f} ms  std {statistics.stdev(times[name]):5.2f}  "
+              f"min {min(times[name]):7.2f}  rel err vs fp64 {err[name]:.1e}")
+    print(f"speed-up (mean) {statistics.fmean(times['eager']) / statistics.fmean(times['convt3d']):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
