@@ -17,6 +17,8 @@ cmd=${1:-test}; shift || true
 case "$cmd" in
     test)
         if need pytest; then "$PY" -m pip install -q pytest; fi
+        # matplotlib only lets the bench tests draw their chart; offline without it they skip that part.
+        if need matplotlib; then "$PY" -m pip install -q matplotlib || echo "matplotlib unavailable"; fi
         exec "$PY" -m pytest "$@" ;;
     bench)
         if need matplotlib; then "$PY" -m pip install -q matplotlib || echo "matplotlib unavailable: no --plot"; fi

@@ -29,7 +29,8 @@ def validate(input, weight, bias, stride, padding, output_padding, groups, dilat
     _check_tensor(bias, "bias", optional=True)
     if input.dim() not in (4, 5):
         raise ValueError(
-            f"input must be 5-D (N, C, D, H, W) or 4-D unbatched (C, D, H, W), got {input.dim()}-D shape {tuple(input.shape)}"
+            f"input must be 5-D (N, C, D, H, W) or 4-D unbatched (C, D, H, W), "
+            f"got {input.dim()}-D shape {tuple(input.shape)}"
         )
     if weight.dim() != 5:
         raise ValueError(f"weight must be 5-D (C_in, C_out/groups, kD, kH, kW), got shape {tuple(weight.shape)}")
@@ -41,9 +42,10 @@ def validate(input, weight, bias, stride, padding, output_padding, groups, dilat
         raise ValueError(f"weight is on {weight.device} but input is on {input.device}; they must be on the same device")
     unbatched = input.dim() == 4
     batched = input.unsqueeze(0) if unbatched else input
-    # (torch.compile traces the plain function; the cache is for eager calls.)
-    plan = (make_plan if torch.compiler.is_compiling() else cached_plan)(tuple(batched.shape), tuple(weight.shape), triple(stride, "stride"), triple(padding, "padding"),
-                       triple(output_padding, "output_padding"), groups, triple(dilation, "dilation"))
+    # The cache is for eager calls; torch.compile traces the plain function (it ignores lru_cache wrappers).
+    build_plan = make_plan if torch.compiler.is_compiling() else cached_plan
+    plan = build_plan(tuple(batched.shape), tuple(weight.shape), triple(stride, "stride"), triple(padding, "padding"),
+                      triple(output_padding, "output_padding"), groups, triple(dilation, "dilation"))
     if bias is not None:
         if bias.dtype != input.dtype:
             raise TypeError(f"bias dtype {bias.dtype} must match input dtype {input.dtype}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import textwrap
 
 import torch
 
@@ -89,7 +90,7 @@ def write_plot(path: str, rows: list[dict], title: str) -> None:
         ax.legend(loc="lower right")
     ax.invert_yaxis()
     ax.set_xlabel("latency, ms (mean ± std)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 100)), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

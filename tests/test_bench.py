@@ -1,0 +1,84 @@
+"""The bench CLI's protocol helpers, workloads, JSON schema, and its CPU mode end to end at a tiny size."""
+
+import json
+
+import pytest
+import torch
+
+from convt3d.__main__ import main
+from convt3d.bench.protocol import Timing, datasheet_bandwidth, floor_bytes, kernelbench_check
+from convt3d.bench.workloads import PROBLEM_77, parse_config
+
+TINY = '{"in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2, "padding": 1, "dilation": 2, ' \
+       '"bias": true, "input_shape": [2, 4, 3, 4, 5]}'
+
+
+def test_floor_bytes_of_problem_77():
+    plan = PROBLEM_77.plan()
+    nbytes = floor_bytes(PROBLEM_77.input_shape, PROBLEM_77.weight_shape(), plan.output_shape, False, 4)
+    assert nbytes == 4 * (16 * 32 * 16 * 32 * 32 + 32 * 64 * 27 + 16 * 64 * 33 * 65 * 65)
+    assert nbytes / 4.8e12 * 1e3 == pytest.approx(0.126, abs=5e-4)  # the 571 MB output dominates
+
+
+def test_datasheet_bandwidth_is_named_or_absent():
+    assert datasheet_bandwidth("NVIDIA H200") == ("H200", 4.8e12)
+    assert datasheet_bandwidth("Some Other GPU") is None
+
+
+def test_timing_statistics():
+    t = Timing.of([1.0, 2.0, 3.0])
+    assert (t.mean_ms, t.min_ms, t.max_ms) == (2.0, 1.0, 3.0)
+    assert t.std_ms == pytest.approx(1.0)
+
+
+def test_kernelbench_check_tolerance_by_precision():
+    a = torch.rand(100)
+    assert kernelbench_check(a + 5e-5, a) and not kernelbench_check(a + 5e-4, a)
+    h = a.half()
+    assert kernelbench_check(h + 5e-3, h) and not kernelbench_check(h + 5e-2, h)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "JSON"),
+    ('{"colour": 3}', "unknown fields"),
+    ('{"in_channels": 6, "out_channels": 4, "groups": 4}', "groups"),
+    ('{"stride": 0}', "stride"),
+    ('{"dtype": "int8"}', "dtype"),
+    ('[1, 2]', "JSON object"),
+])
+def test_bad_configs_are_explained(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_config(text)
+
+
+def test_cli_rejects_a_bad_layer_with_exit_code_2(capsys):
+    assert main(["bench", "--device", "cpu", "--config", '{"padding": 30}']) == 2
+    assert "output size" in capsys.readouterr().err
+
+
+def test_cpu_mode_end_to_end(tmp_path, capsys):
+    path = tmp_path / "out.json"
+    argv = ["bench", "--device", "cuda", "--config", TINY, "--iters", "2", "--json", str(path)]
+    plot = None
+    try:
+        import matplotlib  # noqa: F401
+
+        plot = tmp_path / "out.png"
+        argv += ["--plot", str(plot)]
+    except ImportError:
+        pass
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    if not torch.cuda.is_available():
+        assert "GPU timings need CUDA" in out.err + out.out
+    data = json.loads(path.read_text())
+    assert {"date", "device", "driver", "torch", "triton", "cudnn"} <= set(data["environment"])
+    names = [r["implementation"] for r in data["results"]]
+    assert "PyTorch eager" in names and "convt3d" in names
+    for row in data["results"]:
+        assert {"implementation", "mean_ms", "std_ms", "min_ms", "max_ms", "speedup_vs_eager", "rel_err_fp64",
+                "kernelbench_check"} <= set(row)
+        if row["kernelbench_check"] is not None:
+            assert row["kernelbench_check"] is True and row["rel_err_fp64"] < 1e-5
+    if plot is not None:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
