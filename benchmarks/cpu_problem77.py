@@ -29,7 +29,8 @@ def main():
     ref = F.conv_transpose3d(x.double(), w.double(), None, stride=2, padding=1, dilation=2)
     err = {name: ((fn().double() - ref).norm() / ref.norm()).item() for name, fn in (("eager", eager), ("convt3d", ours))}
     times = {"eager": [], "convt3d": []}
-    eager(), ours()  # warm-up
+    for _ in range(3):  # warm-up, interleaved like the timed calls (the first ones allocate and fault in memory)
+        eager(), ours()
     for _ in range(args.repeats):
         for name, fn in (("eager", eager), ("convt3d", ours)):
             t0 = time.perf_counter()
@@ -37,9 +38,12 @@ def main():
             times[name].append((time.perf_counter() - t0) * 1e3)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {args.repeats} repeats")
     for name in times:
-        print(f"{name:8s} mean {statistics.fmean(times[name]):7.2f} ms  std {statistics.stdev(times[name]):5.2f}  "
-              f"min {min(times[name]):7.2f}  rel err vs fp64 {err[name]:.1e}")
-    print(f"speed-up (mean) {statistics.fmean(times['eager']) / statistics.fmean(times['convt3d']):.2f}x")
+        t = times[name]
+        print(f"{name:8s} mean {statistics.fmean(t):7.2f} ms  std {statistics.stdev(t):5.2f}  "
+              f"median {statistics.median(t):7.2f}  min {min(t):7.2f}  max {max(t):7.2f}  rel err vs fp64 {err[name]:.1e}")
+    mean, median = statistics.fmean, statistics.median
+    print(f"speed-up: mean {mean(times['eager']) / mean(times['convt3d']):.2f}x, "
+          f"median {median(times['eager']) / median(times['convt3d']):.2f}x")
 
 
 if __name__ == "__main__":

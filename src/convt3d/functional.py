@@ -94,7 +94,7 @@ def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) 
 def _fastest(candidates, input, weight, bias, plan) -> str:
     """Median time of each candidate over a few warm calls; the fastest's name."""
     on_cuda = input.device.type == "cuda"
-    repeats = 10 if on_cuda else 3
+    repeats = 10 if on_cuda else 5
     times = {}
     for name in candidates:
         for _ in range(3 if on_cuda else 1):  # warm-up: compilation, autotuning, algorithm search

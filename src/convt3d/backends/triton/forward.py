@@ -375,6 +375,9 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
         _launch(config, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
     elif key in _best_config:
         _launch(_best_config[key], plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
+    elif input.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # No autotuning inside a CUDA graph capture: the first config, not remembered.
+        _launch(_configs()[0], plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
     else:
         candidates = _configs()
         best = candidates[0] if len(candidates) == 1 else _autotune(
