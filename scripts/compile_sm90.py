@@ -26,7 +26,12 @@ def main(block_m=128, block_co=64, block_ci=32, warps=4, stages=3, precision=1):
                       BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci, FILL_W=2 * block_q, EVEN_CI=True, sxc=1, syw=1)
     for k, v in constexprs.items():
         sig[k] = "constexpr"
-    src = ASTSource(fn, sig, constexprs)
+    # As a real launch on problem 77 specialises them: pointers and the channel/stride arguments divisible by 16.
+    runtime = ("ITEMS", "U_H_BLOCKS", "U_W_BLOCKS", "CO_BLOCKS", "GROUPS", "KD", "KH", "KW", "D", "H", "W", "OD",
+               "OH", "OW")
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name not in constexprs and name not in runtime}
+    src = ASTSource(fn, sig, constexprs, attrs)
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
@@ -34,7 +39,7 @@ def main(block_m=128, block_co=64, block_ci=32, warps=4, stages=3, precision=1):
         cubin.write_bytes(kernel.asm["cubin"])
         sass = subprocess.run([bin_dir / "cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
         usage = subprocess.run([bin_dir / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
-    mma = {op: sass.count(op) for op in ("HGMMA", "HMMA", "FFMA", "LDL", "STL")}
+    mma = {op: sass.count(op) for op in ("HGMMA", "HMMA", "FFMA", "LDGSTS.E.BYPASS.128", "LDL", "STL")}
     print(f"BLOCK_M={block_m} BLOCK_CO={block_co} BLOCK_CI={block_ci} warps={warps} stages={stages} "
           f"precision={precision}: shared={kernel.metadata.shared} B, SASS counts {mma}")
     print(" ".join(line.strip() for line in usage.splitlines() if "REG" in line))

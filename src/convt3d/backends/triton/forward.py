@@ -9,10 +9,12 @@ output channels. Per v_w it runs an implicit GEMM over (taps of the phase) x (in
 on tensor cores and stores the tile; rows whose depth or height phase no tap reaches are
 filled with the bias in full contiguous rows and run no GEMM at all.
 
-Precision (float32 inputs): PRECISION 1 rounds both operands to TF32 (round to nearest, ties
-away, as cuDNN's conversion does) and runs one TF32 dot; PRECISION 2 splits each operand into
-a TF32 high part and a TF32 remainder and runs three dots (3xTF32, about float32 accuracy).
-PRECISION 0 is the native dot of float16/bfloat16 operands. Accumulation is float32 always.
+Before it, two small pre-pass kernels lay the operands out as the GEMM reads them: the input
+channels-last (the reduction axis contiguous) and the weight tap-major. For float32 they also
+round (PRECISION 1: TF32, to nearest with ties away, as cuDNN's conversion does; one TF32 dot)
+or split (PRECISION 2: TF32 high part and TF32 remainder; three dots, 3xTF32, about float32
+accuracy), so that loads feed the tensor cores directly. PRECISION 0 is the native dot of
+float16/bfloat16 operands. Accumulation is float32 always.
 """
 
 from __future__ import annotations
@@ -39,15 +41,15 @@ def _round_to_tf32(x):
 
 
 @triton.jit
-def channels_last_kernel(x_ptr, hi_ptr, lo_ptr, C, S, sxn, sxc, sxs, PRECISION: tl.constexpr,
+def channels_last_kernel(x_ptr, hi_ptr, lo_ptr, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION: tl.constexpr,
                          BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
     """x (N, C, S) with strides (sxn, sxc, sxs) -> (N, S, C) contiguous: the GEMM's reduction axis (channels)
     becomes contiguous, so each output position's channel row loads as wide vectors. For float32 the copy is
     TF32-rounded (PRECISION 1) or split into TF32 high and low parts (PRECISION 2) on the way, so that loads
     feed the tensor cores directly."""
-    n = tl.program_id(2).to(tl.int64)
+    n = (tl.program_id(0) // S_BLOCKS).to(tl.int64)  # grid axis 0 (up to 2**31 - 1) holds the batch
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    sp = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    sp = (tl.program_id(0) % S_BLOCKS) * BLOCK_S + tl.arange(0, BLOCK_S)
     ok = (c[None, :] < C) & (sp[:, None] < S)
     x = tl.load(x_ptr + n * sxn + c[None, :].to(tl.int64) * sxc + sp[:, None].to(tl.int64) * sxs, mask=ok)
     dst = n * S * C + sp[:, None].to(tl.int64) * C + c[None, :]
@@ -261,35 +263,30 @@ def conv_transpose3d_kernel(
             args = (x_base, x_lo_base, w_group, w_lo_group, co, co_ok, m, u_h, u_w, u_w0,
                     q_d, m0_d, t0_d, jd_lo, jd_hi, base_h, m0_h, t0_h, jh_lo, jh_hi,
                     D, H, W, OW, KH, KW, GROUPS, CIN_G, COUT_G, sxc, sxd, sxh, sxw)
-            if S_W == 2:
-                # Interleave the two column phases in registers, so that every output row is stored contiguously
-                # (stride-2 stores of each phase apart cost more than the GEMM itself on problem 77).
-                even = _phase_gemm(0, *args, S_W=S_W, P_W=P_W, DIL_W=DIL_W, STEP_D=STEP_D, STEP_H=STEP_H, STEP_W=STEP_W,
-                           M_STEP_D=M_STEP_D, M_STEP_H=M_STEP_H, PRECISION=PRECISION, INTERPRETED=INTERPRETED,
-                           BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI,
-                       EVEN_CI=EVEN_CI) + bias[None, :]
-                odd = _phase_gemm(1, *args, S_W=S_W, P_W=P_W, DIL_W=DIL_W, STEP_D=STEP_D, STEP_H=STEP_H, STEP_W=STEP_W,
-                          M_STEP_D=M_STEP_D, M_STEP_H=M_STEP_H, PRECISION=PRECISION, INTERPRETED=INTERPRETED,
-                          BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI,
-                       EVEN_CI=EVEN_CI) + bias[None, :]
-                tile = tl.reshape(tl.permute(tl.join(even, odd), (1, 0, 2)), (BLOCK_CO, 2 * BLOCK_M))
-                j = tl.arange(0, 2 * BLOCK_M)
-                oh2 = S_H * (u_h0 + j // (2 * BLOCK_Q)) + v_h
-                ow2 = 2 * u_w0 + j % (2 * BLOCK_Q)
-                ok2 = (oh2 < OH) & (ow2 < OW)
-                tl.store(y_base + co[:, None] * syc + (oh2 * syh + ow2 * syw)[None, :],
-                         tile.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok2[None, :])
-            else:
-                for v_w in tl.static_range(S_W):
-                    out = _phase_gemm(v_w, *args, S_W=S_W, P_W=P_W, DIL_W=DIL_W, STEP_D=STEP_D, STEP_H=STEP_H, STEP_W=STEP_W,
-                              M_STEP_D=M_STEP_D, M_STEP_H=M_STEP_H, PRECISION=PRECISION, INTERPRETED=INTERPRETED,
-                              BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI,
-                       EVEN_CI=EVEN_CI) + bias[None, :]
+            for v_w in tl.static_range(S_W):
+                out = _phase_gemm(
+                    v_w, *args, S_W=S_W, P_W=P_W, DIL_W=DIL_W, STEP_D=STEP_D, STEP_H=STEP_H, STEP_W=STEP_W,
+                    M_STEP_D=M_STEP_D, M_STEP_H=M_STEP_H, PRECISION=PRECISION, INTERPRETED=INTERPRETED,
+                    BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI, EVEN_CI=EVEN_CI,
+                ) + bias[None, :]
+                if S_W != 2:
                     ow = S_W * u_w + v_w
                     ok = (oh < OH) & (ow < OW)
                     # Pointers laid out [channel, position] so that neighbouring threads write neighbouring columns.
                     ptrs = y_base + co[:, None] * syc + (oh * syh + ow * syw)[None, :]
                     tl.store(ptrs, tl.trans(out).to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok[None, :])
+                elif v_w == 0:
+                    even = out
+                else:
+                    # Stride 2: interleave the two column phases in registers, so that every output row is stored
+                    # contiguously (stride-2 stores of each phase apart cost more than the GEMM on problem 77).
+                    tile = tl.reshape(tl.permute(tl.join(even, out), (1, 0, 2)), (BLOCK_CO, 2 * BLOCK_M))
+                    j = tl.arange(0, 2 * BLOCK_M)
+                    oh2 = S_H * (u_h0 + j // (2 * BLOCK_Q)) + v_h
+                    ow2 = 2 * u_w0 + j % (2 * BLOCK_Q)
+                    ok2 = (oh2 < OH) & (ow2 < OW)
+                    tl.store(y_base + co[:, None] * syc + (oh2 * syh + ow2 * syw)[None, :],
+                             tile.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok2[None, :])
 
 
 def _interpreted() -> bool:
@@ -346,9 +343,9 @@ def _operands(input, weight, precision):
     x_lo = torch.empty_like(x_hi) if precision == TF32X3 else x_hi
     if x_hi.numel():
         flat = input.flatten(2)  # a view where the strides allow, else a copy
-        grid = (triton.cdiv(d * h * w, 64), triton.cdiv(c, 32), n)
-        channels_last_kernel[grid](flat, x_hi, x_lo, c, d * h * w, *flat.stride(), PRECISION=precision,
-                                   BLOCK_C=32, BLOCK_S=64)
+        s_blocks = triton.cdiv(d * h * w, 64)
+        channels_last_kernel[(n * s_blocks, triton.cdiv(c, 32))](
+            flat, x_hi, x_lo, c, d * h * w, s_blocks, *flat.stride(), PRECISION=precision, BLOCK_C=32, BLOCK_S=64)
     return x_hi, x_lo, w_hi, w_lo
 
 
