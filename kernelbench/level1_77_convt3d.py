@@ -2,7 +2,7 @@
 
 Model is KernelBench's reference (nn.ConvTranspose3d: 3D transposed convolution, square input and kernel,
 padded, dilated, strided). ModelNew takes the same init inputs and, built after the same torch.manual_seed,
-holds the same weights; its forward runs convt3d.
+holds the same weights; its layer is convt3d's.
 """
 
 import torch
@@ -24,17 +24,12 @@ class Model(nn.Module):
         return self.conv_transpose3d(x)
 
 
-class ModelNew(nn.Module):
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0,
-                 dilation: int = 1, bias: bool = False):
-        super().__init__()
-        self.conv_transpose3d = convt3d.ConvTranspose3d(
-            in_channels, out_channels, kernel_size=(kernel_size, kernel_size, kernel_size), stride=stride,
-            padding=padding, dilation=dilation, bias=bias,
-        )
+class ModelNew(Model):
+    """Model, with its layer computed by convt3d (same parameters: convert shares them)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv_transpose3d(x)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.conv_transpose3d = convt3d.convert(self.conv_transpose3d)
 
 
 batch_size = 16

@@ -25,6 +25,7 @@ def test_model_new_matches_model():
     torch.manual_seed(42)
     model_new = kb.ModelNew(*init)
     assert torch.equal(model.conv_transpose3d.weight, model_new.conv_transpose3d.weight)
+    assert type(model_new.conv_transpose3d).__module__.startswith("convt3d")
     (x,) = kb.get_inputs()
     assert x.shape == (16, 32, 16, 32, 32)
     x = x[:2]  # two samples keep the CPU run short; the GPU bench runs the full batch

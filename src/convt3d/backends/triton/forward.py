@@ -41,6 +41,18 @@ def _round_to_tf32(x):
 
 
 @triton.jit
+def _store_operand(hi_ptr, lo_ptr, offs, x, mask, PRECISION: tl.constexpr):
+    """Store x as the GEMM reads it: as is (0), TF32-rounded (1), or as TF32 high and low parts (2)."""
+    if PRECISION == 0:
+        tl.store(hi_ptr + offs, x, mask=mask)
+    else:
+        hi = _round_to_tf32(x)
+        tl.store(hi_ptr + offs, hi, mask=mask)
+        if PRECISION == 2:
+            tl.store(lo_ptr + offs, _round_to_tf32(x - hi), mask=mask)
+
+
+@triton.jit
 def channels_last_kernel(x_ptr, hi_ptr, lo_ptr, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION: tl.constexpr,
                          BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
     """x (N, C, S) with strides (sxn, sxc, sxs) -> (N, S, C) contiguous: the GEMM's reduction axis (channels)
@@ -52,14 +64,7 @@ def channels_last_kernel(x_ptr, hi_ptr, lo_ptr, C, S, S_BLOCKS, sxn, sxc, sxs, P
     sp = (tl.program_id(0) % S_BLOCKS) * BLOCK_S + tl.arange(0, BLOCK_S)
     ok = (c[None, :] < C) & (sp[:, None] < S)
     x = tl.load(x_ptr + n * sxn + c[None, :].to(tl.int64) * sxc + sp[:, None].to(tl.int64) * sxs, mask=ok)
-    dst = n * S * C + sp[:, None].to(tl.int64) * C + c[None, :]
-    if PRECISION == 0:
-        tl.store(hi_ptr + dst, x, mask=ok)
-    else:
-        hi = _round_to_tf32(x)
-        tl.store(hi_ptr + dst, hi, mask=ok)
-        if PRECISION == 2:
-            tl.store(lo_ptr + dst, _round_to_tf32(x - hi), mask=ok)
+    _store_operand(hi_ptr, lo_ptr, n * S * C + sp[:, None].to(tl.int64) * C + c[None, :], x, ok, PRECISION)
 
 
 @triton.jit
@@ -72,13 +77,7 @@ def pack_weight_kernel(w_ptr, hi_ptr, lo_ptr, C_IN, C_OUT_G, TAPS, PRECISION: tl
     ci = (offs // C_OUT_G) % C_IN
     tap = offs // (C_OUT_G * C_IN)
     w = tl.load(w_ptr + (ci * C_OUT_G + co) * TAPS + tap, mask=ok)
-    if PRECISION == 0:
-        tl.store(hi_ptr + offs, w, mask=ok)
-    else:
-        hi = _round_to_tf32(w)
-        tl.store(hi_ptr + offs, hi, mask=ok)
-        if PRECISION == 2:
-            tl.store(lo_ptr + offs, _round_to_tf32(w - hi), mask=ok)
+    _store_operand(hi_ptr, lo_ptr, offs, w, ok, PRECISION)
 
 
 @triton.jit
