@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import sys
 
 import torch
@@ -119,3 +120,31 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
                 else:
                     _fill(view, bias)
     return out
+
+
+def conv_transpose3d_grad_input(grad_output, weight, plan: Plan) -> torch.Tensor:
+    """d(loss)/d(input) by the same decomposition: the sum, over the phases some tap reaches, of a stride-1
+    correlation of that phase's compact grid of grad_output with its taps (no strided convolution over the
+    positions no tap reaches)."""
+    grad_input = None
+    axes = plan.axes
+    for phases in itertools.product(*(a.phases for a in axes)):
+        if not all(p.reads_input(a.in_size) for p, a in zip(phases, axes)):
+            continue
+        g = grad_output[(slice(None), slice(None), *(_out_slice(p, a) for p, a in zip(phases, axes)))]
+        # Output j of the phase reads input input_start + j + k*dilation for its k-th (flipped) tap, so input i
+        # receives grad_output j = i - input_start - k*dilation: a correlation with the taps in ascending order.
+        pads = []
+        for p, a in zip(phases, axes):
+            start = -p.input_start - (len(p.taps) - 1) * p.input_dilation
+            span = a.in_size + (len(p.taps) - 1) * p.input_dilation
+            pads.append((-start, start + span - p.out_count))
+        if any(pads):
+            g = F.pad(g, [v for pair in reversed(pads) for v in pair])
+        taps = [list(reversed(p.taps)) for p in phases]
+        w = weight[:, :, taps[0]][:, :, :, taps[1]][:, :, :, :, taps[2]]
+        part = F.conv3d(g, w, None, 1, 0, tuple(p.input_dilation for p in phases), plan.groups)
+        grad_input = part if grad_input is None else grad_input.add_(part)
+    if grad_input is None:  # no tap reaches any input: the output does not depend on it
+        grad_input = grad_output.new_zeros((plan.batch, plan.in_channels, *plan.input_spatial))
+    return grad_input
