@@ -92,3 +92,21 @@ def test_triton_backend_explains_when_it_cannot_run(monkeypatch):
     x, w, b = _args()
     with pytest.raises(RuntimeError, match="triton"):
         convt3d.conv_transpose3d(x, w, b, backend="triton")
+
+
+@pytest.mark.parametrize("dtype, rel", DTYPES)
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+@pytest.mark.parametrize("channels_last", ["input", "weight", "neither"])
+def test_output_memory_format_follows_pytorch(channels_last, backend, dtype, rel):
+    x = torch.randn(2, 4, 3, 4, 5, dtype=dtype)
+    w = torch.randn(4, 3, 3, 2, 3, dtype=dtype)
+    if channels_last == "input":
+        x = x.to(memory_format=torch.channels_last_3d)
+    elif channels_last == "weight":
+        w = w.to(memory_format=torch.channels_last_3d)
+    expected = F.conv_transpose3d(x, w, None, 2, 1, 1)
+    actual = convt3d.conv_transpose3d(x, w, None, 2, 1, 1, backend=backend)
+    cl = torch.channels_last_3d
+    assert actual.is_contiguous(memory_format=cl) == expected.is_contiguous(memory_format=cl)
+    assert actual.is_contiguous() == expected.is_contiguous()
+    assert_close_rel(actual, F.conv_transpose3d(x.double(), w.double(), None, 2, 1, 1), rel)

@@ -68,3 +68,8 @@ def test_padding_mode_other_than_zeros_is_refused():
     layer.padding_mode = "reflect"
     with pytest.raises(ValueError, match="padding mode"):
         layer(torch.randn(1, 2, 3, 3, 3))
+
+
+def test_convert_refuses_an_unknown_backend():
+    with pytest.raises(ValueError, match="backend"):
+        convt3d.convert(nn.Sequential(nn.ConvTranspose3d(2, 2, 3)), backend="cudnn")

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .functional import conv_transpose3d
+from .functional import BACKENDS, conv_transpose3d
 from .plan import output_padding_for_size
 
 
@@ -40,6 +40,8 @@ def convert(model: nn.Module, backend: str = "auto") -> nn.Module:
     Parameters are shared, not copied, so device, dtype, weights and optimizer state are kept.
     Returns the model (or the replacement, if `model` itself was a ConvTranspose3d).
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if isinstance(model, nn.ConvTranspose3d):
         return _swap(model, backend)
     for name, child in model.named_children():

@@ -1,1 +1,16 @@
 """Backends: each takes validated tensors and a Plan and returns the output."""
+
+import torch
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    return not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last_3d)
+
+
+def output_memory_format(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
+    """PyTorch's rule for convolution outputs: channels_last_3d when the input or the weight is, where its
+    kernels keep that layout (cuDNN; on the CPU oneDNN, which serves float32 and half precision, not float64)."""
+    keeps_layout = input.device.type != "cpu" or input.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    if keeps_layout and (_channels_last(input) or _channels_last(weight)):
+        return torch.channels_last_3d
+    return torch.contiguous_format

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..plan import AxisPhase, AxisPlan, Plan
+from . import output_memory_format
 
 
 _HUGE_PAGE = 1 << 21
@@ -36,7 +37,7 @@ def _madvise():
         return None
 
 
-def _empty_output(shape, dtype, device) -> torch.Tensor:
+def _empty_output(shape, dtype, device, memory_format) -> torch.Tensor:
     """torch.empty, asking Linux for transparent huge pages on a large CPU output before its first touch.
 
     A fresh multi-megabyte CPU tensor is new memory: with 4 KB pages, faulting it in cost more than all the
@@ -44,7 +45,7 @@ def _empty_output(shape, dtype, device) -> torch.Tensor:
     2-core x86 machine whose THP mode is "madvise"). Only this fresh allocation is advised; the hint changes
     nothing where THP is off.
     """
-    out = torch.empty(shape, dtype=dtype, device=device)
+    out = torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
     nbytes = out.numel() * out.element_size()
     madvise = _madvise() if out.device.type == "cpu" and nbytes >= 4 * _HUGE_PAGE else None
     if madvise is not None:
@@ -95,7 +96,7 @@ def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) 
 
 def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors."""
-    out = _empty_output(plan.output_shape, input.dtype, input.device)
+    out = _empty_output(plan.output_shape, input.dtype, input.device, output_memory_format(input, weight))
     axis_d, axis_h, axis_w = plan.axes
     for pd in axis_d.phases:
         if pd.out_count == 0:

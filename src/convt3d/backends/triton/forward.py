@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
+from .. import output_memory_format
 
 NATIVE, TF32, TF32X3 = 0, 1, 2
 
@@ -321,13 +322,6 @@ def precision_for(dtype: torch.dtype) -> int:
     return TF32 if torch.backends.cudnn.allow_tf32 else TF32X3
 
 
-def output_memory_format(input: torch.Tensor) -> torch.memory_format:
-    """As PyTorch's convolutions: channels_last_3d output for a channels_last_3d (not contiguous) input."""
-    if not input.is_contiguous() and input.is_contiguous(memory_format=torch.channels_last_3d):
-        return torch.channels_last_3d
-    return torch.contiguous_format
-
-
 def _operands(input, weight, precision):
     """(x, x_lo, w, w_lo) as the GEMM reads them: channels-last input and tap-major weights, TF32-rounded or
     split into high and low parts for float32 (x_lo, w_lo are x, w where unused)."""
@@ -359,7 +353,7 @@ _best_config: dict = {}
 def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | None = None, config: dict | None = None):
     """Check, allocate, launch. input (N, C_in, D, H, W) and weight are validated; any strides."""
     out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device,
-                      memory_format=output_memory_format(input))
+                      memory_format=output_memory_format(input, weight))
     if out.numel() == 0:
         return out
     precision = precision_for(input.dtype) if precision is None else precision
