@@ -7,12 +7,12 @@ wall clock, warm-up first, fresh torch.rand input, relative error against float6
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import convt3d
+from convt3d.bench.protocol import time_interleaved
 
 
 def main():
@@ -28,14 +28,8 @@ def main():
     ours = lambda: convt3d.conv_transpose3d(x, w, None, stride=2, padding=1, dilation=2)  # noqa: E731
     ref = F.conv_transpose3d(x.double(), w.double(), None, stride=2, padding=1, dilation=2)
     err = {name: ((fn().double() - ref).norm() / ref.norm()).item() for name, fn in (("eager", eager), ("convt3d", ours))}
-    times = {"eager": [], "convt3d": []}
-    for _ in range(3):  # warm-up, interleaved like the timed calls (the first ones allocate and fault in memory)
-        eager(), ours()
-    for _ in range(args.repeats):
-        for name, fn in (("eager", eager), ("convt3d", ours)):
-            t0 = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - t0) * 1e3)
+    # 3 warm-up rounds: the first calls allocate and fault in memory.
+    times = time_interleaved({"eager": eager, "convt3d": ours}, args.repeats, warmup=3)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {args.repeats} repeats")
     for name in times:
         t = times[name]

@@ -6,12 +6,12 @@ Interleaved wall-clock timing (median of --repeats), float32, fresh torch.rand i
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import convt3d
+from convt3d.bench.protocol import time_interleaved
 from convt3d.bench.workloads import DTYPES, load_sweep
 
 
@@ -31,13 +31,7 @@ def main():
                  module.padding, module.output_padding, module.groups, module.dilation)
         eager = lambda: F.conv_transpose3d(x, *args_)  # noqa: E731
         ours = lambda: convt3d.conv_transpose3d(x, *args_)  # noqa: E731
-        times = {"eager": [], "ours": []}
-        eager(), ours()
-        for _ in range(args.repeats):
-            for name, fn in (("eager", eager), ("ours", ours)):
-                t0 = time.perf_counter()
-                fn()
-                times[name].append((time.perf_counter() - t0) * 1e3)
+        times = time_interleaved({"eager": eager, "ours": ours}, args.repeats)
         e, o = statistics.median(times["eager"]), statistics.median(times["ours"])
         print(f"{layer.name:28s} {e:9.2f} {o:10.2f} {e / o:7.2f}x")
 

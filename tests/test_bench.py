@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from convt3d.__main__ import main
-from convt3d.bench.protocol import Timing, datasheet_bandwidth, floor_bytes, kernelbench_check
+from convt3d.bench.protocol import Timing, datasheet_bandwidth, floor_bytes, kernelbench_check, time_interleaved
 from convt3d.bench.workloads import PROBLEM_77, parse_config
 
 TINY = '{"in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2, "padding": 1, "dilation": 2, ' \
@@ -29,6 +29,14 @@ def test_timing_statistics():
     t = Timing.of([1.0, 2.0, 3.0])
     assert (t.mean_ms, t.min_ms, t.max_ms) == (2.0, 1.0, 3.0)
     assert t.std_ms == pytest.approx(1.0)
+
+
+def test_time_interleaved_alternates_and_counts():
+    calls = []
+    times = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=2)
+    assert calls == ["a", "b"] * 5
+    assert {name: len(t) for name, t in times.items()} == {"a": 3, "b": 3}
+    assert all(v >= 0 for t in times.values() for v in t)
 
 
 def test_kernelbench_check_tolerance_by_precision():

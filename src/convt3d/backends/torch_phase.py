@@ -71,9 +71,14 @@ def _fill(target: torch.Tensor, bias) -> None:
         target.copy_(bias.view(1, -1, 1, 1, 1).expand_as(target))
 
 
+def _taps(weight: torch.Tensor, taps) -> torch.Tensor:
+    """weight restricted to the given kernel taps of each spatial axis, in the given order."""
+    return weight[:, :, list(taps[0])][:, :, :, list(taps[1])][:, :, :, :, list(taps[2])]
+
+
 def _phase_weight(weight: torch.Tensor, phases: tuple[AxisPhase, ...], groups: int) -> torch.Tensor:
     """(C_out, C_in/g, taps...) in the flipped tap order of each axis phase."""
-    w = weight[:, :, list(phases[0].taps)][:, :, :, list(phases[1].taps)][:, :, :, :, list(phases[2].taps)]
+    w = _taps(weight, [p.taps for p in phases])
     c_in, c_out_g = w.shape[:2]
     w = w.reshape(groups, c_in // groups, c_out_g, *w.shape[2:]).transpose(1, 2)
     return w.reshape(groups * c_out_g, c_in // groups, *w.shape[3:])
@@ -142,8 +147,7 @@ def conv_transpose3d_grad_input(grad_output, weight, plan: Plan) -> torch.Tensor
             pads.append((-start, start + span - p.out_count))
         if any(pads):
             g = F.pad(g, [v for pair in reversed(pads) for v in pair])
-        taps = [list(reversed(p.taps)) for p in phases]
-        w = weight[:, :, taps[0]][:, :, :, taps[1]][:, :, :, :, taps[2]]
+        w = _taps(weight, [reversed(p.taps) for p in phases])
         part = F.conv3d(g, w, None, 1, 0, tuple(p.input_dilation for p in phases), plan.groups)
         grad_input = part if grad_input is None else grad_input.add_(part)
     if grad_input is None:  # no tap reaches any input: the output does not depend on it

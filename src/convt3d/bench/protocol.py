@@ -65,6 +65,20 @@ def time_cpu(fn: Callable[[], object], warmup: int = 1, iters: int = 5) -> Timin
     return Timing.of(samples)
 
 
+def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Wall-clock ms of each named callable, called in turn each round so that machine noise hits all alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
 def relative_error(actual: torch.Tensor, reference64: torch.Tensor) -> float:
     """||actual - ref|| / ||ref|| in float64."""
     diff = actual.double() - reference64
