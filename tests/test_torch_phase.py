@@ -6,20 +6,42 @@ import pytest
 import torch
 
 from conftest import assert_close_rel, layer_args, make_tensors, random_config
-from convt3d.backends.torch_phase import conv_transpose3d_grad_input
+from convt3d.backends import torch_phase
+from convt3d.backends.torch_phase import conv_transpose3d_backward
 from convt3d.plan import make_plan
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_grad_input_matches_autograd(seed):
+def test_backward_matches_autograd(seed):
     cfg = dict(random_config(random.Random(500 + seed)), unbatched=False)
     x, w, _ = make_tensors(cfg)
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
     x.requires_grad_()
+    w.requires_grad_()
     y = torch.nn.functional.conv_transpose3d(x, w, None, **layer_args(cfg))
     grad = torch.randn_like(y)
-    (expected,) = torch.autograd.grad(y, x, grad)
-    actual = conv_transpose3d_grad_input(grad, w, plan)
-    assert actual.shape == expected.shape
-    if expected.numel():
-        assert_close_rel(actual, expected, 1e-10, str(cfg))
+    expected = torch.autograd.grad(y, (x, w), grad)
+    actual = conv_transpose3d_backward(grad, x.detach(), w.detach(), plan)
+    for a, e, name in zip(actual, expected, ("input", "weight")):
+        assert a.shape == e.shape, name
+        if e.numel():
+            assert_close_rel(a, e, 1e-10, f"grad {name} {cfg}")
+
+
+def test_backward_computes_only_what_is_asked():
+    x, w = torch.randn(1, 2, 3, 3, 3), torch.randn(2, 3, 2, 2, 2)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), 2, 0, 0, 1, 1)
+    grad = torch.randn(plan.output_shape)
+    assert conv_transpose3d_backward(grad, x, w, plan, need_input=False)[0] is None
+    assert conv_transpose3d_backward(grad, x, w, plan, need_weight=False)[1] is None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_forward_with_one_whole_output_fill(seed, monkeypatch):
+    """The GPU's way (fill everything, then the phases over it), run on the CPU."""
+    monkeypatch.setitem(torch_phase.FILL_WHOLE_OUTPUT, "cpu", True)
+    cfg = dict(random_config(random.Random(900 + seed)), unbatched=False)
+    x, w, b = make_tensors(cfg)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    expected = torch.nn.functional.conv_transpose3d(x, w, b, **layer_args(cfg))
+    assert_close_rel(torch_phase.conv_transpose3d(x, w, b, plan), expected, 1e-10, str(cfg))

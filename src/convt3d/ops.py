@@ -2,9 +2,9 @@
 
 Registering through torch.library lets torch.compile(fullgraph=True) trace models that use
 convt3d without a graph break, and gives the op a fake (meta) implementation for shape
-propagation. The backward is made of differentiable, traceable torch ops: aten's
-convolution_backward (cuDNN on CUDA) and, off CUDA, the phase decomposition for grad_input;
-no fused Triton backward yet.
+propagation. The backward is made of traceable aten ops: cuDNN's strided convolution_backward
+on CUDA, the phase decomposition (stride-1 convolutions on each phase's compact grid)
+elsewhere; no fused Triton backward yet.
 """
 
 from __future__ import annotations
@@ -68,18 +68,20 @@ def _backward(ctx, grad_output):
     input, weight = ctx.saved_tensors
     stride, padding, output_padding, groups, dilation = ctx.params
     need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
-    # Off CUDA grad_input comes from the phase decomposition (on a 2-core CPU 2x faster than aten's strided
-    # convolution for problem 77); on CUDA, and for grad_weight everywhere, aten's convolution_backward.
-    phase_grad_input = need_input and grad_output.device.type != "cuda"
-    grad_input, grad_weight, _ = torch.ops.aten.convolution_backward(
-        grad_output, input, weight, None, stride, padding, dilation, True, output_padding, groups,
-        [need_input and not phase_grad_input, need_weight, False],
-    )
-    if phase_grad_input:
-        from .backends.torch_phase import conv_transpose3d_grad_input
+    if grad_output.device.type == "cuda":
+        # cuDNN's strided backward: on the H200 it beat the phase decomposition on problem 77 (1.80 ms against
+        # 2.69 ms for both gradients; benchmarks/diag_p77.py).
+        grad_input, grad_weight, _ = torch.ops.aten.convolution_backward(
+            grad_output, input, weight, None, stride, padding, dilation, True, output_padding, groups,
+            [need_input, need_weight, False])
+    else:
+        # The phase decomposition: on a 2-core CPU, problem 77 at batch 2, grad_input 3.8x and grad_weight
+        # 2.8x faster than aten's (benchmarks/RESULTS.md).
+        from .backends.torch_phase import conv_transpose3d_backward
 
         plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
-        grad_input = conv_transpose3d_grad_input(grad_output, weight, plan)
+        grad_input, grad_weight = conv_transpose3d_backward(grad_output, input, weight, plan, need_input,
+                                                            need_weight)
     grad_bias = grad_output.sum(dim=(0, 2, 3, 4)) if ctx.has_bias and need_bias else None
     return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
 

@@ -46,8 +46,9 @@ def run_layer(layer: Layer, device: torch.device, backward: bool = False, compil
     ours = convert(copy.deepcopy(eager))
     fp32 = dtype == torch.float32
 
-    # The fused kernel on its own, whichever backend "auto" picks.
+    # The fused kernel and the portable phase path on their own, whichever backend "auto" picks.
     triton_only = convert(copy.deepcopy(eager), backend="triton")
+    torch_only = convert(copy.deepcopy(eager), backend="torch")
 
     # (name, callable, TF32 allowed?)
     impls: list[tuple[str, Callable, bool]] = [("PyTorch eager", eager, True)]
@@ -55,7 +56,7 @@ def run_layer(layer: Layer, device: torch.device, backward: bool = False, compil
         impls.append(("torch.compile (inductor)", torch.compile(eager), True))
     impls.append(("convt3d", ours, True))
     if on_gpu:
-        impls.append(("convt3d, backend=triton", triton_only, True))
+        impls += [("convt3d, backend=triton", triton_only, True), ("convt3d, backend=torch", torch_only, True)]
     if on_gpu and fp32:
         impls += [("PyTorch eager, TF32 off", eager, False), ("convt3d, TF32 off", ours, False),
                   ("convt3d, backend=triton, TF32 off", triton_only, False)]

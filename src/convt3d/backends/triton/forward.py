@@ -54,25 +54,38 @@ def _store_operand(hi_ptr, lo_ptr, offs, x, mask, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def channels_last_kernel(x_ptr, hi_ptr, lo_ptr, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION: tl.constexpr,
-                         BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
-    """x (N, C, S) with strides (sxn, sxc, sxs) -> (N, S, C) contiguous: the GEMM's reduction axis (channels)
-    becomes contiguous, so each output position's channel row loads as wide vectors. For float32 the copy is
-    TF32-rounded (PRECISION 1) or split into TF32 high and low parts (PRECISION 2) on the way, so that loads
-    feed the tensor cores directly."""
-    n = (tl.program_id(0) // S_BLOCKS).to(tl.int64)  # grid axis 0 (up to 2**31 - 1) holds the batch
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    sp = (tl.program_id(0) % S_BLOCKS) * BLOCK_S + tl.arange(0, BLOCK_S)
+def prepare_operands_kernel(
+    x_ptr, x_hi_ptr, x_lo_ptr, C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs,
+    w_ptr, w_hi_ptr, w_lo_ptr, C_IN, C_OUT_G, TAPS,
+    PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """Both GEMM operands as the main kernel reads them, in one launch (a launch costs more host time than this
+    work takes on the GPU for a small layer). Programs [0, X_PROGRAMS) lay the input out channels-last,
+    x (N, C, S) with strides (sxn, sxc, sxs) -> (N, S, C) contiguous, so that the reduction axis is contiguous
+    and each position's channel row loads as wide vectors; the others lay the contiguous weight
+    (C_in, C_out/g, taps) out tap-major, (taps, C_in, C_out/g), so that each (tap, input-channel block) is one
+    contiguous tile. Float32 operands are TF32-rounded (PRECISION 1) or split (PRECISION 2) on the way."""
+    pid = tl.program_id(0)
+    if pid < X_PROGRAMS:
+        _channels_last(x_ptr, x_hi_ptr, x_lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION, BLOCK_C, BLOCK_S)
+    else:
+        _tap_major(w_ptr, w_hi_ptr, w_lo_ptr, pid - X_PROGRAMS, C_IN, C_OUT_G, TAPS, PRECISION, BLOCK_W)
+
+
+@triton.jit
+def _channels_last(x_ptr, hi_ptr, lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION: tl.constexpr,
+                   BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
+    n = (pid // (S_BLOCKS * tl.cdiv(C, BLOCK_C))).to(tl.int64)
+    c = (pid // S_BLOCKS % tl.cdiv(C, BLOCK_C)) * BLOCK_C + tl.arange(0, BLOCK_C)
+    sp = (pid % S_BLOCKS) * BLOCK_S + tl.arange(0, BLOCK_S)
     ok = (c[None, :] < C) & (sp[:, None] < S)
     x = tl.load(x_ptr + n * sxn + c[None, :].to(tl.int64) * sxc + sp[:, None].to(tl.int64) * sxs, mask=ok)
     _store_operand(hi_ptr, lo_ptr, n * S * C + sp[:, None].to(tl.int64) * C + c[None, :], x, ok, PRECISION)
 
 
 @triton.jit
-def pack_weight_kernel(w_ptr, hi_ptr, lo_ptr, C_IN, C_OUT_G, TAPS, PRECISION: tl.constexpr, BLOCK: tl.constexpr):
-    """Contiguous weight (C_in, C_out/g, taps) -> (taps, C_in, C_out/g), rounded or split as the GEMM reads it:
-    each (tap, input-channel block) becomes one contiguous tile."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _tap_major(w_ptr, hi_ptr, lo_ptr, pid, C_IN, C_OUT_G, TAPS, PRECISION: tl.constexpr, BLOCK: tl.constexpr):
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < TAPS * C_IN * C_OUT_G
     co = offs % C_OUT_G
     ci = (offs // C_OUT_G) % C_IN
@@ -103,47 +116,60 @@ def _useful_taps(q_lo, q_hi, m0, M_STEP: tl.constexpr, count, size):
 
 
 @triton.jit
+def _column_taps(v_w: tl.constexpr, u_w0, OW, W, KW, S_W: tl.constexpr, P_W: tl.constexpr, DIL_W: tl.constexpr,
+                 STEP_W: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """For output columns ow = S_W * u_w + v_w of the block u_w in [u_w0, u_w0 + BLOCK_Q) that exist (ow < OW):
+    their input offset base_w, the phase's first tap t0_w and offset m0_w, and the range [jw_lo, jw_hi) of its
+    taps that read the input for some column (empty when no column exists)."""
+    r_w = (v_w + P_W) % S_W
+    base_w = (v_w + P_W) // S_W
+    t0_w, n_w = _phase_taps(r_w + u_w0 * 0, S_W, DIL_W, STEP_W, KW)
+    m0_w = (t0_w * DIL_W - r_w) // S_W
+    u_w_end = tl.minimum(u_w0 + BLOCK_Q, (OW - v_w + S_W - 1) // S_W)  # one past the block's last column
+    jw_lo, jw_hi = _useful_taps(u_w0 + base_w, u_w_end - 1 + base_w, m0_w, STEP_W * DIL_W // S_W, n_w, W)
+    jw_hi = tl.where(u_w_end > u_w0, jw_hi, jw_lo)
+    return base_w, m0_w, t0_w, jw_lo, jw_hi
+
+
+@triton.jit
 def _phase_gemm(
     v_w: tl.constexpr, x_base, x_lo_base, w_group, w_lo_group, co, co_ok, m, u_h, u_w, u_w0,
     q_d, m0_d, t0_d, jd_lo, jd_hi, base_h, m0_h, t0_h, jh_lo, jh_hi,
-    D, H, W, OW, KH, KW, GROUPS, CIN_G, COUT_G, sxc, sxd, sxh, sxw,
+    D, H, W, OW, KD, KH, KW, GROUPS, CIN_G, COUT_G, sxc, sxd, sxh, sxw,
     S_W: tl.constexpr, P_W: tl.constexpr, DIL_W: tl.constexpr, STEP_D: tl.constexpr, STEP_H: tl.constexpr,
     STEP_W: tl.constexpr, M_STEP_D: tl.constexpr, M_STEP_H: tl.constexpr,
     PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
-    EVEN_CI: tl.constexpr,
+    EVEN_CI: tl.constexpr, DIAG: tl.constexpr,
 ):
     """The [BLOCK_M, BLOCK_CO] float32 tile of output columns ow = S_W * u_w + v_w: an implicit GEMM over the
     taps of their phase (in all three axes) and the group's input channels."""
     ci = tl.arange(0, BLOCK_CI)
     CI_BLOCKS = tl.cdiv(CIN_G, BLOCK_CI)
     M_STEP_W: tl.constexpr = STEP_W * DIL_W // S_W
-    r_w = (v_w + P_W) % S_W
-    base_w = (v_w + P_W) // S_W
-    t0_w, n_w = _phase_taps(r_w + u_w0 * 0, S_W, DIL_W, STEP_W, KW)
-    m0_w = (t0_w * DIL_W - r_w) // S_W
-    jw_lo, jw_hi = _useful_taps(u_w0 + base_w, u_w0 + BLOCK_Q - 1 + base_w, m0_w, M_STEP_W, n_w, W)
-    if S_W * u_w0 + v_w >= OW:  # this v_w has no output column in the block
+    base_w, m0_w, t0_w, jw_lo, jw_hi = _column_taps(v_w, u_w0, OW, W, KW, S_W, P_W, DIL_W, STEP_W, BLOCK_Q)
+    if DIAG == 1:  # diagnostic: no GEMM, only its stores
         jw_hi = jw_lo
     nd = jd_hi - jd_lo
-    nh = jh_hi - jh_lo
-    nw = jw_hi - jw_lo
+    # The software pipeliner issues the loads of later iterations ahead, also past the last one (masked off),
+    # and masked-off lanes still form addresses, which faulted on the H200: so no division by zero when a
+    # phase has no tap here, and every tap and index is clamped into its tensor below.
+    nh = tl.maximum(jh_hi - jh_lo, 1)
+    nw = tl.maximum(jw_hi - jw_lo, 1)
     acc = tl.zeros([BLOCK_M, BLOCK_CO], dtype=tl.float32)
-    for k in range(nd * nh * nw * CI_BLOCKS):
+    for k in range(nd * (jh_hi - jh_lo) * (jw_hi - jw_lo) * CI_BLOCKS):
         tap = k // CI_BLOCKS
         ci0 = (k % CI_BLOCKS) * BLOCK_CI
         jd = jd_lo + tap // (nh * nw)
         jh = jh_lo + (tap // nw) % nh
         jw = jw_lo + tap % nw
-        t_d = t0_d + jd * STEP_D
-        t_h = t0_h + jh * STEP_H
-        t_w = t0_w + jw * STEP_W
+        t_d = tl.minimum(t0_d + jd * STEP_D, KD - 1)
+        t_h = tl.minimum(t0_h + jh * STEP_H, KH - 1)
+        t_w = tl.minimum(t0_w + jw * STEP_W, KW - 1)
         i_d = q_d - m0_d - jd * M_STEP_D + m * 0  # broadcast: the interpreter cannot mask with scalars
         i_h = u_h + base_h - m0_h - jh * M_STEP_H
         i_w = u_w + base_w - m0_w - jw * M_STEP_W
         row_ok = (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H) & (i_w >= 0) & (i_w < W)
-        # Masked-off lanes still form addresses: clamp every index into its tensor so that none points outside
-        # it (an unclamped one faulted on the H200 for a grouped layer with 2 channels per group).
         rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
                 + tl.minimum(tl.maximum(i_w, 0), W - 1) * sxw)
         tap_row = ((t_d * KH + t_h) * KW + t_w) * GROUPS * CIN_G * COUT_G
@@ -195,8 +221,10 @@ def conv_transpose3d_kernel(
     STEP_D: tl.constexpr, STEP_H: tl.constexpr, STEP_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
-    FILL_W: tl.constexpr, EVEN_CI: tl.constexpr,
+    FILL_W: tl.constexpr, EVEN_CI: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
+    # DIAG (benchmarks only, to see where time goes): 1 skips the GEMM and stores its zero tiles, 2 runs the
+    # GEMM but stores none of its tiles.
     BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
     # Each program walks the work items (blocks of output rows) with a stride of the grid size: one item per
     # program with a full grid, or many with a persistent one (configs choose).
@@ -237,11 +265,18 @@ def conv_transpose3d_kernel(
         base_h = (v_h + P_H) // S_H
         t0_h, n_h = _phase_taps(r_h, S_H, DIL_H, STEP_H, KH)
         m0_h = (t0_h * DIL_H - r_h) // S_H
-        jh_lo, jh_hi = _useful_taps(u_h0 + base_h, u_h0 + BLOCK_R - 1 + base_h, m0_h, M_STEP_H, n_h, H)
+        u_h_end = tl.minimum(u_h0 + BLOCK_R, (OH - v_h + S_H - 1) // S_H)  # one past the block's last row
+        jh_lo, jh_hi = _useful_taps(u_h0 + base_h, u_h_end - 1 + base_h, m0_h, M_STEP_H, n_h, H)
+        jh_hi = tl.where(u_h_end > u_h0, jh_hi, jh_lo)
         u_w0 = uw_block * BLOCK_Q
-        if (jd_hi - jd_lo) * (jh_hi - jh_lo) == 0:
-            # No tap reaches these rows: write the bias over whole contiguous rows, one row at a time
-            # (a [BLOCK_CO, FILL_W] tile of 64-bit pointers is all the registers it needs).
+        # Taps that reach some column of the block, over all column phases: none means no GEMM at all.
+        w_taps = 0
+        for v_w in tl.static_range(S_W):
+            _, _, _, jw_lo, jw_hi = _column_taps(v_w, u_w0, OW, W, KW, S_W, P_W, DIL_W, STEP_W, BLOCK_Q)
+            w_taps += jw_hi - jw_lo
+        if (jd_hi - jd_lo) * (jh_hi - jh_lo) * w_taps == 0:
+            # No tap reaches these rows (or the block's columns): write the bias over whole contiguous rows, one
+            # row at a time (a [BLOCK_CO, FILL_W] tile of 64-bit pointers is all the registers it needs).
             e = tl.arange(0, FILL_W)
             fill_ow = S_W * u_w0 + e
             fill = tl.zeros([BLOCK_CO, FILL_W], dtype=tl.float32) + bias[:, None]
@@ -262,13 +297,16 @@ def conv_transpose3d_kernel(
             w_lo_group = w_lo_ptr + group * CIN_G * COUT_G
             args = (x_base, x_lo_base, w_group, w_lo_group, co, co_ok, m, u_h, u_w, u_w0,
                     q_d, m0_d, t0_d, jd_lo, jd_hi, base_h, m0_h, t0_h, jh_lo, jh_hi,
-                    D, H, W, OW, KH, KW, GROUPS, CIN_G, COUT_G, sxc, sxd, sxh, sxw)
+                    D, H, W, OW, KD, KH, KW, GROUPS, CIN_G, COUT_G, sxc, sxd, sxh, sxw)
             for v_w in tl.static_range(S_W):
                 out = _phase_gemm(
                     v_w, *args, S_W=S_W, P_W=P_W, DIL_W=DIL_W, STEP_D=STEP_D, STEP_H=STEP_H, STEP_W=STEP_W,
                     M_STEP_D=M_STEP_D, M_STEP_H=M_STEP_H, PRECISION=PRECISION, INTERPRETED=INTERPRETED,
                     BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI, EVEN_CI=EVEN_CI,
+                    DIAG=DIAG,
                 ) + bias[None, :]
+                if DIAG == 2:  # a mask no element passes, but one the compiler cannot drop with the GEMM
+                    co_ok = co_ok & (tl.sum(out, axis=0) != tl.sum(out, axis=0))
                 if S_W != 2:
                     ow = S_W * u_w + v_w
                     ok = (oh < OH) & (ow < OW)
@@ -294,19 +332,23 @@ def _interpreted() -> bool:
 
 
 def _configs():
+    # Measured on the H200 (problem 77, benchmarks/RESULTS.md) and left out: a persistent grid (2 programs per
+    # multiprocessor: 2.2x slower), registers capped at 128 or 168 so that programs share a multiprocessor
+    # (1.6-2.6x slower: spills), 64-row tiles (1.7x slower).
     if _interpreted():
         return [dict(BLOCK_M=32, BLOCK_CO=16, BLOCK_CI=16, num_warps=4, num_stages=1, PER_SM=1)]
     return [
-        dict(BLOCK_M=m, BLOCK_CO=co, BLOCK_CI=ci, num_warps=w, num_stages=s, PER_SM=per_sm)
-        for m, co, ci, w, s, per_sm in [
-            (128, 64, 32, 8, 3, 0),
-            (128, 64, 32, 4, 3, 0),
-            (128, 64, 16, 8, 4, 0),
-            (64, 64, 32, 4, 3, 0),
-            (256, 64, 32, 8, 3, 0),
-            (128, 128, 32, 8, 3, 0),
-            (128, 64, 32, 8, 3, 2),
-            (64, 64, 32, 4, 3, 8),
+        dict(BLOCK_M=m, BLOCK_CO=co, BLOCK_CI=ci, num_warps=w, num_stages=s, PER_SM=0)
+        for m, co, ci, w, s in [
+            (256, 64, 16, 8, 4),
+            (256, 64, 32, 8, 3),
+            (128, 64, 32, 8, 3),
+            (128, 64, 32, 4, 3),
+            (128, 128, 32, 8, 3),
+            # One stage: plain loads, which (unlike the pipeline's asynchronous copies) are cached in L1, where
+            # the taps of one program re-read the same input rows.
+            (128, 64, 32, 4, 1),
+            (256, 64, 32, 8, 1),
         ]
     ]
 
@@ -329,16 +371,17 @@ def _operands(input, weight, precision):
     taps = weight[0, 0].numel()
     w_hi = torch.empty((taps, c_in, c_out_g), dtype=weight.dtype, device=weight.device)
     w_lo = torch.empty_like(w_hi) if precision == TF32X3 else w_hi
-    pack_weight_kernel[(triton.cdiv(w_hi.numel(), 1024),)](weight.contiguous(), w_hi, w_lo, c_in, c_out_g, taps,
-                                                          PRECISION=precision, BLOCK=1024)
     n, c, d, h, w = input.shape
     x_hi = torch.empty((n, d, h, w, c), dtype=input.dtype, device=input.device).permute(0, 4, 1, 2, 3)
     x_lo = torch.empty_like(x_hi) if precision == TF32X3 else x_hi
-    if x_hi.numel():
-        flat = input.flatten(2)  # a view where the strides allow, else a copy
-        s_blocks = triton.cdiv(d * h * w, 64)
-        channels_last_kernel[(n * s_blocks, triton.cdiv(c, 32))](
-            flat, x_hi, x_lo, c, d * h * w, s_blocks, *flat.stride(), PRECISION=precision, BLOCK_C=32, BLOCK_S=64)
+    flat = input.flatten(2)  # a view where the strides allow, else a copy
+    block_c, block_s, block_w = 32, 64, 1024
+    s_blocks = triton.cdiv(d * h * w, block_s)
+    x_programs = n * triton.cdiv(c, block_c) * s_blocks
+    prepare_operands_kernel[(x_programs + triton.cdiv(w_hi.numel(), block_w),)](
+        flat, x_hi, x_lo, c, d * h * w, s_blocks, x_programs, *flat.stride(),
+        weight.contiguous(), w_hi, w_lo, c_in, c_out_g, taps,
+        PRECISION=precision, BLOCK_C=block_c, BLOCK_S=block_s, BLOCK_W=block_w)
     return x_hi, x_lo, w_hi, w_lo
 
 
@@ -405,7 +448,7 @@ def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
         STEP_D=s_d // math.gcd(s_d, dl_d), STEP_H=s_h // math.gcd(s_h, dl_h), STEP_W=s_w // math.gcd(s_w, dl_w),
         HAS_BIAS=bias is not None, PRECISION=precision, INTERPRETED=_interpreted(),
         BLOCK_R=block_r, BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci,
-        FILL_W=triton.next_power_of_2(s_w * block_q), EVEN_CI=cin_g % block_ci == 0,
+        FILL_W=triton.next_power_of_2(s_w * block_q), EVEN_CI=cin_g % block_ci == 0, DIAG=cfg.get("DIAG", 0),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
