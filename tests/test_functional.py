@@ -110,3 +110,15 @@ def test_output_memory_format_follows_pytorch(channels_last, backend, dtype, rel
     assert actual.is_contiguous(memory_format=cl) == expected.is_contiguous(memory_format=cl)
     assert actual.is_contiguous() == expected.is_contiguous()
     assert_close_rel(actual, F.conv_transpose3d(x.double(), w.double(), None, 2, 1, 1), rel)
+
+
+def test_validation_cache_still_rejects_bad_arguments():
+    """Arguments seen before skip the checks; ones that only compare equal to them (True == 1) must not."""
+    x, w = torch.randn(1, 2, 3, 3, 3), torch.randn(2, 2, 2, 2, 2)
+    convt3d.conv_transpose3d(x, w, stride=(1, 1, 1))
+    with pytest.raises(TypeError, match="stride"):
+        convt3d.conv_transpose3d(x, w, stride=(True, 1, 1))
+    with pytest.raises(TypeError, match="stride"):
+        convt3d.conv_transpose3d(x, w, stride=1.0)
+    with pytest.raises(TypeError, match="weight dtype"):
+        convt3d.conv_transpose3d(x, w.double(), stride=(1, 1, 1))

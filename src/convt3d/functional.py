@@ -22,8 +22,36 @@ def _check_tensor(value, name: str, optional: bool = False) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
 
 
+# Arguments already validated -> (plan, unbatched). Host time counts on a GPU: KernelBench's timing (and ours) sees
+# every microsecond a call spends in Python beyond the time of the L2 flush before it, and the full checks below
+# took about as long as PyTorch's whole call on the H200 machine.
+_validated: dict = {}
+
+
 def validate(input, weight, bias, stride, padding, output_padding, groups, dilation) -> tuple[torch.Tensor, Plan, bool]:
     """Check every argument before any work. Returns the batched input, the plan, and whether input was unbatched."""
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            # repr keeps the integer arguments' types apart (True == 1, but a bool stride is an error).
+            key = (input.shape, input.dtype, input.device, weight.shape, weight.dtype, weight.device,
+                   None if bias is None else (bias.shape, bias.dtype, bias.device),
+                   repr((stride, padding, output_padding, groups, dilation)))
+        except AttributeError:  # not tensors: the checks below say which argument
+            key = None
+        hit = _validated.get(key) if key is not None else None
+        if hit is not None:
+            plan, unbatched = hit
+            return (input.unsqueeze(0) if unbatched else input), plan, unbatched
+    batched, plan, unbatched = _validate(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    if key is not None:
+        if len(_validated) >= 4096:  # many distinct shapes: start over rather than grow without bound
+            _validated.clear()
+        _validated[key] = (plan, unbatched)
+    return batched, plan, unbatched
+
+
+def _validate(input, weight, bias, stride, padding, output_padding, groups, dilation):
     _check_tensor(input, "input")
     _check_tensor(weight, "weight")
     _check_tensor(bias, "bias", optional=True)
@@ -70,6 +98,11 @@ def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) 
     the phase path ran 4x faster than eager on one layer and 2x slower on another), and with PyTorch's own
     kernel among the candidates "auto" is never slower than eager beyond timing noise.
     """
+    key = (plan.key, input.dtype, input.device, torch.backends.cudnn.allow_tf32, torch.get_num_threads(),
+           bias is not None, input.is_contiguous())
+    choice = _choice.get(key)
+    if choice is not None:
+        return choice
     candidates = ["torch", "eager"]
     if input.device.type == "cuda":
         from .backends.triton import unsupported_reason
@@ -81,13 +114,10 @@ def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) 
             logger.debug("convt3d: triton backend not used (%s)", reason)
     elif all(s == 1 for s in plan.stride):
         return "eager"  # one phase: the phase path could only add a weight flip and a copy
-    key = (plan.key, input.dtype, str(input.device), torch.backends.cudnn.allow_tf32, torch.get_num_threads(),
-           bias is not None, input.is_contiguous())
-    if key not in _choice:
-        if input.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return candidates[0]  # no timing inside a CUDA graph capture
-        _choice[key] = _fastest(candidates, input, weight, bias, plan)
-        logger.debug("convt3d: auto chose %s for %s", _choice[key], plan.key)
+    if input.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return candidates[0]  # no timing inside a CUDA graph capture
+    _choice[key] = _fastest(candidates, input, weight, bias, plan)
+    logger.debug("convt3d: auto chose %s for %s", _choice[key], plan.key)
     return _choice[key]
 
 
