@@ -46,6 +46,29 @@ def test_float32_gradients_match_eager():
         assert_close_rel(a, e, 1e-5, f"grad {name}")
 
 
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_deterministic_mode_runs_and_repeats_bitwise(backend):
+    """Under torch.use_deterministic_algorithms(True) forward and backward run (no op of ours is refused) and
+    two runs give bitwise-identical outputs and gradients."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 3, 4, 5, requires_grad=True)
+    w = torch.randn(4, 3, 3, 2, 3, requires_grad=True)
+    b = torch.randn(3, requires_grad=True)
+    grad = torch.randn(2, 3, 5, 7, 9)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = []
+        for _ in range(2):
+            y = convt3d.conv_transpose3d(x, w, b, stride=2, padding=1, dilation=(1, 2, 1), backend=backend)
+            runs.append((y, *torch.autograd.grad(y, (x, w, b), grad)))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert runs[0][0].shape == grad.shape
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
+
+
 def test_compile_fullgraph_matches_eager():
     torch._dynamo.reset()
     model = nn.Sequential(convt3d.ConvTranspose3d(3, 4, 3, stride=2, padding=1), nn.ReLU())
