@@ -2,9 +2,10 @@
 
 Each non-empty phase is an ordinary correlation of the input (cropped and padded to the
 phase's window) with the flipped taps that reach it; its result is copied once into a
-strided view of the output. Empty regions get the bias (or zero), filled as whole planes
-or rows where a depth or height phase is empty, since large contiguous fills are far
-cheaper than element-strided ones. No zero-stuffed input, no col2im.
+strided view of the output. Empty regions get the bias (or zero): on the CPU filled as whole
+planes or rows where a depth or height phase is empty, since large contiguous fills are far
+cheaper than element-strided ones; on GPUs the whole output is filled once first. No
+zero-stuffed input, no col2im. The backward (grad_input, grad_weight) uses the same phases.
 """
 
 from __future__ import annotations

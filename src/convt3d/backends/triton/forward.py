@@ -334,7 +334,7 @@ def _interpreted() -> bool:
 def _configs():
     # Measured on the H200 (problem 77, benchmarks/RESULTS.md) and left out: a persistent grid (2 programs per
     # multiprocessor: 2.2x slower), registers capped at 128 or 168 so that programs share a multiprocessor
-    # (1.6-2.6x slower: spills), 64-row tiles (1.7x slower).
+    # (2.0-2.6x slower: spills), 64-row tiles (1.7x slower).
     if _interpreted():
         return [dict(BLOCK_M=32, BLOCK_CO=16, BLOCK_CI=16, num_warps=4, num_stages=1, PER_SM=1)]
     return [
