@@ -1,3 +1,4 @@
+import logging
 import random
 
 import pytest
@@ -122,3 +123,22 @@ def test_validation_cache_still_rejects_bad_arguments():
         convt3d.conv_transpose3d(x, w, stride=1.0)
     with pytest.raises(TypeError, match="weight dtype"):
         convt3d.conv_transpose3d(x, w.double(), stride=(1, 1, 1))
+
+
+def test_auto_skips_a_backend_whose_result_disagrees_with_eager(monkeypatch, caplog):
+    from convt3d import functional
+    from convt3d.backends import torch_phase
+
+    x, w = torch.rand(1, 3, 4, 4, 4), torch.randn(3, 2, 3, 3, 3)
+    plan = convt3d.plan.make_plan(tuple(x.shape), tuple(w.shape), 2, 1, 0, 1, 2)
+    real = torch_phase.conv_transpose3d
+    caplog.set_level(logging.DEBUG, logger="convt3d")
+    monkeypatch.setattr(torch_phase, "conv_transpose3d", lambda *args: real(*args) + 1e-3)
+    monkeypatch.setattr(functional, "_choice", {})
+    assert functional.choose_backend(x, w, None, plan) == "eager"
+    assert "auto skips torch" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(torch_phase, "conv_transpose3d", real)
+    monkeypatch.setattr(functional, "_choice", {})
+    functional.choose_backend(x, w, None, plan)
+    assert "auto skips" not in caplog.text  # the true phase path agrees with eager: it is timed
