@@ -142,3 +142,20 @@ def test_auto_skips_a_backend_whose_result_disagrees_with_eager(monkeypatch, cap
     monkeypatch.setattr(functional, "_choice", {})
     functional.choose_backend(x, w, None, plan)
     assert "auto skips" not in caplog.text  # the true phase path agrees with eager: it is timed
+
+
+def test_auto_skips_a_backend_that_runs_out_of_memory(monkeypatch):
+    from convt3d import functional
+
+    real = functional.run_backend
+
+    def run(name, *args):
+        if name == "torch":
+            raise torch.cuda.OutOfMemoryError("no memory for this candidate")
+        return real(name, *args)
+
+    monkeypatch.setattr(functional, "run_backend", run)
+    monkeypatch.setattr(functional, "_choice", {})
+    x, w = torch.rand(1, 3, 4, 4, 4), torch.randn(3, 2, 3, 3, 3)
+    plan = convt3d.plan.make_plan(tuple(x.shape), tuple(w.shape), 2, 1, 0, 1, 2)
+    assert functional.choose_backend(x, w, None, plan) == "eager"
