@@ -75,7 +75,7 @@ def _backward(ctx, grad_output):
             grad_output, input, weight, None, stride, padding, dilation, True, output_padding, groups,
             [need_input, need_weight, False])
     else:
-        # The phase decomposition: on a 2-core CPU, problem 77 at batch 2, grad_input 3.8x and grad_weight
+        # The phase decomposition: on a 2-core CPU, problem 77 at batch 2, grad_input 3.8-8.3x and grad_weight
         # 2.8x faster than aten's (benchmarks/RESULTS.md).
         from .backends.torch_phase import conv_transpose3d_backward
 
