@@ -10,24 +10,14 @@ import sys
 import torch
 
 from convt3d import convert, functional
-from convt3d.bench.protocol import Timing, time_cuda
+from convt3d.bench.protocol import time_cuda
 from convt3d.bench.workloads import load_sweep
 
 
-def time_cuda_long_flush(fn, iters=50, flush_bytes=2 << 30):
+def time_cuda_long_flush(fn, iters=50):
     """time_cuda with an 8x larger flush: the GPU is busy long enough that any host time per call is hidden, so a
     gap that remains is GPU work."""
-    flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda")
-    fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for start, end in events:
-        flush.fill_(1)
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return Timing.of([s.elapsed_time(e) for s, e in events])
+    return time_cuda(fn, iters=iters, flush_bytes=2 << 30)
 
 
 def main(names):

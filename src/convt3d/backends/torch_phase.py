@@ -74,9 +74,9 @@ def _fill(target: torch.Tensor, bias) -> None:
 
 
 def _taps(weight: torch.Tensor, phases, descending: bool = True) -> torch.Tensor:
-    """weight restricted to the taps of each axis phase, flipped (descending) or not: slices and one flip, no
-    index tensors (which on CUDA would each cost a host-to-device copy)."""
-    w = weight[(slice(None), slice(None), *(_tap_slice(p) for p in phases))]
+    """weight restricted to the taps of each axis phase, flipped (descending) or not: slices and one flip (index
+    tensors would each cost a host-to-device copy on CUDA)."""
+    w = weight[_tap_index(phases)]
     return w.flip(2, 3, 4) if descending else w
 
 
@@ -88,12 +88,15 @@ def _phase_weight(weight: torch.Tensor, phases: tuple[AxisPhase, ...], groups: i
     return w.reshape(groups * c_out_g, c_in // groups, *w.shape[3:])
 
 
-def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tensor:
+def _phase_input(input, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tensor:
+    """The input cropped and padded to exactly the phase's correlation window."""
     pads = [_pads(p, a.in_size) for p, a in zip(phases, plan.axes)]
-    x = input
-    if any(pads):
-        # F.pad takes the last axis first.
-        x = F.pad(input, [v for pair in reversed(pads) for v in pair])
+    # F.pad takes the last axis first.
+    return F.pad(input, [v for pair in reversed(pads) for v in pair]) if any(pads) else input
+
+
+def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tensor:
+    x = _phase_input(input, plan, phases)
     w = _phase_weight(weight, phases, plan.groups)
     if x.device.type == "cpu":
         # oneDNN's channels-last convolution ran this 1.5-2x faster than NCDHW on a 2-core x86 machine
@@ -168,26 +171,27 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
             part = _phase_grad_input(g, weight, plan, phases, dilation)
             grad_input = part if grad_input is None else grad_input.add_(part)
         if need_weight:
-            pads = [_pads(p, a.in_size) for p, a in zip(phases, axes)]
-            x = F.pad(input, [v for pair in reversed(pads) for v in pair]) if any(pads) else input
             _, part, _ = torch.ops.aten.convolution_backward(
-                g, x, _phase_weight(weight, phases, plan.groups), None, [1, 1, 1], [0, 0, 0], list(dilation),
-                False, [0, 0, 0], plan.groups, [False, True, False])
+                g, _phase_input(input, plan, phases), _phase_weight(weight, phases, plan.groups), None,
+                [1, 1, 1], [0, 0, 0], list(dilation), False, [0, 0, 0], plan.groups, [False, True, False])
             # (groups * C_out/g, C_in/g, taps...) in flipped tap order -> the weight's (C_in, C_out/g, taps...).
             cout_g = plan.out_channels // plan.groups
             part = part.reshape(plan.groups, cout_g, -1, *part.shape[2:]).transpose(1, 2)
             part = part.reshape(plan.in_channels, cout_g, *part.shape[3:]).flip(2, 3, 4)
-            grad_weight[(slice(None), slice(None), *(_tap_slice(p) for p in phases))] = part
+            grad_weight[_tap_index(phases)] = part
     if need_input and grad_input is None:  # no tap reaches any input: the output does not depend on it
         grad_input = grad_output.new_zeros((plan.batch, plan.in_channels, *plan.input_spatial))
     return grad_input, grad_weight
 
 
-def _tap_slice(phase: AxisPhase) -> slice:
-    """The phase's taps (an arithmetic progression, stored descending) as an ascending slice of the kernel."""
-    first, last = phase.taps[-1], phase.taps[0]
-    step = phase.taps[0] - phase.taps[1] if len(phase.taps) > 1 else 1
-    return slice(first, last + 1, step)
+def _tap_index(phases) -> tuple[slice, ...]:
+    """Index of a weight (C_in, C_out/g, kD, kH, kW) to the taps of the given axis phases, ascending. Each
+    phase's taps are an arithmetic progression (stored descending), so slices do: no index tensors."""
+    def ascending(phase: AxisPhase) -> slice:
+        step = phase.taps[0] - phase.taps[1] if len(phase.taps) > 1 else 1
+        return slice(phase.taps[-1], phase.taps[0] + 1, step)
+
+    return (slice(None), slice(None), *(ascending(p) for p in phases))
 
 
 def _phase_grad_input(g, weight, plan: Plan, phases, dilation) -> torch.Tensor:

@@ -37,9 +37,10 @@ class Timing:
         return cls(statistics.fmean(samples_ms), std, min(samples_ms), max(samples_ms))
 
 
-def time_cuda(fn: Callable[[], object], warmup: int = 5, iters: int = 100, device=None) -> Timing:
-    """CUDA events around each call, the L2 flushed before each."""
-    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+def time_cuda(fn: Callable[[], object], warmup: int = 5, iters: int = 100, device=None,
+              flush_bytes: int = FLUSH_BYTES) -> Timing:
+    """CUDA events around each call, the L2 flushed (flush_bytes written) before each."""
+    flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize(device)
