@@ -1,0 +1,127 @@
+"""Problem 77 taken apart (GPU): what each piece of the phase path costs, forward and backward, in NCDHW and
+channels-last layouts, with cuDNN's default algorithm choice and with cudnn.benchmark.
+
+    PYTHONPATH=src python3 benchmarks/diag_phases.py [--iters 30]
+
+Every figure is a cold-L2 mean (bench.protocol.time_cuda). Problem 77 has one phase that taps reach (odd
+outputs along every axis), so its pieces are: the compact convolution (16x32x16^3-ish -> 16x64x16x32x32), the
+bias/zero fill, and the copy of the compact result into the output's lattice.
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from convt3d.backends import torch_phase as tp
+from convt3d.backends.triton.assemble import assemble_single_phase
+from convt3d.bench.protocol import relative_error, time_cuda
+from convt3d.bench.workloads import PROBLEM_77
+
+CL = torch.channels_last_3d
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=30)
+    args = parser.parse_args()
+    plan = PROBLEM_77.plan()
+    (phase,) = plan.nonempty_phases
+    phases = phase.axes
+    x = torch.rand(PROBLEM_77.input_shape, device="cuda")
+    w = torch.randn(PROBLEM_77.weight_shape(), device="cuda") * 0.05
+    g = torch.randn(plan.output_shape, device="cuda")
+    ref = F.conv_transpose3d(x.double(), w.double(), None, plan.stride, plan.padding, plan.output_padding,
+                             plan.groups, plan.dilation)
+    rows = []
+
+    def row(name, fn, check=None):
+        ms = time_cuda(fn, iters=args.iters).mean_ms
+        err = f"{relative_error(check(fn()), ref):.1e}" if check else ""
+        rows.append((name, ms, err))
+        print(f"{name:58s} {ms:8.4f} {err}", flush=True)
+
+    same = lambda y: y
+    x_cl = x.contiguous(memory_format=CL)
+    wp = tp._phase_weight(w, phases, 1)
+    wp_cl = wp.contiguous(memory_format=CL)
+    xp = tp._phase_input(x, plan, phases)
+    part = tp._phase_conv(x, w, None, plan, phases)
+    part_cl = part.contiguous(memory_format=CL)
+    lattice = (slice(None), slice(None), *(tp._out_slice(p, a) for p, a in zip(phases, plan.axes)))
+
+    def hybrid(xin, wt):
+        out = torch.empty(plan.output_shape, device="cuda")
+        assemble_single_phase(out, F.conv3d(tp._phase_input(xin, plan, phases), wt, None, 1, 0, 1), None, plan,
+                              phases)
+        return out
+
+    def fill_copy():
+        out = torch.empty(plan.output_shape, device="cuda")
+        out.zero_()
+        out[lattice].copy_(part)
+        return out
+
+    def assemble(p):
+        out = torch.empty(plan.output_shape, device="cuda")
+        assemble_single_phase(out, p, None, plan, phases)
+        return out
+
+    # Backward pieces: g's lattice is the compact grad_output of the one phase.
+    g_lat = g[lattice]
+    g_c = g_lat.contiguous()
+    g_c_cl = g_lat.contiguous(memory_format=CL)
+    wt = tp._taps(w, phases, descending=False)
+    wt_cl = wt.contiguous(memory_format=CL)
+
+    for bench_mode in (False, True):
+        torch.backends.cudnn.benchmark = bench_mode
+        print(f"\n--- cudnn.benchmark={bench_mode} ---")
+        row("floor: empty + zero_", lambda: torch.empty(plan.output_shape, device="cuda").zero_())
+        row("eager F.conv_transpose3d", lambda: F.conv_transpose3d(x, w, None, 2, 1, 0, 1, 2), same)
+        row("eager, channels_last input", lambda: F.conv_transpose3d(x_cl, w, None, 2, 1, 0, 1, 2), same)
+        row("phase path (backend=torch)", lambda: tp.conv_transpose3d(x, w, None, plan), same)
+        row("compact conv NCDHW", lambda: F.conv3d(xp, wp, None, 1, 0, 1))
+        row("compact conv, padding in conv (no F.pad)", lambda: F.conv3d(x, wp, None, 1, 1, 1))
+        row("compact conv CL (operands CL beforehand)", lambda: F.conv3d(x_cl, wp_cl, None, 1, 1, 1))
+        row("compact conv CL incl. input conversion", lambda: F.conv3d(x.contiguous(memory_format=CL), wp_cl, None,
+                                                                       1, 1, 1))
+        row("fill + strided copy", fill_copy, same)
+        row("assemble (Triton) from NCDHW part", lambda: assemble(part), same)
+        row("assemble (Triton) from CL part", lambda: assemble(part_cl), same)
+        row("hybrid: conv NCDHW + assemble", lambda: hybrid(x, wp), same)
+        row("hybrid: conv CL (x converted) + assemble",
+            lambda: hybrid(x.contiguous(memory_format=CL), wp_cl), same)
+
+        row("bwd aten convolution_backward (both)", lambda: torch.ops.aten.convolution_backward(
+            g, x, w, None, [2] * 3, [1] * 3, [2] * 3, True, [0] * 3, 1, [True, True, False]))
+        row("bwd aten grad_input only", lambda: torch.ops.aten.convolution_backward(
+            g, x, w, None, [2] * 3, [1] * 3, [2] * 3, True, [0] * 3, 1, [True, False, False]))
+        row("bwd aten grad_weight only", lambda: torch.ops.aten.convolution_backward(
+            g, x, w, None, [2] * 3, [1] * 3, [2] * 3, True, [0] * 3, 1, [False, True, False]))
+        row("bwd phase (both, current code)", lambda: tp.conv_transpose3d_backward(g, x, w, plan))
+        row("bwd extract lattice NCDHW", lambda: g_lat.contiguous())
+        row("bwd extract lattice CL", lambda: g_lat.contiguous(memory_format=CL))
+        row("bwd grad_input compact NCDHW", lambda: F.conv3d(g_c, wt, None, 1, 1, 1))
+        row("bwd grad_input compact CL", lambda: F.conv3d(g_c_cl, wt_cl, None, 1, 1, 1))
+        row("bwd grad_weight compact NCDHW", lambda: torch.ops.aten.convolution_backward(
+            g_c, x, wp, None, [1] * 3, [1] * 3, [1] * 3, False, [0] * 3, 1, [False, True, False]))
+        row("bwd grad_weight compact CL", lambda: torch.ops.aten.convolution_backward(
+            g_c_cl, x_cl, wp_cl, None, [1] * 3, [1] * 3, [1] * 3, False, [0] * 3, 1, [False, True, False]))
+        row("bwd grad_bias (sum of g)", lambda: g.sum(dim=(0, 2, 3, 4)))
+        if not bench_mode:
+            gi, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [2] * 3, [1] * 3, [2] * 3, True, [0] * 3,
+                                                           1, [True, True, False])
+            gi_c = F.conv3d(g_c, wt, None, 1, 1, 1)
+            _, gw_c, _ = torch.ops.aten.convolution_backward(g_c, x, wp, None, [1] * 3, [1] * 3, [1] * 3, False,
+                                                             [0] * 3, 1, [False, True, False])
+            print(f"compact grads vs aten: grad_input {relative_error(gi_c, gi.double()):.1e}, grad_weight "
+                  f"{relative_error(gw_c.transpose(0, 1).flip(2, 3, 4), gw.double()):.1e}")
+
+    print("\npiece | ms | rel err vs float64")
+    for name, ms, err in rows:
+        print(f"{name} | {ms:.4f} | {err}")
+
+
+if __name__ == "__main__":
+    main()
