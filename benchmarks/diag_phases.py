@@ -1,7 +1,8 @@
 """Problem 77 taken apart (GPU): what each piece of the phase path costs, forward and backward, in NCDHW and
-channels-last layouts, with cuDNN's default algorithm choice and with cudnn.benchmark.
+channels-last layouts; the Triton weight gradient's configs; and, over the sweep's layers, the phase path with
+its convolutions NCDHW or channels-last.
 
-    PYTHONPATH=src python3 benchmarks/diag_phases.py [--iters 30]
+    PYTHONPATH=src python3 benchmarks/diag_phases.py [--iters 30] [--only p77,grad_weight,sweep]
 
 Every figure is a cold-L2 mean (bench.protocol.time_cuda). Problem 77 has one phase that taps reach (odd
 outputs along every axis), so its pieces are: the compact convolution (16x32x16^3-ish -> 16x64x16x32x32), the
@@ -14,7 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from convt3d.backends import torch_phase as tp
+from convt3d.backends.triton import backward as triton_backward
 from convt3d.backends.triton.assemble import assemble_single_phase
+from convt3d.bench.workloads import load_sweep
+from convt3d.ops import conv_transpose3d_backward_op as backward_op
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.workloads import PROBLEM_77
 
@@ -24,7 +28,9 @@ CL = torch.channels_last_3d
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--only", default="p77,grad_weight,sweep")
     args = parser.parse_args()
+    sections = args.only.split(",")
     plan = PROBLEM_77.plan()
     (phase,) = plan.nonempty_phases
     phases = phase.axes
@@ -34,6 +40,7 @@ def main():
     ref = F.conv_transpose3d(x.double(), w.double(), None, plan.stride, plan.padding, plan.output_padding,
                              plan.groups, plan.dilation)
     rows = []
+    args77 = ([2] * 3, [1] * 3, [0] * 3, 1, [2] * 3)
 
     def row(name, fn, check=None):
         ms = time_cuda(fn, iters=args.iters).mean_ms
@@ -74,13 +81,14 @@ def main():
     wt = tp._taps(w, phases, descending=False)
     wt_cl = wt.contiguous(memory_format=CL)
 
-    for bench_mode in (False, True):
-        torch.backends.cudnn.benchmark = bench_mode
-        print(f"\n--- cudnn.benchmark={bench_mode} ---")
+    if "p77" in sections:
         row("floor: empty + zero_", lambda: torch.empty(plan.output_shape, device="cuda").zero_())
         row("eager F.conv_transpose3d", lambda: F.conv_transpose3d(x, w, None, 2, 1, 0, 1, 2), same)
         row("eager, channels_last input", lambda: F.conv_transpose3d(x_cl, w, None, 2, 1, 0, 1, 2), same)
         row("phase path (backend=torch)", lambda: tp.conv_transpose3d(x, w, None, plan), same)
+        tp.CONV_CHANNELS_LAST["cuda"] = True
+        row("phase path, channels-last conv", lambda: tp.conv_transpose3d(x, w, None, plan), same)
+        tp.CONV_CHANNELS_LAST["cuda"] = False
         row("compact conv NCDHW", lambda: F.conv3d(xp, wp, None, 1, 0, 1))
         row("compact conv, padding in conv (no F.pad)", lambda: F.conv3d(x, wp, None, 1, 1, 1))
         row("compact conv CL (operands CL beforehand)", lambda: F.conv3d(x_cl, wp_cl, None, 1, 1, 1))
@@ -99,7 +107,10 @@ def main():
             g, x, w, None, [2] * 3, [1] * 3, [2] * 3, True, [0] * 3, 1, [True, False, False]))
         row("bwd aten grad_weight only", lambda: torch.ops.aten.convolution_backward(
             g, x, w, None, [2] * 3, [1] * 3, [2] * 3, True, [0] * 3, 1, [False, True, False]))
-        row("bwd phase (both, current code)", lambda: tp.conv_transpose3d_backward(g, x, w, plan))
+        row("bwd phase, aten ops only (both)", lambda: tp.conv_transpose3d_backward(g, x, w, plan))
+        row("bwd convt3d op: phases + Triton grad_weight (both)", lambda: backward_op(g, x, w, *args77, True, True))
+        row("bwd convt3d op, grad_input only", lambda: backward_op(g, x, w, *args77, True, False))
+        row("bwd convt3d op, grad_weight only", lambda: backward_op(g, x, w, *args77, False, True))
         row("bwd extract lattice NCDHW", lambda: g_lat.contiguous())
         row("bwd extract lattice CL", lambda: g_lat.contiguous(memory_format=CL))
         row("bwd grad_input compact NCDHW", lambda: F.conv3d(g_c, wt, None, 1, 1, 1))
@@ -109,16 +120,60 @@ def main():
         row("bwd grad_weight compact CL", lambda: torch.ops.aten.convolution_backward(
             g_c_cl, x_cl, wp_cl, None, [1] * 3, [1] * 3, [1] * 3, False, [0] * 3, 1, [False, True, False]))
         row("bwd grad_bias (sum of g)", lambda: g.sum(dim=(0, 2, 3, 4)))
-        if not bench_mode:
-            gi, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [2] * 3, [1] * 3, [2] * 3, True, [0] * 3,
-                                                           1, [True, True, False])
-            gi_c = F.conv3d(g_c, wt, None, 1, 1, 1)
-            _, gw_c, _ = torch.ops.aten.convolution_backward(g_c, x, wp, None, [1] * 3, [1] * 3, [1] * 3, False,
-                                                             [0] * 3, 1, [False, True, False])
-            print(f"compact grads vs aten: grad_input {relative_error(gi_c, gi.double()):.1e}, grad_weight "
-                  f"{relative_error(gw_c.transpose(0, 1).flip(2, 3, 4), gw.double()):.1e}")
+        gi, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [2] * 3, [1] * 3, [2] * 3, True, [0] * 3,
+                                                       1, [True, True, False])
+        gi_c = F.conv3d(g_c, wt, None, 1, 1, 1)
+        _, gw_c, _ = torch.ops.aten.convolution_backward(g_c, x, wp, None, [1] * 3, [1] * 3, [1] * 3, False,
+                                                         [0] * 3, 1, [False, True, False])
+        oi, ow = backward_op(g, x, w, *args77, True, True)
+        print(f"compact grads vs aten: grad_input {relative_error(gi_c, gi.double()):.1e}, grad_weight "
+              f"{relative_error(gw_c.transpose(0, 1).flip(2, 3, 4), gw.double()):.1e}; convt3d op vs aten: "
+              f"grad_input {relative_error(oi, gi.double()):.1e}, grad_weight {relative_error(ow, gw.double()):.1e}")
 
-    print("\npiece | ms | rel err vs float64")
+    if "grad_weight" in sections:
+        w64 = w.double().requires_grad_()
+        F.conv_transpose3d(x.double(), w64, None, 2, 1, 0, 1, 2).backward(g.double())
+        ref_gw = w64.grad
+
+        def to_weight(part):  # the phase layout (C_out, C_in, taps...) flipped -> the weight's
+            return part.transpose(0, 1).flip(2, 3, 4)
+
+        for precision, name in ((1, "tf32"), (2, "tf32x3")):
+            for config in ((64, 128, 8, 3, 4), (64, 128, 8, 2, 4), (64, 64, 4, 3, 4), (64, 128, 8, 3, 2),
+                           (64, 128, 8, 3, 8), (64, 256, 8, 2, 4), (32, 128, 4, 3, 4)):
+                try:
+                    part = triton_backward.phase_grad_weight(g, x, plan, phases, precision, config)
+                except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)
+                    print(f"grad_weight {name} {config}: {type(error).__name__}")
+                    continue
+                err = relative_error(to_weight(part), ref_gw)
+                ms = time_cuda(lambda: triton_backward.phase_grad_weight(g, x, plan, phases, precision, config),
+                               iters=args.iters).mean_ms
+                rows.append((f"Triton grad_weight {name} {config}", ms, f"{err:.1e}"))
+                print(f"Triton grad_weight {name} {config}: {ms:.4f} ms, rel err {err:.1e}", flush=True)
+        _, aten_gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [2] * 3, [1] * 3, [2] * 3, True, [0] * 3,
+                                                            1, [False, True, False])
+        rows.append(("aten grad_weight (TF32) rel err", 0.0, f"{relative_error(aten_gw, ref_gw):.1e}"))
+
+    if "sweep" in sections:
+        print("\nsweep: eager vs phase path with NCDHW / channels-last convolutions (default precision)")
+        for layer in load_sweep(None):
+            dtype = getattr(torch, layer.dtype)
+            lx = torch.rand(layer.input_shape, device="cuda", dtype=dtype)
+            lw = (torch.randn(layer.weight_shape(), device="cuda") * 0.05).to(dtype)
+            lplan = layer.plan()
+            times = [time_cuda(lambda: F.conv_transpose3d(lx, lw, None, lplan.stride, lplan.padding,
+                                                          lplan.output_padding, lplan.groups, lplan.dilation),
+                               iters=args.iters).mean_ms]
+            for channels_last in (False, True):
+                tp.CONV_CHANNELS_LAST["cuda"] = channels_last
+                times.append(time_cuda(lambda: tp.conv_transpose3d(lx, lw, None, lplan), iters=args.iters).mean_ms)
+            tp.CONV_CHANNELS_LAST["cuda"] = False
+            rows.append((f"sweep {layer.name} eager / phase NCDHW / phase CL", times[0],
+                         " / ".join(f"{t:.4f}" for t in times[1:])))
+            print(rows[-1], flush=True)
+
+    print("\npiece | ms | rel err vs float64 (or more figures)")
     for name, ms, err in rows:
         print(f"{name} | {ms:.4f} | {err}")
 

@@ -125,3 +125,46 @@ def test_cuda_graph_capture_and_replay():
         with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
             expected = layer(x)
     assert_close_rel(y, expected, 1e-3)
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_problem_77_phase_backend_writes_every_element(tf32, nan_poisoned_allocator):
+    """backend="torch" on problem 77: cuDNN's compact convolution, then the Triton pass that writes the lattice
+    and the zeros around it."""
+    eager = _p77_layer()
+    x = torch.rand(16, 32, 16, 32, 32, device="cuda")
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+        ours = convt3d.conv_transpose3d(x, eager.weight, None, backend="torch", **P77)
+        expected = eager(x)
+    err = assert_close_rel(ours, _reference(x, eager.weight, **P77), 1e-3 if tf32 else 1e-6)
+    assert torch.allclose(ours, expected, atol=1e-4, rtol=1e-4), err
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_problem_77_gradients(tf32):
+    """The CUDA backward (cuDNN grad_input by phases, Triton grad_weight) against float64 autograd."""
+    layer = _p77_layer()
+    ours = convt3d.convert(_p77_layer())
+    ours.load_state_dict(layer.state_dict())
+    x = torch.rand(4, 32, 16, 32, 32, device="cuda", requires_grad=True)
+    grad = torch.randn(4, 64, 33, 65, 65, device="cuda")
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+        actual = torch.autograd.grad(ours(x), (x, ours.weight), grad)
+    x64, w64 = x.detach().double().requires_grad_(), layer.weight.detach().double().requires_grad_()
+    expected = torch.autograd.grad(F.conv_transpose3d(x64, w64, None, **P77), (x64, w64), grad.double())
+    for a, e in zip(actual, expected):
+        assert_close_rel(a, e, 2e-3 if tf32 else 1e-5)
+
+
+def test_compile_fullgraph_training_step_on_gpu():
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(convt3d.ConvTranspose3d(8, 4, 3, stride=2, padding=1, dilation=2), torch.nn.ReLU())
+    model = model.cuda()
+    x = torch.randn(2, 8, 4, 5, 6, device="cuda")
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        compiled(x).square().sum().backward()
+        compiled_grad = model[0].weight.grad.clone()
+        model.zero_grad()
+        model(x).square().sum().backward()
+    assert_close_rel(compiled_grad, model[0].weight.grad, 1e-6)

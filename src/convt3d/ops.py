@@ -2,9 +2,10 @@
 
 Registering through torch.library lets torch.compile(fullgraph=True) trace models that use
 convt3d without a graph break, and gives the op a fake (meta) implementation for shape
-propagation. The backward is made of traceable aten ops: cuDNN's strided convolution_backward
-on CUDA, the phase decomposition (stride-1 convolutions on each phase's compact grid)
-elsewhere; no fused Triton backward yet.
+propagation. The backward uses the phase decomposition (stride-1 convolutions on each phase's compact grid):
+on CUDA with Triton, grad_input by cuDNN on each phase and grad_weight by a Triton kernel, inside
+the op convt3d::conv_transpose3d_backward so that torch.compile traces it as one call; elsewhere
+aten ops only; on CUDA without Triton, cuDNN's strided convolution_backward.
 """
 
 from __future__ import annotations
@@ -64,13 +65,61 @@ def _setup_context(ctx, inputs, output):
     ctx.params = (list(stride), list(padding), list(output_padding), groups, list(dilation))
 
 
+def _triton_backward_serves(input: torch.Tensor, plan: Plan) -> bool:
+    from .backends.triton import triton_available
+
+    if input.device.type != "cuda" or input.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    if not triton_available() or input.numel() == 0 or plan.in_channels * plan.out_channels == 0:
+        return False
+    from .backends.triton.backward import fits
+
+    return all(fits(plan, phase.axes) for phase in plan.nonempty_phases)
+
+
+@torch.library.custom_op("convt3d::conv_transpose3d_backward", mutates_args=())
+def conv_transpose3d_backward_op(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    output_padding: Sequence[int],
+    groups: int,
+    dilation: Sequence[int],
+    need_input: bool,
+    need_weight: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_input, grad_weight) by phases, grad_weight by the Triton kernel; a gradient not needed is an empty
+    tensor (an op cannot return None)."""
+    from .backends.torch_phase import conv_transpose3d_backward
+    from .backends.triton.backward import phase_grad_weight
+
+    plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
+    grad_input, grad_weight = conv_transpose3d_backward(grad_output, input, weight, plan, need_input, need_weight,
+                                                        phase_grad_weight=phase_grad_weight)
+    return (grad_input if need_input else input.new_empty(0)), (grad_weight if need_weight else weight.new_empty(0))
+
+
+@conv_transpose3d_backward_op.register_fake
+def _(grad_output, input, weight, stride, padding, output_padding, groups, dilation, need_input, need_weight):
+    return (input.new_empty(input.shape) if need_input else input.new_empty(0),
+            weight.new_empty(weight.shape) if need_weight else weight.new_empty(0))
+
+
 def _backward(ctx, grad_output):
     input, weight = ctx.saved_tensors
     stride, padding, output_padding, groups, dilation = ctx.params
     need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
-    if grad_output.device.type == "cuda":
-        # cuDNN's strided backward: on the H200 it beat the phase decomposition on problem 77 (1.80 ms against
-        # 2.69 ms for both gradients; benchmarks/diag_p77.py).
+    plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
+    if (need_input or need_weight) and _triton_backward_serves(input, plan):
+        # On the H200, problem 77: see benchmarks/diag_phases.py and RESULTS.md.
+        grad_input, grad_weight = conv_transpose3d_backward_op(
+            grad_output, input, weight, stride, padding, output_padding, groups, dilation, need_input, need_weight)
+        grad_input, grad_weight = (grad_input if need_input else None), (grad_weight if need_weight else None)
+    elif grad_output.device.type == "cuda":
+        # cuDNN's strided backward: on the H200 it beat the phase decomposition done in aten ops alone on
+        # problem 77 (1.80 ms against 2.69 ms for both gradients; benchmarks/diag_p77.py).
         grad_input, grad_weight, _ = torch.ops.aten.convolution_backward(
             grad_output, input, weight, None, stride, padding, dilation, True, output_padding, groups,
             [need_input, need_weight, False])
@@ -79,7 +128,6 @@ def _backward(ctx, grad_output):
         # 2.8x faster than aten's (benchmarks/RESULTS.md).
         from .backends.torch_phase import conv_transpose3d_backward
 
-        plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
         grad_input, grad_weight = conv_transpose3d_backward(grad_output, input, weight, plan, need_input,
                                                             need_weight)
     grad_bias = grad_output.sum(dim=(0, 2, 3, 4)) if ctx.has_bias and need_bias else None

@@ -95,15 +95,33 @@ def _phase_input(input, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tens
     return F.pad(input, [v for pair in reversed(pads) for v in pair]) if any(pads) else input
 
 
+# Per device type: run the phases' convolutions channels-last.
+# CPU: oneDNN's channels-last convolution ran problem 77 (batch 2) 1.5-2x faster than NCDHW on a 2-core x86
+# machine; the layout conversions cost far less than that. CUDA: see benchmarks/diag_phases.py.
+CONV_CHANNELS_LAST = collections.defaultdict(lambda: False, cpu=True)
+
+
 def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tensor:
     x = _phase_input(input, plan, phases)
     w = _phase_weight(weight, phases, plan.groups)
-    if x.device.type == "cpu":
-        # oneDNN's channels-last convolution ran this 1.5-2x faster than NCDHW on a 2-core x86 machine
-        # (KernelBench L1/77, batch 2); the layout conversions cost far less than that.
+    if CONV_CHANNELS_LAST[x.device.type]:
         x = x.contiguous(memory_format=torch.channels_last_3d)
         w = w.contiguous(memory_format=torch.channels_last_3d)
     return F.conv3d(x, w, bias, 1, 0, tuple(p.input_dilation for p in phases), plan.groups)
+
+
+def _assembler(out: torch.Tensor, plan: Plan):
+    """The Triton pass that writes a whole output from its one phase's compact result, where it serves:
+    a CUDA output with Triton installed, contiguous, whose only phase that taps reach is one 3D phase."""
+    if out.device.type != "cuda" or not out.is_contiguous() or len(plan.nonempty_phases) != 1:
+        return None
+    from .triton import triton_available
+
+    if not triton_available():
+        return None
+    from .triton.assemble import assemble_single_phase, fits
+
+    return assemble_single_phase if fits(out) else None
 
 
 # Per device type: fill the whole output once before writing the phases (True), or only the empty regions.
@@ -113,6 +131,13 @@ FILL_WHOLE_OUTPUT = collections.defaultdict(lambda: True, cpu=False)
 def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors."""
     out = _empty_output(plan.output_shape, input.dtype, input.device, output_memory_format(input, weight))
+    assemble = _assembler(out, plan)
+    if assemble is not None:
+        # One pass writes the lattice and the fill around it: on the H200 it replaced a whole-output fill and
+        # a strided copy (benchmarks/diag_phases.py).
+        (phase,) = plan.nonempty_phases
+        assemble(out, _phase_conv(input, weight, bias, plan, phase.axes), bias, plan, phase.axes)
+        return out
     axis_d, axis_h, axis_w = plan.axes
     # On a GPU one contiguous fill of the whole output, then the phases' results over it, beat filling only the
     # empty regions (strided writes that share memory sectors with the phases' writes): on the H200,
@@ -149,8 +174,11 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
 
 
 def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input: bool = True,
-                              need_weight: bool = True):
+                              need_weight: bool = True, phase_grad_weight=None):
     """(grad_input, grad_weight) by the same decomposition, each None where not needed.
+
+    phase_grad_weight(grad_output, input, plan, phases) computes one phase's weight gradient in the layout
+    of its conv3d weight (the Triton kernel on CUDA); by default aten's convolution_backward on the phase.
 
     Each phase some tap reaches is the stride-1 correlation y_phase = conv3d(x_phase, w_phase) of the forward,
     so its gradients are those of an ordinary convolution on the phase's compact grid of grad_output: no
@@ -170,10 +198,13 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
         if need_input:
             part = _phase_grad_input(g, weight, plan, phases, dilation)
             grad_input = part if grad_input is None else grad_input.add_(part)
-        if need_weight:
+        if need_weight and phase_grad_weight is not None:
+            part = phase_grad_weight(grad_output, input, plan, phases)
+        elif need_weight:
             _, part, _ = torch.ops.aten.convolution_backward(
                 g, _phase_input(input, plan, phases), _phase_weight(weight, phases, plan.groups), None,
                 [1, 1, 1], [0, 0, 0], list(dilation), False, [0, 0, 0], plan.groups, [False, True, False])
+        if need_weight:
             # (groups * C_out/g, C_in/g, taps...) in flipped tap order -> the weight's (C_in, C_out/g, taps...).
             cout_g = plan.out_channels // plan.groups
             part = part.reshape(plan.groups, cout_g, -1, *part.shape[2:]).transpose(1, 2)
@@ -203,7 +234,14 @@ def _phase_grad_input(g, weight, plan: Plan, phases, dilation) -> torch.Tensor:
         start = -p.input_start - (len(p.taps) - 1) * p.input_dilation
         span = a.in_size + (len(p.taps) - 1) * p.input_dilation
         pads.append((-start, start + span - p.out_count))
-    if any(pads):
-        g = F.pad(g, [v for pair in reversed(pads) for v in pair])
     w = _taps(weight, phases, descending=False)
-    return F.conv3d(g, w, None, 1, 0, dilation, plan.groups)
+    if CONV_CHANNELS_LAST[g.device.type]:
+        w = w.contiguous(memory_format=torch.channels_last_3d)
+    conv_padding = 0
+    if all(left == right >= 0 for left, right in pads):
+        conv_padding = tuple(left for left, _ in pads)  # the convolution pads: no padded copy of g
+    else:
+        g = F.pad(g, [v for pair in reversed(pads) for v in pair])
+    if CONV_CHANNELS_LAST[g.device.type]:
+        g = g.contiguous(memory_format=torch.channels_last_3d)
+    return F.conv3d(g, w, None, 1, conv_padding, dilation, plan.groups)

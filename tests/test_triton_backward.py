@@ -1,0 +1,76 @@
+"""The Triton weight gradient of one phase, under TRITON_INTERPRET=1 on the CPU (and natively on a GPU)."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import assert_close_rel, layer_args, make_tensors, random_config
+from test_triton_forward import CASES, round_to_tf32
+
+triton = pytest.importorskip("triton")
+from convt3d.backends.torch_phase import conv_transpose3d_backward  # noqa: E402
+from convt3d.backends.triton.backward import phase_grad_weight  # noqa: E402
+from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402
+from convt3d.plan import make_plan  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def weight_grads(cfg, dtype, precision, round_operands=False):
+    """(ours through the phase backward with the Triton kernel, float64 autograd reference)."""
+    x, w, _ = make_tensors(dict(cfg, unbatched=False, bias=False), torch.float32, DEVICE)
+    x, w = x.to(dtype), w.to(dtype)
+    args = layer_args(cfg)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **args)
+    g = torch.randn(plan.output_shape, device=DEVICE).to(dtype)
+    _, ours = conv_transpose3d_backward(g, x, w, plan, need_input=False, need_weight=True,
+                                        phase_grad_weight=lambda *a: phase_grad_weight(*a, precision=precision))
+    x64 = (round_to_tf32(x) if round_operands else x).double()
+    g64 = (round_to_tf32(g) if round_operands else g).double()
+    w64 = w.double().requires_grad_()
+    F.conv_transpose3d(x64, w64, None, **args).backward(g64)
+    return ours, w64.grad
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
+def test_tf32x3_is_float32_accurate(cfg):
+    ours, ref = weight_grads(cfg, torch.float32, TF32X3)
+    assert ours.dtype == torch.float32
+    assert_close_rel(ours, ref, 1e-6)
+
+
+@pytest.mark.parametrize("cfg", CASES[:3], ids=range(3))
+def test_tf32_rounds_operands_to_nearest(cfg):
+    ours, ref_rounded = weight_grads(cfg, torch.float32, TF32, round_operands=True)
+    assert_close_rel(ours, ref_rounded, 1e-6)  # exactly the products of the rounded operands, float32 sums
+
+
+# float16 keeps 11 significant bits, bfloat16 8: the gradient's own rounding dominates.
+@pytest.mark.parametrize("dtype, rel", [(torch.float16, 2e-3), (torch.bfloat16, 1.5e-2)])
+def test_half_precision(dtype, rel):
+    ours, ref = weight_grads(CASES[2], dtype, NATIVE)
+    assert ours.dtype == dtype
+    assert_close_rel(ours, ref, rel)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_configs(seed):
+    cfg = random_config(random.Random(9100 + seed))
+    cfg["batch"] = max(1, cfg["batch"])
+    ours, ref = weight_grads(cfg, torch.float32, TF32X3)
+    assert_close_rel(ours, ref, 1e-6, str(cfg))
+
+
+def test_long_reduction_is_split_and_deterministic():
+    """Enough positions for several chunks of the reduction: the partial sums add up, and twice alike."""
+    cfg = dict(batch=3, in_channels=3, out_channels=5, groups=1, kernel_size=(3, 3, 3), stride=2, padding=1,
+               dilation=2, output_padding=0, spatial=(6, 8, 9), bias=False)
+    ours, ref = weight_grads(cfg, torch.float32, TF32X3)
+    assert_close_rel(ours, ref, 1e-6)
+    torch.manual_seed(0)
+    first, _ = weight_grads(cfg, torch.float32, TF32)
+    torch.manual_seed(0)
+    second, _ = weight_grads(cfg, torch.float32, TF32)
+    assert torch.equal(first, second)
