@@ -13,6 +13,8 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from convt3d.backends import torch_phase as tp
 from convt3d.backends.triton import backward as triton_backward
@@ -25,10 +27,25 @@ from convt3d.bench.workloads import PROBLEM_77
 CL = torch.channels_last_3d
 
 
+@triton.jit
+def _fill_flat(out_ptr, TOTAL, BLOCK: tl.constexpr):
+    """Zeros in aligned blocks of the flat output: every memory sector written whole by one program."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.zeros([BLOCK], tl.float32), mask=offs < TOTAL)
+
+
+@triton.jit
+def _fill_slabs(out_ptr, PLANE, BLOCK: tl.constexpr):
+    """Zeros by (n, c, od) slabs of PLANE elements: where PLANE is odd, blocks start unaligned and neighbouring
+    programs share memory sectors."""
+    e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + tl.program_id(0).to(tl.int64) * PLANE + e, tl.zeros([BLOCK], tl.float32), mask=e < PLANE)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--only", default="p77,grad_weight,sweep")
+    parser.add_argument("--only", default="p77,fill,grad_weight,sweep")
     args = parser.parse_args()
     sections = args.only.split(",")
     plan = PROBLEM_77.plan()
@@ -88,15 +105,17 @@ def main():
         row("phase path (backend=torch)", lambda: tp.conv_transpose3d(x, w, None, plan), same)
         tp.CONV_CHANNELS_LAST["cuda"] = True
         row("phase path, channels-last conv", lambda: tp.conv_transpose3d(x, w, None, plan), same)
+        assembler, tp._assembler = tp._assembler, lambda out, plan: None
+        row("phase path, channels-last conv, fill + copy", lambda: tp.conv_transpose3d(x, w, None, plan), same)
         tp.CONV_CHANNELS_LAST["cuda"] = False
+        row("phase path, fill + copy", lambda: tp.conv_transpose3d(x, w, None, plan), same)
+        tp._assembler = assembler
         row("compact conv NCDHW", lambda: F.conv3d(xp, wp, None, 1, 0, 1))
         row("compact conv, padding in conv (no F.pad)", lambda: F.conv3d(x, wp, None, 1, 1, 1))
         row("compact conv CL (operands CL beforehand)", lambda: F.conv3d(x_cl, wp_cl, None, 1, 1, 1))
         row("compact conv CL incl. input conversion", lambda: F.conv3d(x.contiguous(memory_format=CL), wp_cl, None,
                                                                        1, 1, 1))
         row("fill + strided copy", fill_copy, same)
-        row("assemble (Triton) from NCDHW part", lambda: assemble(part), same)
-        row("assemble (Triton) from CL part", lambda: assemble(part_cl), same)
         row("hybrid: conv NCDHW + assemble", lambda: hybrid(x, wp), same)
         row("hybrid: conv CL (x converted) + assemble",
             lambda: hybrid(x.contiguous(memory_format=CL), wp_cl), same)
@@ -130,6 +149,17 @@ def main():
               f"{relative_error(gw_c.transpose(0, 1).flip(2, 3, 4), gw.double()):.1e}; convt3d op vs aten: "
               f"grad_input {relative_error(oi, gi.double()):.1e}, grad_weight {relative_error(ow, gw.double()):.1e}")
 
+    if "fill" in sections:
+        n_, c_, od_, oh_, ow_ = plan.output_shape
+        y = torch.empty(plan.output_shape, device="cuda")
+        row("fill: torch zero_", lambda: y.zero_())
+        row("fill: Triton, aligned flat blocks of 1024",
+            lambda: _fill_flat[(triton.cdiv(y.numel(), 1024),)](y, y.numel(), BLOCK=1024))
+        row("fill: Triton, (n, c, od) slabs, blocks of 1024",
+            lambda: _fill_slabs[(n_ * c_ * od_, triton.cdiv(oh_ * ow_, 1024))](y, oh_ * ow_, BLOCK=1024))
+        row("assemble (Triton) from NCDHW part", lambda: assemble(part), same)
+        row("assemble (Triton) from CL part", lambda: assemble(part_cl), same)
+
     if "grad_weight" in sections:
         w64 = w.double().requires_grad_()
         F.conv_transpose3d(x.double(), w64, None, 2, 1, 0, 1, 2).backward(g.double())
@@ -139,8 +169,8 @@ def main():
             return part.transpose(0, 1).flip(2, 3, 4)
 
         for precision, name in ((1, "tf32"), (2, "tf32x3")):
-            for config in ((64, 128, 8, 3, 4), (64, 128, 8, 2, 4), (64, 64, 4, 3, 4), (64, 128, 8, 3, 2),
-                           (64, 128, 8, 3, 8), (64, 256, 8, 2, 4), (32, 128, 4, 3, 4)):
+            for config in ((64, 128, 8, 3, 4), (64, 128, 8, 2, 4), (64, 64, 4, 3, 4), (64, 128, 4, 2, 4),
+                           (64, 128, 8, 3, 8), (64, 256, 8, 2, 4), (32, 128, 4, 3, 4), (64, 32, 4, 3, 4)):
                 try:
                     part = triton_backward.phase_grad_weight(g, x, plan, phases, precision, config)
                 except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)
