@@ -18,7 +18,6 @@ import triton.language as tl
 
 from convt3d.backends import torch_phase as tp
 from convt3d.backends.triton import backward as triton_backward
-from convt3d.backends.triton.assemble import assemble_single_phase
 from convt3d.bench.workloads import load_sweep
 from convt3d.ops import conv_transpose3d_backward_op as backward_op
 from convt3d.bench.protocol import relative_error, time_cuda
@@ -32,6 +31,14 @@ def _fill_flat(out_ptr, TOTAL, BLOCK: tl.constexpr):
     """Zeros in aligned blocks of the flat output: every memory sector written whole by one program."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, tl.zeros([BLOCK], tl.float32), mask=offs < TOTAL)
+
+
+@triton.jit
+def _fill_flat_persistent(out_ptr, TOTAL, BLOCKS, BLOCK: tl.constexpr):
+    """As _fill_flat, with one program per multiprocessor slot looping over the blocks."""
+    for block in range(tl.program_id(0), BLOCKS, tl.num_programs(0)):
+        offs = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, tl.zeros([BLOCK], tl.float32), mask=offs < TOTAL)
 
 
 @triton.jit
@@ -71,24 +78,12 @@ def main():
     wp_cl = wp.contiguous(memory_format=CL)
     xp = tp._phase_input(x, plan, phases)
     part = tp._phase_conv(x, w, None, plan, phases)
-    part_cl = part.contiguous(memory_format=CL)
     lattice = (slice(None), slice(None), *(tp._out_slice(p, a) for p, a in zip(phases, plan.axes)))
-
-    def hybrid(xin, wt):
-        out = torch.empty(plan.output_shape, device="cuda")
-        assemble_single_phase(out, F.conv3d(tp._phase_input(xin, plan, phases), wt, None, 1, 0, 1), None, plan,
-                              phases)
-        return out
 
     def fill_copy():
         out = torch.empty(plan.output_shape, device="cuda")
         out.zero_()
         out[lattice].copy_(part)
-        return out
-
-    def assemble(p):
-        out = torch.empty(plan.output_shape, device="cuda")
-        assemble_single_phase(out, p, None, plan, phases)
         return out
 
     # Backward pieces: g's lattice is the compact grad_output of the one phase.
@@ -105,20 +100,13 @@ def main():
         row("phase path (backend=torch)", lambda: tp.conv_transpose3d(x, w, None, plan), same)
         tp.CONV_CHANNELS_LAST["cuda"] = True
         row("phase path, channels-last conv", lambda: tp.conv_transpose3d(x, w, None, plan), same)
-        assembler, tp._assembler = tp._assembler, lambda out, plan: None
-        row("phase path, channels-last conv, fill + copy", lambda: tp.conv_transpose3d(x, w, None, plan), same)
         tp.CONV_CHANNELS_LAST["cuda"] = False
-        row("phase path, fill + copy", lambda: tp.conv_transpose3d(x, w, None, plan), same)
-        tp._assembler = assembler
         row("compact conv NCDHW", lambda: F.conv3d(xp, wp, None, 1, 0, 1))
         row("compact conv, padding in conv (no F.pad)", lambda: F.conv3d(x, wp, None, 1, 1, 1))
         row("compact conv CL (operands CL beforehand)", lambda: F.conv3d(x_cl, wp_cl, None, 1, 1, 1))
         row("compact conv CL incl. input conversion", lambda: F.conv3d(x.contiguous(memory_format=CL), wp_cl, None,
                                                                        1, 1, 1))
         row("fill + strided copy", fill_copy, same)
-        row("hybrid: conv NCDHW + assemble", lambda: hybrid(x, wp), same)
-        row("hybrid: conv CL (x converted) + assemble",
-            lambda: hybrid(x.contiguous(memory_format=CL), wp_cl), same)
 
         row("bwd aten convolution_backward (both)", lambda: torch.ops.aten.convolution_backward(
             g, x, w, None, [2] * 3, [1] * 3, [2] * 3, True, [0] * 3, 1, [True, True, False]))
@@ -155,10 +143,13 @@ def main():
         row("fill: torch zero_", lambda: y.zero_())
         row("fill: Triton, aligned flat blocks of 1024",
             lambda: _fill_flat[(triton.cdiv(y.numel(), 1024),)](y, y.numel(), BLOCK=1024))
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for block, per_sm in ((4096, 4), (4096, 8), (8192, 4)):
+            row(f"fill: Triton, persistent, blocks of {block}, {per_sm} programs per SM",
+                lambda: _fill_flat_persistent[(per_sm * sms,)](y, y.numel(), triton.cdiv(y.numel(), block),
+                                                               BLOCK=block, num_warps=8))
         row("fill: Triton, (n, c, od) slabs, blocks of 1024",
             lambda: _fill_slabs[(n_ * c_ * od_, triton.cdiv(oh_ * ow_, 1024))](y, oh_ * ow_, BLOCK=1024))
-        row("assemble (Triton) from NCDHW part", lambda: assemble(part), same)
-        row("assemble (Triton) from CL part", lambda: assemble(part_cl), same)
 
     if "grad_weight" in sections:
         w64 = w.double().requires_grad_()
@@ -169,8 +160,8 @@ def main():
             return part.transpose(0, 1).flip(2, 3, 4)
 
         for precision, name in ((1, "tf32"), (2, "tf32x3")):
-            for config in ((64, 128, 8, 3, 4), (64, 128, 8, 2, 4), (64, 64, 4, 3, 4), (64, 128, 4, 2, 4),
-                           (64, 128, 8, 3, 8), (64, 256, 8, 2, 4), (32, 128, 4, 3, 4), (64, 32, 4, 3, 4)):
+            for config in ((64, 128, 8, 3, 4), (64, 128, 8, 4, 4), (64, 128, 8, 3, 8), (64, 64, 4, 3, 4),
+                           (64, 64, 4, 3, 8), (64, 64, 4, 4, 12), (64, 256, 8, 3, 4), (32, 128, 4, 3, 4)):
                 try:
                     part = triton_backward.phase_grad_weight(g, x, plan, phases, precision, config)
                 except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)

@@ -129,8 +129,7 @@ def test_cuda_graph_capture_and_replay():
 
 @pytest.mark.parametrize("tf32", [True, False])
 def test_problem_77_phase_backend_writes_every_element(tf32, nan_poisoned_allocator):
-    """backend="torch" on problem 77: cuDNN's compact convolution, then the Triton pass that writes the lattice
-    and the zeros around it."""
+    """backend="torch" on problem 77: cuDNN's compact convolution copied into the filled output."""
     eager = _p77_layer()
     x = torch.rand(16, 32, 16, 32, 32, device="cuda")
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
@@ -142,7 +141,7 @@ def test_problem_77_phase_backend_writes_every_element(tf32, nan_poisoned_alloca
 
 @pytest.mark.parametrize("tf32", [True, False])
 def test_problem_77_gradients(tf32):
-    """The CUDA backward (cuDNN grad_input by phases, Triton grad_weight) against float64 autograd."""
+    """The CUDA backward by phases (cuDNN grad_input, Triton grad_weight) against float64 autograd."""
     layer = _p77_layer()
     ours = convt3d.convert(_p77_layer())
     ours.load_state_dict(layer.state_dict())

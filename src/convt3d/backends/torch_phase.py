@@ -110,20 +110,6 @@ def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) 
     return F.conv3d(x, w, bias, 1, 0, tuple(p.input_dilation for p in phases), plan.groups)
 
 
-def _assembler(out: torch.Tensor, plan: Plan):
-    """The Triton pass that writes a whole output from its one phase's compact result, where it serves:
-    a CUDA output with Triton installed, contiguous, whose only phase that taps reach is one 3D phase."""
-    if out.device.type != "cuda" or not out.is_contiguous() or len(plan.nonempty_phases) != 1:
-        return None
-    from .triton import triton_available
-
-    if not triton_available():
-        return None
-    from .triton.assemble import assemble_single_phase, fits
-
-    return assemble_single_phase if fits(out) else None
-
-
 # Per device type: fill the whole output once before writing the phases (True), or only the empty regions.
 FILL_WHOLE_OUTPUT = collections.defaultdict(lambda: True, cpu=False)
 
@@ -131,13 +117,6 @@ FILL_WHOLE_OUTPUT = collections.defaultdict(lambda: True, cpu=False)
 def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors."""
     out = _empty_output(plan.output_shape, input.dtype, input.device, output_memory_format(input, weight))
-    assemble = _assembler(out, plan)
-    if assemble is not None:
-        # One pass writes the lattice and the fill around it: on the H200 it replaced a whole-output fill and
-        # a strided copy (benchmarks/diag_phases.py).
-        (phase,) = plan.nonempty_phases
-        assemble(out, _phase_conv(input, weight, bias, plan, phase.axes), bias, plan, phase.axes)
-        return out
     axis_d, axis_h, axis_w = plan.axes
     # On a GPU one contiguous fill of the whole output, then the phases' results over it, beat filling only the
     # empty regions (strided writes that share memory sectors with the phases' writes): on the H200,

@@ -7,11 +7,12 @@ output. So its weight gradient is one GEMM per group,
     grad_w[co, (k, ci)] = sum over (n, q) of g[n, co, o0 + stride*q] * x[n, ci, i0 + q + k*dil],
 
 with M = output channels, N = taps x input channels and a reduction over every position of the compact
-grid (262144 for KernelBench L1/77, against M = 64 and N = 864). The kernel reads grad_output's lattice and
-the input where they lie (grad_output's lattice by its strides: no compact copy; the input padded to the phase's window and
-channels-last, a small copy that spares a bounds test per loaded element and makes the loads contiguous)
-and splits the reduction into a fixed number of chunks whose partial sums are added in a fixed order
-afterwards, so that the result is deterministic. cuDNN's weight gradient of the same compact convolution ran
+grid (262144 for KernelBench L1/77, against M = 64 and N = 864). The kernel reads a compact copy of
+grad_output's lattice and the input padded to the phase's window, both NCDHW: the reduction axis is then
+contiguous in both operands, as Hopper's TF32 tensor-core instructions read them (with the lattice read in
+place, or a channels-last input, Triton staged the tiles through shared memory with bank conflicts and the
+kernel ran at 4 ms on problem 77). It splits the reduction into a fixed number of chunks whose partial sums
+are added in a fixed order afterwards, so that the result is deterministic. cuDNN's weight gradient of the same compact convolution ran
 at 1.75 ms on the H200 (benchmarks/diag_phases.py), aten's strided one at 1.13 ms.
 """
 
@@ -31,20 +32,22 @@ from .forward import _interpreted, _round_to_tf32, _sm_count, precision_for
 @triton.jit
 def phase_grad_weight_kernel(
     g_ptr, x_ptr, partial_ptr,
-    P, CHUNK, QD, QH, QW,
-    sgn, sgc, sgd, sgh, sgw,
+    STEPS, STEPS_PER_SPLIT, QW_BLOCKS, QD, QH, QW,
+    sgn, sgc, sgd, sgh,
     sxn, sxc, sxd, sxh, sxw,
     DIL_D, DIL_H, DIL_W, TH, TW,
     CO_G, CI_G, N_TOTAL, N_BLOCKS, CO_BLOCKS, GROUPS,
     PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """partial[s, group, co, k*CI_G + ci] = the sum above over chunk s of the positions (n, qd, qh, qw).
+    """partial[s, group, co, k*CI_G + ci] = the sum above over split s of the reduction.
 
-    g_ptr points at grad_output's first lattice element, with the lattice's strides (sg*); x_ptr at the
-    phase's input window (padded: position q with tap k reads window index q + k*dil, always inside). Column nn
-    of the GEMM is tap k = nn // CI_G, k = (kd*TH + kh)*TW + kw, and input channel ci = nn % CI_G. Offsets
-    inside one sample are 32-bit (the launcher checks), sample bases 64-bit.
+    g: the phase's compact grad_output (N, C_out, QD, QH, QW), qw contiguous; x: the phase's input window
+    (N, C_in, ...), padded so that position q with tap k reads window index q + k*dil, always inside; the last
+    axis contiguous. Column nn of the GEMM is tap k = nn // CI_G, k = (kd*TH + kh)*TW + kw, and input channel
+    ci = nn % CI_G. A reduction step is BLOCK_P consecutive qw of one row (n, qd, qh), so both operand tiles
+    are contiguous along the reduction axis, as Hopper's TF32 tensor-core instructions read them (K-major).
+    Offsets inside one sample are 32-bit (the launcher checks), sample bases 64-bit.
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -61,44 +64,46 @@ def phase_grad_weight_kernel(
     k = nn // CI_G
     x_cols = ((group * CI_G + nn % CI_G) * sxc + (k // (TH * TW)) * DIL_D * sxd + (k // TW % TH) * DIL_H * sxh
               + (k % TW) * DIL_W * sxw)
+    q = tl.arange(0, BLOCK_P)
 
-    acc = tl.zeros((BLOCK_CO, BLOCK_N), dtype=tl.float32)
-    start = split * CHUNK
-    end = tl.minimum(start + CHUNK, P)
-    for p0 in range(start, end, BLOCK_P):
-        p = p0 + tl.arange(0, BLOCK_P)
-        p_ok = p < end
-        p = tl.minimum(p, P - 1)  # keep every lane's address inside the tensors, masked or not
-        qw = p % QW
-        qh = p // QW % QH
-        qd = p // (QW * QH) % QD
-        n = (p // (QW * QH * QD)).to(tl.int64)
-        g = tl.load((g_ptr + n * sgn)[None, :] + (g_rows[:, None] + (qd * sgd + qh * sgh + qw * sgw)[None, :]),
-                    mask=co_ok[:, None] & p_ok[None, :], other=0.0)
-        x = tl.load((x_ptr + n * sxn)[:, None] + ((qd * sxd + qh * sxh + qw * sxw)[:, None] + x_cols[None, :]),
-                    mask=p_ok[:, None] & nn_ok[None, :], other=0.0)
+    # The GEMM is computed transposed, acc[nn, co]: the input tile [columns, qw] is operand A and the grad tile
+    # [co, qw] operand B, both read as they lie in memory (qw fastest). In the other orientation Triton staged
+    # the input tile in shared memory column by column, with 32-way bank conflicts.
+    acc = tl.zeros((BLOCK_N, BLOCK_CO), dtype=tl.float32)
+    first = split * STEPS_PER_SPLIT
+    for step in range(first, tl.minimum(first + STEPS_PER_SPLIT, STEPS)):
+        row = step // QW_BLOCKS  # (n, qd, qh)
+        qw = (step % QW_BLOCKS) * BLOCK_P + q
+        qw_ok = qw < QW  # (masked lanes point at most BLOCK_P elements past a row; no clamp, which would hide
+        # from the compiler that qw is contiguous)
+        qh = row % QH
+        qd = row // QH % QD
+        n = (row // (QH * QD)).to(tl.int64)
+        x = tl.load(x_ptr + n * sxn + qd * sxd + qh * sxh + (x_cols[:, None] + qw[None, :] * sxw),
+                    mask=nn_ok[:, None] & qw_ok[None, :], other=0.0)
+        g = tl.load(g_ptr + n * sgn + qd * sgd + qh * sgh + (g_rows[:, None] + qw[None, :]),
+                    mask=co_ok[:, None] & qw_ok[None, :], other=0.0)
         if PRECISION == 1:
-            acc = tl.dot(_round_to_tf32(g), _round_to_tf32(x), acc, input_precision="tf32")
+            acc = tl.dot(_round_to_tf32(x), tl.trans(_round_to_tf32(g)), acc, input_precision="tf32")
         elif PRECISION == 2:
-            acc = tl.dot(g, x, acc, input_precision="tf32x3")
+            acc = tl.dot(x, tl.trans(g), acc, input_precision="tf32x3")
         elif INTERPRETED and g.dtype == tl.bfloat16:
             # The interpreter's dot mishandles bfloat16 (as in forward.py); bfloat16 products are exact in float32.
-            acc = tl.dot(g.to(tl.float32), x.to(tl.float32), acc, input_precision="ieee")
+            acc = tl.dot(x.to(tl.float32), tl.trans(g.to(tl.float32)), acc, input_precision="ieee")
         else:
-            acc = tl.dot(g, x, acc)
+            acc = tl.dot(x, tl.trans(g), acc)
     rows = ((split * GROUPS + group) * CO_G + tl.minimum(co, CO_G - 1)).to(tl.int64) * N_TOTAL
-    tl.store(partial_ptr + rows[:, None] + nn[None, :], acc, mask=co_ok[:, None] & nn_ok[None, :])
+    tl.store(partial_ptr + rows[None, :] + nn[:, None], acc, mask=co_ok[None, :] & nn_ok[:, None])
 
 
-# (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM); BLOCK_P (the reduction step) is 32.
+# (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM).
 CONFIG = (64, 128, 8, 3, 4)
-BLOCK_P = 32
 
 
 def fits(plan: Plan, phases) -> bool:
-    """Whether 32-bit offsets inside one sample and a 32-bit position count serve this phase."""
+    """Whether 32-bit offsets inside one sample and a 32-bit step count serve this phase."""
     sample = max(plan.in_channels * math.prod(p.input_span for p in phases),
-                 plan.out_channels * math.prod(plan.output_spatial))
+                 plan.out_channels * math.prod(p.out_count for p in phases))
     return sample < 2**31 and plan.batch * math.prod(p.out_count for p in phases) < 2**31
 
 
@@ -113,29 +118,32 @@ def phase_grad_weight(grad_output: torch.Tensor, input: torch.Tensor, plan: Plan
     taps = [len(p.taps) for p in phases]
     counts = [p.out_count for p in phases]
     n_total = math.prod(taps) * ci_g
-    positions = plan.batch * math.prod(counts)
+    rows = plan.batch * counts[0] * counts[1]
+    block_p = 32 if counts[2] > 16 else 16  # the reduction step: consecutive qw of one row
+    qw_blocks = triton.cdiv(counts[2], block_p)
+    steps = rows * qw_blocks
     block_co = max(16, min(block_co, triton.next_power_of_2(co_g)))
     block_n = max(16, min(block_n, triton.next_power_of_2(n_total)))
     n_blocks, co_blocks = triton.cdiv(n_total, block_n), triton.cdiv(co_g, block_co)
     tiles = groups * co_blocks * n_blocks
-    # Enough chunks of the reduction to fill the GPU; each at least a few BLOCK_P steps long.
+    # Enough splits of the reduction to fill the GPU; each at least a few steps long.
     sms = _sm_count(input.device.index or 0) if input.device.type == "cuda" else 1
-    splits = max(1, min(triton.cdiv(per_sm * sms, tiles), triton.cdiv(positions, 8 * BLOCK_P)))
-    chunk = triton.cdiv(triton.cdiv(positions, splits), BLOCK_P) * BLOCK_P
-    splits = triton.cdiv(positions, chunk)
+    splits = max(1, min(triton.cdiv(per_sm * sms, tiles), triton.cdiv(steps, 8)))
+    steps_per_split = triton.cdiv(steps, splits)
+    splits = triton.cdiv(steps, steps_per_split)
     partial = torch.empty((splits, groups, co_g, n_total), dtype=torch.float32, device=input.device)
-    lattice = grad_output[(slice(None), slice(None), *(slice(p.out_start, None, a.stride)
-                                                        for p, a in zip(phases, plan.axes)))]
-    # Channels-last, so that a tile's columns (input channels fastest) are contiguous: with NCDHW each of a
-    # warp's lanes read its own memory sector, and the kernel ran 4x slower than aten on problem 77.
-    window = _phase_input(input, plan, phases).contiguous(memory_format=torch.channels_last_3d)
+    # The compact lattice and the padded window, both with the reduction axis (qw) contiguous.
+    compact = grad_output[(slice(None), slice(None), *(slice(p.out_start, p.out_start + a.stride * (p.out_count - 1) + 1,
+                                                             a.stride) for p, a in zip(phases, plan.axes)))]
+    compact = compact.contiguous()
+    window = _phase_input(input, plan, phases).contiguous()
     phase_grad_weight_kernel[(tiles, splits)](
-        lattice, window, partial,
-        positions, chunk, *counts,
-        *lattice.stride(), *window.stride(),
+        compact, window, partial,
+        steps, steps_per_split, qw_blocks, *counts,
+        *compact.stride()[:4], *window.stride(),
         *(p.input_dilation for p in phases), taps[1], taps[2],
         co_g, ci_g, n_total, n_blocks, co_blocks, groups,
-        PRECISION=precision, INTERPRETED=_interpreted(), BLOCK_CO=block_co, BLOCK_P=BLOCK_P, BLOCK_N=block_n,
+        PRECISION=precision, INTERPRETED=_interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
         num_warps=num_warps, num_stages=num_stages,
     )
     grad = partial.sum(0) if splits > 1 else partial[0]  # a fixed order: deterministic
