@@ -159,21 +159,26 @@ def main():
         def to_weight(part):  # the phase layout (C_out, C_in, taps...) flipped -> the weight's
             return part.transpose(0, 1).flip(2, 3, 4)
 
-        for precision, name in ((1, "tf32"), (2, "tf32x3")):
-            for config in ((64, 128, 8, 3, 4), (64, 128, 8, 4, 4), (64, 128, 8, 3, 8), (64, 64, 4, 3, 4),
-                           (64, 64, 4, 3, 8), (64, 64, 4, 4, 12), (64, 256, 8, 3, 4), (32, 128, 4, 3, 4)):
-                try:
-                    part = triton_backward.phase_grad_weight(g, x, plan, phases, precision, config)
-                except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)
-                    print(f"grad_weight {name} {config}: {type(error).__name__}")
-                    continue
-                err = relative_error(to_weight(part), ref_gw)
-                ms = time_cuda(lambda: triton_backward.phase_grad_weight(g, x, plan, phases, precision, config),
-                               iters=args.iters).mean_ms
-                rows.append((f"Triton grad_weight {name} {config}", ms, f"{err:.1e}"))
-                print(f"Triton grad_weight {name} {config}: {ms:.4f} ms, rel err {err:.1e}", flush=True)
+        variants = [(1, "tf32 rounded in kernel", True, c) for c in ((64, 128, 8, 3, 4), (64, 256, 8, 3, 4))]
+        variants += [(1, "tf32 rounded before", False, c) for c in ((64, 128, 8, 3, 4), (64, 128, 8, 2, 4),
+                                                                   (64, 256, 8, 3, 4), (64, 256, 8, 2, 4),
+                                                                   (64, 128, 8, 3, 8), (64, 64, 4, 3, 8))]
+        variants += [(2, "tf32x3", True, c) for c in ((64, 128, 8, 3, 8), (64, 64, 4, 3, 8))]
+        for precision, name, in_kernel, config in variants:
+            triton_backward.ROUND_IN_KERNEL = in_kernel
+            try:
+                part = triton_backward.phase_grad_weight(g, x, plan, phases, precision, config)
+            except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)
+                print(f"grad_weight {name} {config}: {type(error).__name__}")
+                continue
+            err = relative_error(to_weight(part), ref_gw)
+            ms = time_cuda(lambda: triton_backward.phase_grad_weight(g, x, plan, phases, precision, config),
+                           iters=args.iters).mean_ms
+            rows.append((f"Triton grad_weight {name} {config}", ms, f"{err:.1e}"))
+            print(f"Triton grad_weight {name} {config}: {ms:.4f} ms, rel err {err:.1e}", flush=True)
         _, aten_gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [2] * 3, [1] * 3, [2] * 3, True, [0] * 3,
                                                             1, [False, True, False])
+        triton_backward.ROUND_IN_KERNEL = True
         rows.append(("aten grad_weight (TF32) rel err", 0.0, f"{relative_error(aten_gw, ref_gw):.1e}"))
 
     if "sweep" in sections:
