@@ -181,6 +181,25 @@ def main():
         triton_backward.ROUND_IN_KERNEL = True
         rows.append(("aten grad_weight (TF32) rel err", 0.0, f"{relative_error(aten_gw, ref_gw):.1e}"))
 
+    if "fwdbwd" in sections:
+        # Forward+backward of problem 77 as `bench --backward` times it, per grad_weight setting.
+        import convt3d
+
+        eager_layer = PROBLEM_77.module().cuda()
+        ours_layer = convt3d.convert(PROBLEM_77.module().cuda())
+        ours_layer.load_state_dict(eager_layer.state_dict())
+        xg = torch.rand(PROBLEM_77.input_shape, device="cuda", requires_grad=True)
+        grad = torch.rand(plan.output_shape, device="cuda")
+        settings = [(True, (64, 128, 8, 3, 4)), (False, (64, 128, 8, 3, 4)), (False, (64, 256, 8, 3, 4)),
+                    (False, (64, 128, 8, 3, 8))]
+        print("\nforward+backward, cold means:")
+        print(f"  eager {time_cuda(lambda: eager_layer(xg).backward(grad), iters=args.iters).mean_ms:.4f}")
+        for in_kernel, config in settings:
+            triton_backward.ROUND_IN_KERNEL, triton_backward.CONFIG = in_kernel, config
+            ms = time_cuda(lambda: ours_layer(xg).backward(grad), iters=args.iters).mean_ms
+            print(f"  convt3d, round in kernel {in_kernel}, config {config}: {ms:.4f}", flush=True)
+        print(f"  eager {time_cuda(lambda: eager_layer(xg).backward(grad), iters=args.iters).mean_ms:.4f}")
+
     if "sweep" in sections:
         print("\nsweep: eager vs phase path with NCDHW / channels-last convolutions (default precision)")
         for layer in load_sweep(None):

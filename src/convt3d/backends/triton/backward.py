@@ -118,11 +118,11 @@ def fits(plan: Plan, phases) -> bool:
 
 
 def phase_grad_weight(grad_output: torch.Tensor, input: torch.Tensor, plan: Plan, phases,
-                      precision: int | None = None, config=CONFIG) -> torch.Tensor:
+                      precision: int | None = None, config=None) -> torch.Tensor:
     """Weight gradient of one phase's correlation: (C_out, C_in/g, taps of each axis phase), taps in the
     phase's (descending) order, as the phase's conv3d weight is laid out (torch_phase._phase_weight)."""
     precision = precision_for(input.dtype) if precision is None else precision
-    block_co, block_n, num_warps, num_stages, per_sm = config
+    block_co, block_n, num_warps, num_stages, per_sm = CONFIG if config is None else config
     groups = plan.groups
     co_g, ci_g = plan.out_channels // groups, plan.in_channels // groups
     taps = [len(p.taps) for p in phases]
