@@ -159,13 +159,9 @@ def main():
         def to_weight(part):  # the phase layout (C_out, C_in, taps...) flipped -> the weight's
             return part.transpose(0, 1).flip(2, 3, 4)
 
-        variants = [(1, "tf32 rounded in kernel", True, c) for c in ((64, 128, 8, 3, 4), (64, 256, 8, 3, 4))]
-        variants += [(1, "tf32 rounded before", False, c) for c in ((64, 128, 8, 3, 4), (64, 128, 8, 2, 4),
-                                                                   (64, 256, 8, 3, 4), (64, 256, 8, 2, 4),
-                                                                   (64, 128, 8, 3, 8), (64, 64, 4, 3, 8))]
-        variants += [(2, "tf32x3", True, c) for c in ((64, 128, 8, 3, 8), (64, 64, 4, 3, 8))]
-        for precision, name, in_kernel, config in variants:
-            triton_backward.ROUND_IN_KERNEL = in_kernel
+        configs = ((64, 128, 8, 3, 4), (64, 256, 8, 3, 4), (64, 256, 8, 2, 4), (64, 128, 8, 3, 8), (64, 64, 4, 3, 8))
+        variants = [(1, "tf32", c) for c in configs] + [(2, "tf32x3", c) for c in configs[1:2] + configs[-1:]]
+        for precision, name, config in variants:
             try:
                 part = triton_backward.phase_grad_weight(g, x, plan, phases, precision, config)
             except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)
@@ -178,7 +174,6 @@ def main():
             print(f"Triton grad_weight {name} {config}: {ms:.4f} ms, rel err {err:.1e}", flush=True)
         _, aten_gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [2] * 3, [1] * 3, [2] * 3, True, [0] * 3,
                                                             1, [False, True, False])
-        triton_backward.ROUND_IN_KERNEL = True
         rows.append(("aten grad_weight (TF32) rel err", 0.0, f"{relative_error(aten_gw, ref_gw):.1e}"))
 
     if "fwdbwd" in sections:
@@ -190,14 +185,15 @@ def main():
         ours_layer.load_state_dict(eager_layer.state_dict())
         xg = torch.rand(PROBLEM_77.input_shape, device="cuda", requires_grad=True)
         grad = torch.rand(plan.output_shape, device="cuda")
-        settings = [(True, (64, 128, 8, 3, 4)), (False, (64, 128, 8, 3, 4)), (False, (64, 256, 8, 3, 4)),
-                    (False, (64, 128, 8, 3, 8))]
+        configs = [(64, 128, 8, 3, 4), (64, 256, 8, 3, 4), (64, 128, 8, 3, 8)]
         print("\nforward+backward, cold means:")
         print(f"  eager {time_cuda(lambda: eager_layer(xg).backward(grad), iters=args.iters).mean_ms:.4f}")
-        for in_kernel, config in settings:
-            triton_backward.ROUND_IN_KERNEL, triton_backward.CONFIG = in_kernel, config
+        default = triton_backward.CONFIG
+        for config in configs:
+            triton_backward.CONFIG = config
             ms = time_cuda(lambda: ours_layer(xg).backward(grad), iters=args.iters).mean_ms
-            print(f"  convt3d, round in kernel {in_kernel}, config {config}: {ms:.4f}", flush=True)
+            print(f"  convt3d, grad_weight config {config}: {ms:.4f}", flush=True)
+        triton_backward.CONFIG = default
         print(f"  eager {time_cuda(lambda: eager_layer(xg).backward(grad), iters=args.iters).mean_ms:.4f}")
 
     if "sweep" in sections:

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from ..torch_phase import _phase_input
-from .forward import TF32, _interpreted, _round_to_tf32, _sm_count, precision_for
+from .forward import _interpreted, _round_to_tf32, _sm_count, precision_for
 
 
 @triton.jit
@@ -37,8 +37,8 @@ def phase_grad_weight_kernel(
     sxn, sxc, sxd, sxh, sxw,
     DIL_D, DIL_H, DIL_W, TH, TW,
     CO_G, CI_G, N_TOTAL, N_BLOCKS, CO_BLOCKS, GROUPS,
-    PRECISION: tl.constexpr, ROUND: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_CO: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     """partial[s, group, co, k*CI_G + ci] = the sum above over split s of the reduction.
 
@@ -83,10 +83,8 @@ def phase_grad_weight_kernel(
                     mask=nn_ok[:, None] & qw_ok[None, :], other=0.0)
         g = tl.load(g_ptr + n * sgn + qd * sgd + qh * sgh + (g_rows[:, None] + qw[None, :]),
                     mask=co_ok[:, None] & qw_ok[None, :], other=0.0)
-        if PRECISION == 1 and ROUND:
+        if PRECISION == 1:
             acc = tl.dot(_round_to_tf32(x), tl.trans(_round_to_tf32(g)), acc, input_precision="tf32")
-        elif PRECISION == 1:  # operands rounded beforehand
-            acc = tl.dot(x, tl.trans(g), acc, input_precision="tf32")
         elif PRECISION == 2:
             acc = tl.dot(x, tl.trans(g), acc, input_precision="tf32x3")
         elif INTERPRETED and g.dtype == tl.bfloat16:
@@ -98,16 +96,10 @@ def phase_grad_weight_kernel(
     tl.store(partial_ptr + rows[None, :] + nn[:, None], acc, mask=co_ok[None, :] & nn_ok[:, None])
 
 
-# (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM).
-CONFIG = (64, 128, 8, 3, 4)
-# TF32: round the operands to nearest in the kernel (True) or in the copies before it (False).
-ROUND_IN_KERNEL = True
-
-
-def _round_to_tf32_copy(t: torch.Tensor) -> torch.Tensor:
-    """A TF32-rounded copy of a contiguous float32 tensor (as forward._round_to_tf32, by torch ops)."""
-    bits = t.view(torch.int32) + 0x1000
-    return bits.bitwise_and_(-8192).view(torch.float32)
+# (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM): the fastest of those measured on the H200 for
+# problem 77, 0.749 ms (128 columns: 0.879 ms; rounding the operands in the copies before the kernel instead of
+# in it: within 5%; benchmarks/RESULTS.md).
+CONFIG = (64, 256, 8, 3, 4)
 
 
 def fits(plan: Plan, phases) -> bool:
@@ -147,15 +139,13 @@ def phase_grad_weight(grad_output: torch.Tensor, input: torch.Tensor, plan: Plan
                                                              a.stride) for p, a in zip(phases, plan.axes)))]
     compact = compact.contiguous()
     window = _phase_input(input, plan, phases).contiguous()
-    if precision == TF32 and not ROUND_IN_KERNEL:
-        compact, window = _round_to_tf32_copy(compact), _round_to_tf32_copy(window)
     phase_grad_weight_kernel[(tiles, splits)](
         compact, window, partial,
         steps, steps_per_split, qw_blocks, *counts,
         *compact.stride()[:4], *window.stride(),
         *(p.input_dilation for p in phases), taps[1], taps[2],
         co_g, ci_g, n_total, n_blocks, co_blocks, groups,
-        PRECISION=precision, ROUND=ROUND_IN_KERNEL, INTERPRETED=_interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
+        PRECISION=precision, INTERPRETED=_interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
         num_warps=num_warps, num_stages=num_stages,
     )
     grad = partial.sum(0) if splits > 1 else partial[0]  # a fixed order: deterministic
