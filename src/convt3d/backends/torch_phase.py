@@ -97,7 +97,8 @@ def _phase_input(input, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tens
 
 # Per device type: run the phases' convolutions channels-last.
 # CPU: oneDNN's channels-last convolution ran problem 77 (batch 2) 1.5-2x faster than NCDHW on a 2-core x86
-# machine; the layout conversions cost far less than that. CUDA: see benchmarks/diag_phases.py.
+# machine; the layout conversions cost far less than that. CUDA: on the H200, cuDNN's channels-last phase
+# convolutions were faster on 5 of the sweep's 13 layers and slower on 8 (benchmarks/RESULTS.md), so NCDHW.
 CONV_CHANNELS_LAST = collections.defaultdict(lambda: False, cpu=True)
 
 
@@ -163,7 +164,8 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
     so its gradients are those of an ordinary convolution on the phase's compact grid of grad_output: no
     strided convolution over the positions no tap reaches. grad_input is the sum over phases; every kernel tap
     belongs to exactly one phase, so grad_weight is assembled from disjoint slices (taps that reach no phase
-    get zero). Made of aten operations only, so autograd's backward stays traceable by torch.compile.
+    get zero). With the default phase_grad_weight it is made of aten operations only, which torch.compile
+    traces; the Triton one runs inside the op convt3d::conv_transpose3d_backward (ops.py).
     """
     grad_input = grad_weight = None
     if need_weight:
@@ -214,8 +216,6 @@ def _phase_grad_input(g, weight, plan: Plan, phases, dilation) -> torch.Tensor:
         span = a.in_size + (len(p.taps) - 1) * p.input_dilation
         pads.append((-start, start + span - p.out_count))
     w = _taps(weight, phases, descending=False)
-    if CONV_CHANNELS_LAST[g.device.type]:
-        w = w.contiguous(memory_format=torch.channels_last_3d)
     conv_padding = 0
     if all(left == right >= 0 for left, right in pads):
         conv_padding = tuple(left for left, _ in pads)  # the convolution pads: no padded copy of g
@@ -223,4 +223,5 @@ def _phase_grad_input(g, weight, plan: Plan, phases, dilation) -> torch.Tensor:
         g = F.pad(g, [v for pair in reversed(pads) for v in pair])
     if CONV_CHANNELS_LAST[g.device.type]:
         g = g.contiguous(memory_format=torch.channels_last_3d)
+        w = w.contiguous(memory_format=torch.channels_last_3d)
     return F.conv3d(g, w, None, 1, conv_padding, dilation, plan.groups)
