@@ -15,6 +15,33 @@ from conftest import assert_close_rel, layer_args, make_tensors, random_config
 
 def test_op_is_registered():
     assert hasattr(torch.ops.convt3d, "conv_transpose3d")
+    assert hasattr(torch.ops.convt3d, "conv_transpose3d_backward")
+
+
+@pytest.mark.parametrize("need", [(True, True), (True, False), (False, True)])
+def test_backward_op_matches_autograd_and_its_registration(need):
+    """The CUDA backward op (here with its Triton kernel in the interpreter, or natively on a GPU): gradients
+    against float64 autograd, an empty tensor for a gradient not asked for, and torch.library.opcheck's checks
+    of its schema and fake implementation."""
+    pytest.importorskip("triton")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    args = ([2, 3, 2], [1, 0, 2], [1, 0, 1], 2, [2, 3, 2])  # stride, padding, output_padding, groups, dilation
+    x = torch.randn(2, 4, 3, 4, 5, device=device)
+    w = torch.randn(4, 3, 3, 2, 3, device=device)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    y64 = F.conv_transpose3d(x64, w64, None, args[0], args[1], args[2], args[3], args[4])
+    grad = torch.randn(y64.shape, device=device)
+    expected = torch.autograd.grad(y64, (x64, w64), grad.double())
+    op = torch.ops.convt3d.conv_transpose3d_backward.default
+    with torch.backends.cudnn.flags(allow_tf32=False):  # float32 accuracy (3xTF32 in the kernel)
+        actual = op(grad, x, w, *args, *need)
+        torch.library.opcheck(op, (grad, x, w, *args, *need))
+    for asked, a, e in zip(need, actual, expected):
+        if asked:
+            assert_close_rel(a, e, 1e-5)
+        else:
+            assert a.numel() == 0
 
 
 @pytest.mark.parametrize("backend", ["torch", "auto"])
