@@ -1,8 +1,9 @@
 """Problem 77 taken apart (GPU): what each piece of the phase path costs, forward and backward, in NCDHW and
-channels-last layouts; the Triton weight gradient's configs; and, over the sweep's layers, the phase path with
-its convolutions NCDHW or channels-last.
+channels-last layouts (p77); Triton fills of the output, aligned or not (fill); the Triton weight gradient's
+configs (grad_weight); forward+backward per grad_weight config (fwdbwd); and, over the sweep's layers, the phase
+path with its convolutions NCDHW or channels-last (sweep).
 
-    PYTHONPATH=src python3 benchmarks/diag_phases.py [--iters 30] [--only p77,grad_weight,sweep]
+    PYTHONPATH=src python3 benchmarks/diag_phases.py [--iters 30] [--only p77,fill,grad_weight,fwdbwd,sweep]
 
 Every figure is a cold-L2 mean (bench.protocol.time_cuda). Problem 77 has one phase that taps reach (odd
 outputs along every axis), so its pieces are: the compact convolution (16x32x16^3-ish -> 16x64x16x32x32), the
@@ -16,12 +17,12 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+import convt3d
 from convt3d.backends import torch_phase as tp
 from convt3d.backends.triton import backward as triton_backward
-from convt3d.bench.workloads import load_sweep
-from convt3d.ops import conv_transpose3d_backward_op as backward_op
 from convt3d.bench.protocol import relative_error, time_cuda
-from convt3d.bench.workloads import PROBLEM_77
+from convt3d.bench.workloads import PROBLEM_77, load_sweep
+from convt3d.ops import conv_transpose3d_backward_op as backward_op
 
 CL = torch.channels_last_3d
 
@@ -52,7 +53,7 @@ def _fill_slabs(out_ptr, PLANE, BLOCK: tl.constexpr):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--only", default="p77,fill,grad_weight,sweep")
+    parser.add_argument("--only", default="p77,fill,grad_weight,fwdbwd,sweep")
     args = parser.parse_args()
     sections = args.only.split(",")
     plan = PROBLEM_77.plan()
@@ -178,8 +179,6 @@ def main():
 
     if "fwdbwd" in sections:
         # Forward+backward of problem 77 as `bench --backward` times it, per grad_weight setting.
-        import convt3d
-
         eager_layer = PROBLEM_77.module().cuda()
         ours_layer = convt3d.convert(PROBLEM_77.module().cuda())
         ours_layer.load_state_dict(eager_layer.state_dict())
