@@ -1,7 +1,12 @@
-"""Compile convt3d's forward kernel for sm_90 on a machine with no GPU; print registers, spills, shared memory.
+"""Compile one of convt3d's kernels for sm_90 on a machine with no GPU; print registers, spills, shared memory,
+SASS instruction counts, and (--layouts) how each global-to-shared copy is laid out.
 
-Catches compile errors the interpreter cannot (it runs the kernel as Python) without device time.
-    python3 scripts/compile_sm90.py [BLOCK_M BLOCK_CO BLOCK_CI num_warps num_stages precision diag maxnreg]
+Catches compile errors the interpreter cannot (it runs the kernel as Python) and shows what costs device time
+to find otherwise: on the H200 the first grad_weight kernel ran 5x slower than it should, and its TTGIR showed
+why (an operand tile staged in shared memory column by column, with bank conflicts).
+
+    python3 scripts/compile_sm90.py forward [BLOCK_M BLOCK_CO BLOCK_CI num_warps num_stages precision diag maxnreg]
+    python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N num_warps num_stages precision] [--layouts]
 """
 
 import subprocess
@@ -13,39 +18,60 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 
+from convt3d.backends.triton.backward import phase_grad_weight_kernel
 from convt3d.backends.triton.forward import conv_transpose3d_kernel
 
+# Problem 77, specialised as a real launch specialises it: the pointers and the arguments divisible by 16 marked
+# so, the strides equal to 1 made constants.
+FORWARD_RUNTIME = ("ITEMS", "U_H_BLOCKS", "U_W_BLOCKS", "CO_BLOCKS", "GROUPS", "KD", "KH", "KW", "D", "H", "W",
+                   "OD", "OH", "OW")
+GRAD_WEIGHT_DIVISIBLE = ("sgn", "sgc", "sgd", "sgh", "sxn", "sxc", "sxd", "sxh", "CO_G", "CI_G", "N_TOTAL", "QD",
+                         "QH", "QW")
 
-def main(block_m=128, block_co=64, block_ci=32, warps=4, stages=3, precision=1, diag=0, maxnreg=0):
+
+def forward(block_m=128, block_co=64, block_ci=32, warps=4, stages=3, precision=1, diag=0, maxnreg=0):
     block_q = 32
-    fn = conv_transpose3d_kernel
-    ptr = "*fp32"
-    sig = {name: ptr if name.endswith("_ptr") else "i32" for name in fn.arg_names}
     constexprs = dict(S_D=2, S_H=2, S_W=2, P_D=1, P_H=1, P_W=1, DIL_D=2, DIL_H=2, DIL_W=2, STEP_D=1, STEP_H=1,
                       STEP_W=1, HAS_BIAS=False, PRECISION=precision, INTERPRETED=False, BLOCK_R=block_m // block_q,
-                      BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci, FILL_W=2 * block_q, EVEN_CI=True, DIAG=diag,
-                      sxc=1, syw=1)
-    for k, v in constexprs.items():
-        sig[k] = "constexpr"
-    # As a real launch on problem 77 specialises them: pointers and the channel/stride arguments divisible by 16.
-    runtime = ("ITEMS", "U_H_BLOCKS", "U_W_BLOCKS", "CO_BLOCKS", "GROUPS", "KD", "KH", "KW", "D", "H", "W", "OD",
-               "OH", "OW")
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if name not in constexprs and name not in runtime}
-    src = ASTSource(fn, sig, constexprs, attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages, **({'maxnreg': maxnreg} if maxnreg else {})))
+                      BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci, FILL_W=2 * block_q, EVEN_CI=True,
+                      DIAG=diag, sxc=1, syw=1)
+    divisible = [n for n in conv_transpose3d_kernel.arg_names if n not in constexprs and n not in FORWARD_RUNTIME]
+    options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return _compile(conv_transpose3d_kernel, constexprs, divisible, options)
+
+
+def grad_weight(block_co=64, block_n=256, warps=8, stages=3, precision=1):
+    constexprs = dict(PRECISION=precision, INTERPRETED=False, BLOCK_CO=block_co, BLOCK_P=32, BLOCK_N=block_n, sxw=1)
+    divisible = [n for n in phase_grad_weight_kernel.arg_names if n.endswith("_ptr") or n in GRAD_WEIGHT_DIVISIBLE]
+    return _compile(phase_grad_weight_kernel, constexprs, divisible, dict(num_warps=warps, num_stages=stages))
+
+
+def _compile(fn, constexprs, divisible, options):
+    sig = {name: "*fp32" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+    sig.update({name: "constexpr" for name in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in divisible}
+    return triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def report(kernel, layouts=False):
     bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
         sass = subprocess.run([bin_dir / "cuobjdump", "-sass", cubin], capture_output=True, text=True).stdout
         usage = subprocess.run([bin_dir / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True).stdout
-    mma = {op: sass.count(op) for op in ("HGMMA", "HMMA", "FFMA", "LDGSTS.E.BYPASS.128", "LDG.E.128", "LDL", "STL")}
-    print(f"BLOCK_M={block_m} BLOCK_CO={block_co} BLOCK_CI={block_ci} warps={warps} stages={stages} "
-          f"precision={precision}: shared={kernel.metadata.shared} B, SASS counts {mma}")
+    counts = {op: sass.count(op) for op in ("HGMMA", "HMMA", "FFMA", "LDGSTS", "LDG.E.128", "STG.E.128", "LDL", "STL")}
+    print(f"shared={kernel.metadata.shared} B, SASS counts {counts}")
     print(" ".join(line.strip() for line in usage.splitlines() if "REG" in line))
-    return kernel
+    if layouts:
+        ir = kernel.asm["ttgir"].splitlines()
+        print("\n".join(line for line in ir if line.startswith(("#blocked", "#shared", "#mma"))))
+        print("\n".join(line.strip()[:220] for line in ir if "async_copy_global_to_local" in line))
 
 
 if __name__ == "__main__":
-    main(*map(int, sys.argv[1:]))
+    args = [a for a in sys.argv[1:] if a != "--layouts"]
+    kernels = {"forward": forward, "grad_weight": grad_weight}
+    if not args or args[0] not in kernels:
+        sys.exit(__doc__)
+    report(kernels[args[0]](*map(int, args[1:])), layouts="--layouts" in sys.argv)
