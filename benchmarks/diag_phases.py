@@ -164,12 +164,12 @@ def main():
         variants = [(1, "tf32", c) for c in configs] + [(2, "tf32x3", c) for c in configs[1:2] + configs[-1:]]
         for precision, name, config in variants:
             try:
-                part = triton_backward.phase_grad_weight(g, x, plan, phases, precision, config)
+                part = triton_backward.phase_grad_weight(g_lat, x, plan, phases, precision, config)
             except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)
                 print(f"grad_weight {name} {config}: {type(error).__name__}")
                 continue
             err = relative_error(to_weight(part), ref_gw)
-            ms = time_cuda(lambda: triton_backward.phase_grad_weight(g, x, plan, phases, precision, config),
+            ms = time_cuda(lambda: triton_backward.phase_grad_weight(g_lat, x, plan, phases, precision, config),
                            iters=args.iters).mean_ms
             rows.append((f"Triton grad_weight {name} {config}", ms, f"{err:.1e}"))
             print(f"Triton grad_weight {name} {config}: {ms:.4f} ms, rel err {err:.1e}", flush=True)

@@ -157,8 +157,8 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
                               need_weight: bool = True, phase_grad_weight=None):
     """(grad_input, grad_weight) by the same decomposition, each None where not needed.
 
-    phase_grad_weight(grad_output, input, plan, phases) computes one phase's weight gradient in the layout
-    of its conv3d weight (the Triton kernel on CUDA); by default aten's convolution_backward on the phase.
+    phase_grad_weight(g, input, plan, phases) computes one phase's weight gradient from g, grad_output's lattice
+    of that phase, in the layout of its conv3d weight (the Triton kernel on CUDA); by default aten's convolution_backward on the phase.
 
     Each phase some tap reaches is the stride-1 correlation y_phase = conv3d(x_phase, w_phase) of the forward,
     so its gradients are those of an ordinary convolution on the phase's compact grid of grad_output: no
@@ -180,7 +180,7 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
             part = _phase_grad_input(g, weight, plan, phases, dilation)
             grad_input = part if grad_input is None else grad_input.add_(part)
         if need_weight and phase_grad_weight is not None:
-            part = phase_grad_weight(grad_output, input, plan, phases)
+            part = phase_grad_weight(g, input, plan, phases)
         elif need_weight:
             _, part, _ = torch.ops.aten.convolution_backward(
                 g, _phase_input(input, plan, phases), _phase_weight(weight, phases, plan.groups), None,

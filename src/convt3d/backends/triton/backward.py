@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from ..torch_phase import _out_slice, _phase_input
+from ..torch_phase import _phase_input
 from .forward import _interpreted, _round_to_tf32, _sm_count, precision_for
 
 
@@ -108,10 +108,11 @@ def fits(plan: Plan, phases) -> bool:
     return sample < 2**31 and plan.batch * math.prod(p.out_count for p in phases) < 2**31
 
 
-def phase_grad_weight(grad_output: torch.Tensor, input: torch.Tensor, plan: Plan, phases,
+def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, phases,
                       precision: int | None = None, config=None) -> torch.Tensor:
-    """Weight gradient of one phase's correlation: (C_out, C_in/g, taps of each axis phase), taps in the
-    phase's (descending) order, as the phase's conv3d weight is laid out (torch_phase._phase_weight)."""
+    """Weight gradient of one phase's correlation from `lattice`, grad_output's outputs of that phase (a view):
+    (C_out, C_in/g, taps of each axis phase), taps in the phase's (descending) order, as the phase's conv3d
+    weight is laid out (torch_phase._phase_weight)."""
     precision = precision_for(input.dtype) if precision is None else precision
     block_co, block_n, num_warps, num_stages, per_sm = CONFIG if config is None else config
     groups = plan.groups
@@ -134,8 +135,7 @@ def phase_grad_weight(grad_output: torch.Tensor, input: torch.Tensor, plan: Plan
     splits = triton.cdiv(steps, steps_per_split)
     partial = torch.empty((splits, groups, co_g, n_total), dtype=torch.float32, device=input.device)
     # The compact lattice and the padded window, both with the reduction axis (qw) contiguous.
-    lattice = (slice(None), slice(None), *(_out_slice(p, a) for p, a in zip(phases, plan.axes)))
-    compact = grad_output[lattice].contiguous()
+    compact = lattice.contiguous()
     window = _phase_input(input, plan, phases).contiguous()
     phase_grad_weight_kernel[(tiles, splits)](
         compact, window, partial,
