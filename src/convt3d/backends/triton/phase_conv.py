@@ -33,29 +33,32 @@ from .forward import NATIVE, TF32X3, _autotune, _interpreted, _store_operand, pr
 
 @triton.jit
 def window_kernel(
-    src_ptr, hi_ptr, lo_ptr, C, D, H, W, XD, XH, XW, PAD_D, PAD_H, PAD_W, S_BLOCKS, C_BLOCKS,
+    src_ptr, hi_ptr, lo_ptr, C, D, H, W, XD, XH, XW, PAD_D, PAD_H, PAD_W, C_BLOCKS,
     ssn, ssc, ssd, ssh, ssw,
-    PRECISION: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """hi[n, xd, xh, xw, c] = src[n, c, xd - PAD_D, xh - PAD_H, xw - PAD_W] where that lies in src (D, H, W), else 0;
-    TF32-rounded (PRECISION 1) or split into hi + lo (2) on the way."""
+    TF32-rounded (PRECISION 1) or split into hi + lo (2) on the way. A program writes one window row (n, xd, xh)
+    for BLOCK_C channels: loads run along the source's rows, stores along the channels, and no division per element."""
     pid = tl.program_id(0)
-    s_block = pid % S_BLOCKS
-    c_block = pid // S_BLOCKS % C_BLOCKS
-    n = (pid // (S_BLOCKS * C_BLOCKS)).to(tl.int64)
-    sp = s_block * BLOCK_S + tl.arange(0, BLOCK_S)
+    c_block = pid % C_BLOCKS
+    row = pid // C_BLOCKS
+    xh = row % XH
+    xd = row // XH % XD
+    n = (row // (XH * XD)).to(tl.int64)
     c = c_block * BLOCK_C + tl.arange(0, BLOCK_C)
-    xw = sp % XW
-    xh = sp // XW % XH
-    xd = sp // (XW * XH)
-    d, h, w = xd - PAD_D, xh - PAD_H, xw - PAD_W
-    inside = (sp < XD * XH * XW) & (d >= 0) & (d < D) & (h >= 0) & (h < H) & (w >= 0) & (w < W)
-    c_ok = c < C
-    src = (src_ptr + n * ssn + c[None, :].to(tl.int64) * ssc
-           + (d.to(tl.int64) * ssd + h.to(tl.int64) * ssh + w.to(tl.int64) * ssw)[:, None])
-    x = tl.load(src, mask=inside[:, None] & c_ok[None, :], other=0.0)
-    offs = (n * XD * XH * XW + sp[:, None]) * C + c[None, :]
-    _store_operand(hi_ptr, lo_ptr, offs, x, (sp < XD * XH * XW)[:, None] & c_ok[None, :], PRECISION)
+    c_ok = (c < C)[None, :]
+    d, h = xd - PAD_D, xh - PAD_H
+    row_inside = (d >= 0) & (d < D) & (h >= 0) & (h < H)
+    src_row = src_ptr + n * ssn + tl.where(row_inside, d * ssd + h * ssh, 0) + c[None, :].to(tl.int64) * ssc
+    dst_row = ((n * XD + xd) * XH + xh) * XW * C + c[None, :]
+    for xw0 in range(0, XW, BLOCK_W):
+        xw = xw0 + tl.arange(0, BLOCK_W)[:, None]
+        w = xw - PAD_W
+        # (the scalar row_inside broadcast first: the interpreter cannot mask with a scalar)
+        inside = (w >= 0) & (w < W) & ((xw * 0 + row_inside.to(tl.int32)) != 0) & c_ok
+        x = tl.load(src_row + w * ssw, mask=inside, other=0.0)
+        _store_operand(hi_ptr, lo_ptr, dst_row + xw * C, x, (xw < XW) & c_ok, PRECISION)
 
 
 @triton.jit
@@ -173,12 +176,12 @@ def window(src: torch.Tensor, pads, spatial, precision: int):
     n, c = src.shape[:2]
     hi = torch.empty((n, *spatial, c), dtype=src.dtype, device=src.device)
     lo = torch.empty_like(hi) if precision == TF32X3 else hi
-    block_s, block_c = 64, min(64, max(16, triton.next_power_of_2(c)))
-    s_blocks, c_blocks = triton.cdiv(math.prod(spatial), block_s), triton.cdiv(c, block_c)
+    block_w, block_c = min(64, triton.next_power_of_2(spatial[2])), min(64, max(16, triton.next_power_of_2(c)))
+    c_blocks = triton.cdiv(c, block_c)
     if hi.numel():
-        window_kernel[(n * c_blocks * s_blocks,)](
-            src, hi, lo, c, *src.shape[2:], *spatial, *pads, s_blocks, c_blocks, *src.stride(),
-            PRECISION=precision, BLOCK_S=block_s, BLOCK_C=block_c)
+        window_kernel[(n * spatial[0] * spatial[1] * c_blocks,)](
+            src, hi, lo, c, *src.shape[2:], *spatial, *pads, c_blocks, *src.stride(),
+            PRECISION=precision, BLOCK_W=block_w, BLOCK_C=block_c)
     return hi, lo
 
 
