@@ -16,8 +16,9 @@ from convt3d.backends import torch_phase as tp
 from convt3d.backends.triton import backward as triton_backward
 from convt3d.backends.triton import phase_conv as pc
 from convt3d.backends.triton.forward import TF32, TF32X3, conv_transpose3d_triton
+from convt3d.backends.triton.forward import _configs as _fused_configs
 from convt3d.bench.protocol import relative_error, time_cuda
-from convt3d.bench.workloads import PROBLEM_77
+from convt3d.bench.workloads import PROBLEM_77, load_sweep
 
 
 def main():
@@ -43,9 +44,8 @@ def main():
     pads_bwd = [left for left, _ in tp.grad_input_pads(plan, phases)]
     dil = [p.input_dilation for p in phases]
     rows = []
-    # The launcher's configs, then plain (L1-cached) loads with one stage, and 64-channel reduction steps.
-    explore = pc.CONFIGS + [(128, 64, 32, 4, 1), (128, 64, 32, 8, 1), (256, 64, 32, 8, 1), (128, 64, 32, 4, 2),
-                            (128, 64, 64, 4, 2), (128, 64, 64, 4, 3), (128, 64, 64, 8, 3)]
+    # (session 4 explored one-stage and 64-channel configs: none faster; benchmarks/RESULTS.md)
+    explore = pc.CONFIGS[:2]
 
     def row(name, fn, check=None, reference=ref):
         err = f"{relative_error(check(fn()), reference):.1e}" if check else ""
@@ -111,11 +111,38 @@ def main():
     # The whole backward as the op runs it: cuDNN or Triton grad_input, the Triton grad_weight.
     row("bwd both: cuDNN grad_input + Triton grad_weight", lambda: tp.conv_transpose3d_backward(
         g, x, w, plan, phase_grad_weight=triton_backward.phase_grad_weight))
+    row("bwd both: same, one lattice copy shared by both", lambda: tp.conv_transpose3d_backward(
+        g, x, w, plan, phase_grad_weight=triton_backward.phase_grad_weight, contiguous_lattice=True))
     row("bwd both: Triton grad_input + Triton grad_weight", lambda: tp.conv_transpose3d_backward(
         g, x, w, plan, phase_grad_weight=triton_backward.phase_grad_weight,
         add_phase_grad_input=pc.add_phase_grad_input))
     row("bwd grad_weight alone (Triton)", lambda: triton_backward.phase_grad_weight(g_lat, x, plan, phases))
     row("bwd lattice copy alone", lambda: g_lat.contiguous())
+
+    # The sweep's layers (default precision, untuned: one config each): eager, the phase path with cuDNN, the fused
+    # Triton kernel, and the output filled then each phase written by the Triton phase convolution.
+    for layer in load_sweep(None):
+        dtype = getattr(torch, layer.dtype)
+        lx = torch.rand(layer.input_shape, device="cuda", dtype=dtype)
+        lw = (torch.randn(layer.weight_shape(), device="cuda") * 0.05).to(dtype)
+        lb = torch.randn(layer.out_channels, device="cuda", dtype=dtype) if layer.bias else None
+        lplan = layer.plan()
+        lref = F.conv_transpose3d(lx.double(), lw.double(), None if lb is None else lb.double(), lplan.stride,
+                                  lplan.padding, lplan.output_padding, lplan.groups, lplan.dilation)
+
+        def write(inp, weight, bias, plan_, phases_, view):
+            pc.phase_conv(inp, [-p.input_start for p in phases_], tp._phase_weight(weight, phases_, plan_.groups),
+                          [p.input_dilation for p in phases_], plan_.groups, view, bias, config=pc.CONFIGS[0])
+
+        variants = {
+            "eager": lambda: F.conv_transpose3d(lx, lw, lb, lplan.stride, lplan.padding, lplan.output_padding,
+                                                lplan.groups, lplan.dilation),
+            "phase cuDNN": lambda: tp.conv_transpose3d(lx, lw, lb, lplan),
+            "fused Triton": lambda: conv_transpose3d_triton(lx, lw, lb, lplan, config=_fused_configs()[0]),
+            "phase Triton": lambda: tp.conv_transpose3d(lx, lw, lb, lplan, write_phase=write),
+        }
+        for name, fn in variants.items():
+            row(f"sweep {layer.name} {name}", fn, lambda y: y.double(), lref)
 
     print("\nsummary (ms, rel err vs float64)")
     for name, ms, err in rows:

@@ -167,14 +167,15 @@ def _add_phase_grad_input(g, weight, plan: Plan, phases, grad_input):
 
 def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input: bool = True,
                               need_weight: bool = True, phase_grad_weight=None,
-                              add_phase_grad_input=_add_phase_grad_input):
+                              add_phase_grad_input=_add_phase_grad_input, contiguous_lattice: bool = False):
     """(grad_input, grad_weight) by the same decomposition, each None where not needed.
 
     phase_grad_weight(g, input, plan, phases) computes one phase's weight gradient from g, grad_output's lattice
     of that phase, in the layout of its conv3d weight (the Triton kernel on CUDA); by default aten's
     convolution_backward on the phase. add_phase_grad_input(g, weight, plan, phases, grad_input) adds one
     phase's part of grad_input to grad_input (None before the first phase) and returns the sum: by default a
-    conv3d per phase; the Triton phase convolution on CUDA.
+    conv3d per phase. contiguous_lattice: copy each phase's lattice of grad_output out once, for both gradients
+    (cuDNN and the Triton grad_weight would each copy the strided view otherwise).
 
     Each phase some tap reaches is the stride-1 correlation y_phase = conv3d(x_phase, w_phase) of the forward,
     so its gradients are those of an ordinary convolution on the phase's compact grid of grad_output: no
@@ -191,6 +192,8 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
         if not all(p.reads_input(a.in_size) for p, a in zip(phases, axes)):
             continue
         g = grad_output[(slice(None), slice(None), *(_out_slice(p, a) for p, a in zip(phases, axes)))]
+        if contiguous_lattice:
+            g = g.contiguous()
         if need_input:
             grad_input = add_phase_grad_input(g, weight, plan, phases, grad_input)
         if need_weight and phase_grad_weight is not None:
