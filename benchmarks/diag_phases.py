@@ -1,6 +1,6 @@
 """Problem 77 taken apart (GPU): what each piece of the phase path costs, forward and backward, in NCDHW and
 channels-last layouts (p77); Triton fills of the output, aligned or not (fill); the Triton weight gradient's
-configs (grad_weight); forward+backward per grad_weight config (fwdbwd); and, over the sweep's layers, the phase
+configs (grad_weight); forward+backward and its parts (fwdbwd); and, over the sweep's layers, the phase
 path with its convolutions NCDHW or channels-last (sweep).
 
     PYTHONPATH=src python3 benchmarks/diag_phases.py [--iters 30] [--only p77,fill,grad_weight,fwdbwd,sweep]
@@ -178,22 +178,27 @@ def main():
         rows.append(("aten grad_weight (TF32) rel err", 0.0, f"{relative_error(aten_gw, ref_gw):.1e}"))
 
     if "fwdbwd" in sections:
-        # Forward+backward of problem 77 as `bench --backward` times it, per grad_weight setting.
+        # Forward+backward of problem 77 as `bench --backward` times it, and its parts in the same process.
         eager_layer = PROBLEM_77.module().cuda()
         ours_layer = convt3d.convert(PROBLEM_77.module().cuda())
         ours_layer.load_state_dict(eager_layer.state_dict())
         xg = torch.rand(PROBLEM_77.input_shape, device="cuda", requires_grad=True)
         grad = torch.rand(plan.output_shape, device="cuda")
-        configs = [(64, 128, 8, 3, 4), (64, 256, 8, 3, 4), (64, 128, 8, 3, 8)]
-        print("\nforward+backward, cold means:")
-        print(f"  eager {time_cuda(lambda: eager_layer(xg).backward(grad), iters=args.iters).mean_ms:.4f}")
-        default = triton_backward.CONFIG
-        for config in configs:
-            triton_backward.CONFIG = config
-            ms = time_cuda(lambda: ours_layer(xg).backward(grad), iters=args.iters).mean_ms
-            print(f"  convt3d, grad_weight config {config}: {ms:.4f}", flush=True)
-        triton_backward.CONFIG = default
-        print(f"  eager {time_cuda(lambda: eager_layer(xg).backward(grad), iters=args.iters).mean_ms:.4f}")
+        y_ours = ours_layer(xg)
+
+        def timed(name, fn):
+            ms = time_cuda(fn, iters=args.iters).mean_ms
+            rows.append((f"fwdbwd: {name}", ms, ""))
+            print(f"fwdbwd: {name:60s} {ms:8.4f}", flush=True)
+
+        timed("eager forward+backward", lambda: eager_layer(xg).backward(grad))
+        timed("convt3d forward+backward", lambda: ours_layer(xg).backward(grad))
+        timed("convt3d forward, no grad", lambda: ours_layer(xg.detach()))
+        timed("convt3d forward through the op (graph built)", lambda: ours_layer(xg))
+        timed("convt3d backward alone (retained graph)", lambda: y_ours.backward(grad, retain_graph=True))
+        timed("convt3d backward op alone", lambda: backward_op(grad, xg.detach(), ours_layer.weight.detach(),
+                                                               *args77, True, True))
+        timed("eager forward+backward (again)", lambda: eager_layer(xg).backward(grad))
 
     if "sweep" in sections:
         print("\nsweep: eager vs phase path with NCDHW / channels-last convolutions (default precision)")

@@ -7,7 +7,6 @@ why (an operand tile staged in shared memory column by column, with bank conflic
 
     python3 scripts/compile_sm90.py forward [BLOCK_M BLOCK_CO BLOCK_CI num_warps num_stages precision diag maxnreg]
     python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N num_warps num_stages precision] [--layouts]
-    python3 scripts/compile_sm90.py phase_conv [BLOCK_M BLOCK_OC BLOCK_IC num_warps num_stages precision] [--layouts]
 """
 
 import subprocess
@@ -21,7 +20,6 @@ from triton.compiler.compiler import ASTSource
 
 from convt3d.backends.triton.backward import phase_grad_weight_kernel
 from convt3d.backends.triton.forward import conv_transpose3d_kernel
-from convt3d.backends.triton.phase_conv import phase_conv_kernel
 
 # Problem 77, specialised as a real launch specialises it: the pointers and the arguments divisible by 16 marked
 # so, the strides equal to 1 made constants.
@@ -46,15 +44,6 @@ def grad_weight(block_co=64, block_n=256, warps=8, stages=3, precision=1):
     constexprs = dict(PRECISION=precision, INTERPRETED=False, BLOCK_CO=block_co, BLOCK_P=32, BLOCK_N=block_n, sxw=1)
     divisible = [n for n in phase_grad_weight_kernel.arg_names if n.endswith("_ptr") or n in GRAD_WEIGHT_DIVISIBLE]
     return _compile(phase_grad_weight_kernel, constexprs, divisible, dict(num_warps=warps, num_stages=stages))
-
-
-def phase_conv(block_m=128, block_oc=64, block_ic=32, warps=4, stages=3, precision=1):
-    # Problem 77's forward phase, stored into the output's lattice (stride 2 along qw).
-    constexprs = dict(HAS_BIAS=False, ACCUMULATE=False, PRECISION=precision, INTERPRETED=False,
-                      BLOCK_H=block_m // 32, BLOCK_W=32, BLOCK_OC=block_oc, BLOCK_IC=block_ic, EVEN_IC=True)
-    divisible = [n for n in phase_conv_kernel.arg_names if n.endswith("_ptr") or n in ("QH", "QW", "XD", "IC_G",
-                                                                                       "OC_G", "syn", "syc")]
-    return _compile(phase_conv_kernel, constexprs, divisible, dict(num_warps=warps, num_stages=stages))
 
 
 def _compile(fn, constexprs, divisible, options):
@@ -82,7 +71,7 @@ def report(kernel, layouts=False):
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--layouts"]
-    kernels = {"forward": forward, "grad_weight": grad_weight, "phase_conv": phase_conv}
+    kernels = {"forward": forward, "grad_weight": grad_weight}
     if not args or args[0] not in kernels:
         sys.exit(__doc__)
     report(kernels[args[0]](*map(int, args[1:])), layouts="--layouts" in sys.argv)

@@ -103,7 +103,8 @@ def conv_transpose3d_backward_op(
     from .backends.triton.backward import phase_grad_weight
 
     plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
-    # grad_input by cuDNN: on the H200 (problem 77) 0.55 ms against 0.74 for the Triton phase convolution.
+    # grad_input by cuDNN: on the H200 (problem 77) 0.55 ms against 0.74-0.93 for a Triton implicit GEMM on the
+    # phase's channels-last padded lattice (commit b8c8054, removed since; benchmarks/RESULTS.md).
     grad_input, grad_weight = conv_transpose3d_backward(grad_output, input, weight, plan, need_input, need_weight,
                                                         phase_grad_weight=phase_grad_weight, contiguous_lattice=True)
     return (grad_input.contiguous() if need_input else input.new_empty(0)), (

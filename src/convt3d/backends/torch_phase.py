@@ -115,15 +115,8 @@ def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) 
 FILL_WHOLE_OUTPUT = collections.defaultdict(lambda: True, cpu=False)
 
 
-def _write_phase(input, weight, bias, plan: Plan, phases, view) -> None:
-    view.copy_(_phase_conv(input, weight, bias, plan, phases))
-
-
-def conv_transpose3d(input, weight, bias, plan: Plan, write_phase=_write_phase) -> torch.Tensor:
-    """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors.
-
-    write_phase(input, weight, bias, plan, phases, view) writes one phase's result, bias included, into its
-    strided view of the output: by default conv3d and a copy; the Triton phase convolution on CUDA."""
+def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
+    """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors."""
     out = _empty_output(plan.output_shape, input.dtype, input.device, output_memory_format(input, weight))
     axis_d, axis_h, axis_w = plan.axes
     # On a GPU one contiguous fill of the whole output, then the phases' results over it, beat filling only the
@@ -154,28 +147,21 @@ def conv_transpose3d(input, weight, bias, plan: Plan, write_phase=_write_phase) 
                     continue
                 view = out[:, :, sd, sh, _out_slice(pw, axis_w)]
                 if pw.reads_input(axis_w.in_size):
-                    write_phase(input, weight, bias, plan, (pd, ph, pw), view)
+                    view.copy_(_phase_conv(input, weight, bias, plan, (pd, ph, pw)))
                 elif not fill_all:
                     _fill(view, bias)
     return out
 
 
-def _add_phase_grad_input(g, weight, plan: Plan, phases, grad_input):
-    part = _phase_grad_input(g, weight, plan, phases)
-    return part if grad_input is None else grad_input.add_(part)
-
-
 def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input: bool = True,
-                              need_weight: bool = True, phase_grad_weight=None,
-                              add_phase_grad_input=_add_phase_grad_input, contiguous_lattice: bool = False):
+                              need_weight: bool = True, phase_grad_weight=None, contiguous_lattice: bool = False):
     """(grad_input, grad_weight) by the same decomposition, each None where not needed.
 
     phase_grad_weight(g, input, plan, phases) computes one phase's weight gradient from g, grad_output's lattice
     of that phase, in the layout of its conv3d weight (the Triton kernel on CUDA); by default aten's
-    convolution_backward on the phase. add_phase_grad_input(g, weight, plan, phases, grad_input) adds one
-    phase's part of grad_input to grad_input (None before the first phase) and returns the sum: by default a
-    conv3d per phase. contiguous_lattice: copy each phase's lattice of grad_output out once, for both gradients
-    (cuDNN and the Triton grad_weight would each copy the strided view otherwise).
+    convolution_backward on the phase. contiguous_lattice: copy each phase's lattice of grad_output out once, for
+    both gradients (cuDNN and the Triton grad_weight would each copy the strided view otherwise; on the H200,
+    problem 77, both gradients took 1.005 ms with one copy against 1.122 with two).
 
     Each phase some tap reaches is the stride-1 correlation y_phase = conv3d(x_phase, w_phase) of the forward,
     so its gradients are those of an ordinary convolution on the phase's compact grid of grad_output: no
@@ -194,14 +180,16 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
         g = grad_output[(slice(None), slice(None), *(_out_slice(p, a) for p, a in zip(phases, axes)))]
         if contiguous_lattice:
             g = g.contiguous()
+        dilation = tuple(p.input_dilation for p in phases)
         if need_input:
-            grad_input = add_phase_grad_input(g, weight, plan, phases, grad_input)
+            part = _phase_grad_input(g, weight, plan, phases, dilation)
+            grad_input = part if grad_input is None else grad_input.add_(part)
         if need_weight and phase_grad_weight is not None:
             part = phase_grad_weight(g, input, plan, phases)
         elif need_weight:
             _, part, _ = torch.ops.aten.convolution_backward(
                 g, _phase_input(input, plan, phases), _phase_weight(weight, phases, plan.groups), None,
-                [1, 1, 1], [0, 0, 0], [p.input_dilation for p in phases], False, [0, 0, 0], plan.groups, [False, True, False])
+                [1, 1, 1], [0, 0, 0], list(dilation), False, [0, 0, 0], plan.groups, [False, True, False])
         if need_weight:
             # (groups * C_out/g, C_in/g, taps...) in flipped tap order -> the weight's (C_in, C_out/g, taps...).
             cout_g = plan.out_channels // plan.groups
@@ -223,22 +211,15 @@ def _tap_index(phases) -> tuple[slice, ...]:
     return (slice(None), slice(None), *(ascending(p) for p in phases))
 
 
-def grad_input_pads(plan: Plan, phases) -> list[tuple[int, int]]:
-    """(left, right) padding of a phase's grad_output lattice (negative crops) for its part of grad_input: output j
-    of the phase reads input input_start + j + k*dilation for its k-th (flipped) tap, so input i receives
-    grad_output j = i - input_start - k*dilation: a correlation of the padded lattice with the taps in
-    ascending order."""
+def _phase_grad_input(g, weight, plan: Plan, phases, dilation) -> torch.Tensor:
+    """One phase's part of grad_input: output j of the phase reads input input_start + j + k*dilation for its
+    k-th (flipped) tap, so input i receives grad_output j = i - input_start - k*dilation: a correlation of the
+    padded compact grid with the taps in ascending order."""
     pads = []
     for p, a in zip(phases, plan.axes):
         start = -p.input_start - (len(p.taps) - 1) * p.input_dilation
         span = a.in_size + (len(p.taps) - 1) * p.input_dilation
         pads.append((-start, start + span - p.out_count))
-    return pads
-
-
-def _phase_grad_input(g, weight, plan: Plan, phases) -> torch.Tensor:
-    pads = grad_input_pads(plan, phases)
-    dilation = tuple(p.input_dilation for p in phases)
     w = _taps(weight, phases, descending=False)
     conv_padding = 0
     if all(left == right >= 0 for left, right in pads):
