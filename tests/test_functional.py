@@ -159,3 +159,25 @@ def test_auto_skips_a_backend_that_runs_out_of_memory(monkeypatch):
     x, w = torch.rand(1, 3, 4, 4, 4), torch.randn(3, 2, 3, 3, 3)
     plan = convt3d.plan.make_plan(tuple(x.shape), tuple(w.shape), 2, 1, 0, 1, 2)
     assert functional.choose_backend(x, w, None, plan) == "eager"
+
+
+@pytest.mark.parametrize("slow", ["torch", "eager"])
+def test_auto_picks_the_faster_candidate_and_logs_the_times(monkeypatch, caplog, slow):
+    import time
+
+    from convt3d import functional
+
+    real = functional.run_backend
+
+    def run(name, *args):
+        if name == slow:
+            time.sleep(0.005)
+        return real(name, *args)
+
+    monkeypatch.setattr(functional, "run_backend", run)
+    monkeypatch.setattr(functional, "_choice", {})
+    caplog.set_level(logging.DEBUG, logger="convt3d")
+    x, w = torch.rand(1, 3, 4, 4, 4), torch.randn(3, 2, 3, 3, 3)
+    plan = convt3d.plan.make_plan(tuple(x.shape), tuple(w.shape), 2, 1, 0, 1, 2)
+    assert functional.choose_backend(x, w, None, plan) == ({"torch", "eager"} - {slow}).pop()
+    assert "auto's median times" in caplog.text

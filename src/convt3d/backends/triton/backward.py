@@ -96,9 +96,10 @@ def phase_grad_weight_kernel(
 
 
 # (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM): the fastest of those measured on the H200 for
-# problem 77, 0.749 ms (128 columns: 0.879 ms; rounding the operands in the copies before the kernel instead of
-# in it: within 5%; benchmarks/RESULTS.md).
-CONFIG = (64, 256, 8, 3, 4)
+# problem 77: 0.740 ms, against 0.806 with 4 programs per SM (whose partial sums are twice as many), 0.764 with 1,
+# 0.944 with 128-column tiles, in one run (benchmarks/RESULTS.md, fourth session). One 8-warp program fits an SM
+# (224 registers per thread, ncu), so the programs per SM set only how many splits of the reduction there are.
+CONFIG = (64, 256, 8, 3, 2)
 
 
 def fits(plan: Plan, phases) -> bool:
