@@ -1,49 +1,84 @@
-"""Where problem 77's forward+backward spends its time (GPU): torch.profiler over a few calls of the module,
-L2 flushed before each as the benchmark does. Prints the kernels by total device time, and per call the host
-time against the summed device time, to tell kernel time from gaps between kernels.
+"""Where problem 77's forward+backward spends its time (GPU): host time to issue each call against its device
+time, any call that synchronises with the GPU, and the kernels under torch.profiler.
 
     PYTHONPATH=src python3 benchmarks/profile_fwdbwd.py [--calls 10]
+
+Host time is measured from a synchronised start to the call's return, without the profiler (median); when it
+exceeds the device time, the GPU waits on Python and the cold-L2 timings measure host time, not kernels.
 """
 
 import argparse
 import time
+import warnings
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import convt3d
-from convt3d.bench.protocol import FLUSH_BYTES
+from convt3d.bench.protocol import FLUSH_BYTES, time_cuda
 from convt3d.bench.workloads import PROBLEM_77
+from convt3d.ops import conv_transpose3d_backward_op
+
+
+def host_ms(fn, calls):
+    samples = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return sorted(samples)[calls // 2]
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=10)
     args = parser.parse_args()
-    layer = convt3d.convert(PROBLEM_77.module().cuda())
+    eager = PROBLEM_77.module().cuda()
+    ours = convt3d.convert(PROBLEM_77.module().cuda())
+    ours.load_state_dict(eager.state_dict())
     x = torch.rand(PROBLEM_77.input_shape, device="cuda", requires_grad=True)
     grad = torch.rand(PROBLEM_77.plan().output_shape, device="cuda")
-    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-    for _ in range(5):
-        layer(x).backward(grad)
+    w = ours.weight.detach()
+    cases = {
+        "eager forward": lambda: eager(x.detach()),
+        "convt3d forward": lambda: ours(x.detach()),
+        "eager forward+backward": lambda: eager(x).backward(grad),
+        "convt3d forward+backward": lambda: ours(x).backward(grad),
+        "convt3d backward op": lambda: conv_transpose3d_backward_op(grad, x.detach(), w, [2] * 3, [1] * 3, [0] * 3,
+                                                                    1, [2] * 3, True, True),
+    }
+    for fn in cases.values():
+        for _ in range(3):
+            fn()
     torch.cuda.synchronize()
-    cases = (("L2 flush alone", lambda: None), ("forward", lambda: layer(x.detach())),
-             ("forward+backward", lambda: layer(x).backward(grad)))
-    for name, fn in cases:
-        host = []
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.calls):
-                flush.fill_(1)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn()
-                host.append((time.perf_counter() - t0) * 1e3)
-                torch.cuda.synchronize()
-        events = prof.key_averages()
-        device_ms = sum(e.self_device_time_total for e in events) / 1e3 / args.calls
-        print(f"\n{name}: host time to issue one call {sorted(host)[len(host) // 2]:.3f} ms (median); device time "
-              f"per call {device_ms:.3f} ms (kernels, the flush's included)")
-        print(events.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=70))
+    print(f"{'call':28s} {'host ms':>8s} {'cold mean ms':>12s}")
+    for name, fn in cases.items():
+        print(f"{name:28s} {host_ms(fn, args.calls):8.3f} {time_cuda(fn, iters=args.calls).mean_ms:12.3f}", flush=True)
+
+    # Calls that synchronise with the GPU, named by PyTorch's sync debug mode.
+    for name in ("convt3d forward", "convt3d forward+backward"):
+        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cases[name]()
+        torch.cuda.set_sync_debug_mode(0)
+        print(f"\n{name}: {len(caught)} synchronising calls")
+        for item in caught[:8]:
+            print("  ", str(item.message)[:200], f"({item.filename}:{item.lineno})")
+
+    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.calls):
+            flush.fill_(1)
+            cases["convt3d forward+backward"]()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    print(f"\nconvt3d forward+backward, device time per call (flush included): "
+          f"{sum(e.self_device_time_total for e in events) / 1e3 / args.calls:.3f} ms")
+    print(events.table(sort_by="self_device_time_total", row_limit=16, max_name_column_width=60))
+    print(events.table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60))
 
 
 if __name__ == "__main__":
