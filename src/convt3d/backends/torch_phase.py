@@ -90,9 +90,21 @@ def _phase_weight(weight: torch.Tensor, phases: tuple[AxisPhase, ...], groups: i
 
 def _phase_input(input, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tensor:
     """The input cropped and padded to exactly the phase's correlation window."""
-    pads = [_pads(p, a.in_size) for p, a in zip(phases, plan.axes)]
+    return _pad(input, [_pads(p, a.in_size) for p, a in zip(phases, plan.axes)])
+
+
+def _pad(t: torch.Tensor, pads) -> torch.Tensor:
     # F.pad takes the last axis first.
-    return F.pad(input, [v for pair in reversed(pads) for v in pair]) if any(pads) else input
+    return F.pad(t, [v for pair in reversed(pads) for v in pair]) if any(v for pair in pads for v in pair) else t
+
+
+def _padded_operand(t: torch.Tensor, pads):
+    """(t, conv3d padding) giving t padded by pads, (left, right) per axis (negative crops): the padding inside
+    the convolution where it is symmetric, else a padded copy. Each copy or fill is a launch whose host time
+    shows on a GPU (about 50 us per launch on the H200 machine; benchmarks/RESULTS.md)."""
+    if all(left == right >= 0 for left, right in pads):
+        return t, tuple(left for left, _ in pads)
+    return _pad(t, pads), 0
 
 
 # Per device type: run the phases' convolutions channels-last.
@@ -103,12 +115,12 @@ CONV_CHANNELS_LAST = collections.defaultdict(lambda: False, cpu=True)
 
 
 def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tensor:
-    x = _phase_input(input, plan, phases)
+    x, padding = _padded_operand(input, [_pads(p, a.in_size) for p, a in zip(phases, plan.axes)])
     w = _phase_weight(weight, phases, plan.groups)
     if CONV_CHANNELS_LAST[x.device.type]:
         x = x.contiguous(memory_format=torch.channels_last_3d)
         w = w.contiguous(memory_format=torch.channels_last_3d)
-    return F.conv3d(x, w, bias, 1, 0, tuple(p.input_dilation for p in phases), plan.groups)
+    return F.conv3d(x, w, bias, 1, padding, tuple(p.input_dilation for p in phases), plan.groups)
 
 
 # Per device type: fill the whole output once before writing the phases (True), or only the empty regions.
@@ -158,8 +170,8 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
     """(grad_input, grad_weight) by the same decomposition, each None where not needed.
 
     phase_grad_weight(g, input, plan, phases) computes one phase's weight gradient from g, grad_output's lattice
-    of that phase, in the layout of its conv3d weight (the Triton kernel on CUDA); by default aten's
-    convolution_backward on the phase. contiguous_lattice: copy each phase's lattice of grad_output out once, for
+    of that phase: the slice weight[_tap_index(phases)] of grad_weight, (C_in, C_out/g, taps of the phase in
+    ascending order), contiguous (the Triton kernel on CUDA); by default aten's convolution_backward on the phase. contiguous_lattice: copy each phase's lattice of grad_output out once, for
     both gradients (cuDNN and the Triton grad_weight would each copy the strided view otherwise; on the H200,
     problem 77, both gradients took 1.005 ms with one copy against 1.122 with two).
 
@@ -170,9 +182,8 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
     get zero). With the default phase_grad_weight it is made of aten operations only, which torch.compile
     traces; the Triton one runs inside the op convt3d::conv_transpose3d_backward (ops.py).
     """
-    grad_input = grad_weight = None
-    if need_weight:
-        grad_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+    grad_input = None
+    weight_parts = []  # (index of the weight's taps, that slice of grad_weight)
     axes = plan.axes
     for phases in itertools.product(*(a.phases for a in axes)):
         if not all(p.reads_input(a.in_size) for p, a in zip(phases, axes)):
@@ -185,17 +196,25 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
             part = _phase_grad_input(g, weight, plan, phases, dilation)
             grad_input = part if grad_input is None else grad_input.add_(part)
         if need_weight and phase_grad_weight is not None:
-            part = phase_grad_weight(g, input, plan, phases)
+            weight_parts.append((_tap_index(phases), phase_grad_weight(g, input, plan, phases)))
         elif need_weight:
+            x, padding = _padded_operand(input, [_pads(p, a.in_size) for p, a in zip(phases, axes)])
             _, part, _ = torch.ops.aten.convolution_backward(
-                g, _phase_input(input, plan, phases), _phase_weight(weight, phases, plan.groups), None,
-                [1, 1, 1], [0, 0, 0], list(dilation), False, [0, 0, 0], plan.groups, [False, True, False])
-        if need_weight:
+                g, x, _phase_weight(weight, phases, plan.groups), None, [1, 1, 1], list(padding) if padding else
+                [0, 0, 0], list(dilation), False, [0, 0, 0], plan.groups, [False, True, False])
             # (groups * C_out/g, C_in/g, taps...) in flipped tap order -> the weight's (C_in, C_out/g, taps...).
             cout_g = plan.out_channels // plan.groups
             part = part.reshape(plan.groups, cout_g, -1, *part.shape[2:]).transpose(1, 2)
-            part = part.reshape(plan.in_channels, cout_g, *part.shape[3:]).flip(2, 3, 4)
-            grad_weight[_tap_index(phases)] = part
+            weight_parts.append((_tap_index(phases), part.reshape(plan.in_channels, cout_g, *part.shape[3:]).flip(
+                2, 3, 4)))
+    grad_weight = None
+    if need_weight:
+        if len(weight_parts) == 1 and weight_parts[0][1].shape == weight.shape:
+            grad_weight = weight_parts[0][1]  # one phase has every tap (problem 77): no fill, no copy
+        else:
+            grad_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+            for index, part in weight_parts:  # disjoint slices; taps that reach no phase keep zero
+                grad_weight[index] = part
     if need_input and grad_input is None:  # no tap reaches any input: the output does not depend on it
         grad_input = grad_output.new_zeros((plan.batch, plan.in_channels, *plan.input_spatial))
     return grad_input, grad_weight
@@ -221,11 +240,7 @@ def _phase_grad_input(g, weight, plan: Plan, phases, dilation) -> torch.Tensor:
         span = a.in_size + (len(p.taps) - 1) * p.input_dilation
         pads.append((-start, start + span - p.out_count))
     w = _taps(weight, phases, descending=False)
-    conv_padding = 0
-    if all(left == right >= 0 for left, right in pads):
-        conv_padding = tuple(left for left, _ in pads)  # the convolution pads: no padded copy of g
-    else:
-        g = F.pad(g, [v for pair in reversed(pads) for v in pair])
+    g, conv_padding = _padded_operand(g, pads)
     if CONV_CHANNELS_LAST[g.device.type]:
         g = g.contiguous(memory_format=torch.channels_last_3d)
         w = w.contiguous(memory_format=torch.channels_last_3d)

@@ -39,7 +39,8 @@ def phase_grad_weight_kernel(
     PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """partial[s, group, co, k*CI_G + ci] = the sum above over split s of the reduction.
+    """partial[s, group*CI_G + ci, co, TAPS - 1 - k] = the sum above over split s of the reduction: the layout of
+    the weight (C_in, C_out/g, taps), whose taps run in ascending order where the phase's run descending.
 
     g: the phase's compact grad_output (N, C_out, QD, QH, QW), qw contiguous; x: the phase's input window
     (N, C_in, ...), padded so that position q with tap k reads window index q + k*dil, always inside; the last
@@ -91,8 +92,10 @@ def phase_grad_weight_kernel(
             acc = tl.dot(x.to(tl.float32), tl.trans(g.to(tl.float32)), acc, input_precision="ieee")
         else:
             acc = tl.dot(x, tl.trans(g), acc)
-    rows = ((split * GROUPS + group) * CO_G + tl.minimum(co, CO_G - 1)).to(tl.int64) * N_TOTAL
-    tl.store(partial_ptr + rows[None, :] + nn[:, None], acc, mask=co_ok[None, :] & nn_ok[:, None])
+    taps = N_TOTAL // CI_G
+    rows = ((split * GROUPS + group) * CI_G + nn % CI_G).to(tl.int64) * CO_G * taps + (taps - 1 - k)
+    tl.store(partial_ptr + rows[:, None] + (tl.minimum(co, CO_G - 1) * taps)[None, :], acc,
+             mask=co_ok[None, :] & nn_ok[:, None])
 
 
 # (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM): the fastest of those measured on the H200 for
@@ -112,8 +115,9 @@ def fits(plan: Plan, phases) -> bool:
 def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, phases,
                       precision: int | None = None, config=None) -> torch.Tensor:
     """Weight gradient of one phase's correlation from `lattice`, grad_output's outputs of that phase (a view):
-    (C_out, C_in/g, taps of each axis phase), taps in the phase's (descending) order, as the phase's conv3d
-    weight is laid out (torch_phase._phase_weight)."""
+    the phase's slice of grad_weight, (C_in, C_out/g, taps of each axis phase in ascending order), contiguous.
+    Written in that layout by the kernel, so that no copy, flip or scatter follows (each a launch, whose host
+    time shows on the GPU machine)."""
     precision = precision_for(input.dtype) if precision is None else precision
     block_co, block_n, num_warps, num_stages, per_sm = CONFIG if config is None else config
     groups = plan.groups
@@ -134,7 +138,7 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     splits = max(1, min(triton.cdiv(per_sm * sms, tiles), triton.cdiv(steps, 8)))
     steps_per_split = triton.cdiv(steps, splits)
     splits = triton.cdiv(steps, steps_per_split)
-    partial = torch.empty((splits, groups, co_g, n_total), dtype=torch.float32, device=input.device)
+    partial = torch.empty((splits, plan.in_channels, co_g, *taps), dtype=torch.float32, device=input.device)
     # The compact lattice and the padded window, both with the reduction axis (qw) contiguous.
     compact = lattice.contiguous()
     window = _phase_input(input, plan, phases).contiguous()
@@ -148,6 +152,4 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
         num_warps=num_warps, num_stages=num_stages,
     )
     grad = partial.sum(0) if splits > 1 else partial[0]  # a fixed order: deterministic
-    # (groups, co, taps..., ci) -> (groups * co, ci, taps...)
-    grad = grad.reshape(groups * co_g, *taps, ci_g).permute(0, 4, 1, 2, 3)
     return grad.to(input.dtype)
