@@ -12,6 +12,7 @@ import time
 import warnings
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 import convt3d
@@ -49,13 +50,39 @@ def main():
         "convt3d backward op": lambda: conv_transpose3d_backward_op(grad, x.detach(), w, [2] * 3, [1] * 3, [0] * 3,
                                                                     1, [2] * 3, True, True),
     }
+    # Experiment: the phase's correlation as a stride-1 transposed convolution (no weight flip or copy).
+    from convt3d.backends import torch_phase as tp
+
+    plan = PROBLEM_77.plan()
+    (phase,) = plan.nonempty_phases
+    wp = tp._phase_weight(w, phase.axes, 1)
+    original = tp._phase_conv
+
+    def transposed(*a):
+        out = tp._phase_conv_transposed(*a)
+        return original(*a) if out is None else out
+
+    def forward_transposed():
+        tp._phase_conv = transposed
+        try:
+            return ours(x.detach())
+        finally:
+            tp._phase_conv = original
+
+    cases["convt3d fwd, phases by conv_transpose3d"] = forward_transposed
+    cases["compact conv3d (flipped weight ready)"] = lambda: torch.nn.functional.conv3d(x.detach(), wp, None, 1, 1, 1)
+    cases["compact conv_transpose3d, stride 1"] = lambda: torch.nn.functional.conv_transpose3d(
+        x.detach(), w, None, 1, 1, 0, 1, 1)
+    y_ref = ours(x.detach())
+    y_tr = forward_transposed()
+    print(f"conv_transpose3d phases vs conv3d phases: max abs diff {(y_ref - y_tr).abs().max().item():.2e}")
     for fn in cases.values():
         for _ in range(3):
             fn()
     torch.cuda.synchronize()
-    print(f"{'call':28s} {'host ms':>8s} {'cold mean ms':>12s}")
+    print(f"{'call':40s} {'host ms':>8s} {'cold mean ms':>12s}")
     for name, fn in cases.items():
-        print(f"{name:28s} {host_ms(fn, args.calls):8.3f} {time_cuda(fn, iters=args.calls).mean_ms:12.3f}", flush=True)
+        print(f"{name:40s} {host_ms(fn, args.calls):8.3f} {time_cuda(fn, iters=args.calls).mean_ms:12.3f}", flush=True)
 
     # Calls that synchronise with the GPU, named by PyTorch's sync debug mode.
     for name in ("convt3d forward", "convt3d forward+backward"):
@@ -75,8 +102,9 @@ def main():
             cases["convt3d forward+backward"]()
         torch.cuda.synchronize()
     events = prof.key_averages()
-    print(f"\nconvt3d forward+backward, device time per call (flush included): "
-          f"{sum(e.self_device_time_total for e in events) / 1e3 / args.calls:.3f} ms")
+    # Device time is counted on the operators (their kernels' rows would count it twice), as the table's total.
+    device_ms = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CPU) / 1e3
+    print(f"\nconvt3d forward+backward, device time per call (flush included): {device_ms / args.calls:.3f} ms")
     print(events.table(sort_by="self_device_time_total", row_limit=16, max_name_column_width=60))
     print(events.table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60))
 

@@ -123,6 +123,22 @@ def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) 
     return F.conv3d(x, w, bias, 1, padding, tuple(p.input_dilation for p in phases), plan.groups)
 
 
+def _phase_conv_transposed(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]):
+    """The phase's correlation as a stride-1 transposed convolution with the phase's taps in ascending order, so
+    that the weight needs no flip or copy (a view; the weight itself where the phase has every tap); None where
+    conv_transpose3d cannot express the window (negative padding, or output padding out of its range)."""
+    padding, output_padding = [], []
+    for p, a in zip(phases, plan.axes):
+        pad = p.input_start + (len(p.taps) - 1) * p.input_dilation
+        extra = p.out_count - (a.in_size - 1 - 2 * pad + p.input_dilation * (len(p.taps) - 1) + 1)
+        if pad < 0 or not 0 <= extra < max(1, p.input_dilation):
+            return None
+        padding.append(pad)
+        output_padding.append(extra)
+    return F.conv_transpose3d(input, weight[_tap_index(phases)], bias, 1, padding, output_padding, plan.groups,
+                              [p.input_dilation for p in phases])
+
+
 # Per device type: fill the whole output once before writing the phases (True), or only the empty regions.
 FILL_WHOLE_OUTPUT = collections.defaultdict(lambda: True, cpu=False)
 
