@@ -114,7 +114,18 @@ def _padded_operand(t: torch.Tensor, pads):
 CONV_CHANNELS_LAST = collections.defaultdict(lambda: False, cpu=True)
 
 
+# Per device type: run a phase's correlation as a stride-1 conv_transpose3d where it can express it. CUDA: on the
+# H200, problem 77's forward took 0.671 ms against 0.904 with conv3d (whose flipped weight costs a flip and a copy,
+# each a launch whose host time showed; and cuDNN's kernel took 0.305 against 0.342 ms). CPU: 20.3 ms against
+# 16.4 for conv3d channels-last (problem 77 at batch 2, 2 cores), so conv3d (benchmarks/RESULTS.md).
+PHASE_CONV_TRANSPOSED = collections.defaultdict(lambda: False, cuda=True)
+
+
 def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tensor:
+    if PHASE_CONV_TRANSPOSED[input.device.type]:
+        out = _phase_conv_transposed(input, weight, bias, plan, phases)
+        if out is not None:
+            return out
     x, padding = _padded_operand(input, [_pads(p, a.in_size) for p, a in zip(phases, plan.axes)])
     w = _phase_weight(weight, phases, plan.groups)
     if CONV_CHANNELS_LAST[x.device.type]:
@@ -125,8 +136,10 @@ def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) 
 
 def _phase_conv_transposed(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]):
     """The phase's correlation as a stride-1 transposed convolution with the phase's taps in ascending order, so
-    that the weight needs no flip or copy (a view; the weight itself where the phase has every tap); None where
-    conv_transpose3d cannot express the window (negative padding, or output padding out of its range)."""
+    that the weight needs no flip or copy (a view; the weight itself where the phase has every tap): output q
+    reads input q + input_start + (T - 1 - t)*dil for ascending tap t, which is conv_transpose3d's q + padding -
+    t*dil. None where conv_transpose3d cannot express the window (negative padding, or output padding out of
+    its range)."""
     padding, output_padding = [], []
     for p, a in zip(phases, plan.axes):
         pad = p.input_start + (len(p.taps) - 1) * p.input_dilation
