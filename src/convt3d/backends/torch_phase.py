@@ -114,15 +114,18 @@ def _padded_operand(t: torch.Tensor, pads):
 CONV_CHANNELS_LAST = collections.defaultdict(lambda: False, cpu=True)
 
 
-# Per device type: run a phase's correlation as a stride-1 conv_transpose3d where it can express it. CUDA: on the
-# H200, problem 77's forward took 0.671 ms against 0.904 with conv3d (whose flipped weight costs a flip and a copy,
-# each a launch whose host time showed; and cuDNN's kernel took 0.305 against 0.342 ms). CPU: 20.3 ms against
+# Per device type: run a float32 phase's correlation in TF32 mode as a stride-1 conv_transpose3d where it can
+# express it, instead of conv3d with flipped taps (whose weight costs a flip and a copy, each a launch whose host
+# time shows). Measured on the H200, problem 77's forward, one process, each twice: TF32 0.538-0.569 ms against
+# 0.653-0.663 with conv3d, but TF32 off 1.518-1.532 against 1.093-1.113 (cuDNN's full-float32 kernel for the
+# transposed form is the slower), so TF32 only; half precision not measured, so conv3d. CPU: 20.3 ms against
 # 16.4 for conv3d channels-last (problem 77 at batch 2, 2 cores), so conv3d (benchmarks/RESULTS.md).
 PHASE_CONV_TRANSPOSED = collections.defaultdict(lambda: False, cuda=True)
 
 
 def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tensor:
-    if PHASE_CONV_TRANSPOSED[input.device.type]:
+    if (PHASE_CONV_TRANSPOSED[input.device.type] and input.dtype == torch.float32
+            and torch.backends.cudnn.allow_tf32):
         out = _phase_conv_transposed(input, weight, bias, plan, phases)
         if out is not None:
             return out
