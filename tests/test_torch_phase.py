@@ -49,19 +49,22 @@ def test_forward_with_one_whole_output_fill(seed, monkeypatch):
 
 
 @pytest.mark.parametrize("seed", range(30))
-def test_phase_conv_as_transposed_convolution(seed, monkeypatch):
-    """The CUDA way of running each phase (a stride-1 conv_transpose3d where it can express the window), run on
-    the CPU: the whole forward still matches eager, on layers where it applies and where it falls back."""
-    monkeypatch.setitem(torch_phase.PHASE_CONV_TRANSPOSED, "cpu", True)
+def test_phase_conv_as_transposed_convolution(seed):
+    """The CUDA way of running a phase in TF32 mode (a stride-1 conv_transpose3d where it can express the
+    window), run on the CPU in float64: wherever it applies, it computes the phase's conv3d."""
     cfg = dict(random_config(random.Random(1300 + seed)), unbatched=False)
     x, w, b = make_tensors(cfg)
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
-    expected = torch.nn.functional.conv_transpose3d(x, w, b, **layer_args(cfg))
-    assert_close_rel(torch_phase.conv_transpose3d(x, w, b, plan), expected, 1e-10, str(cfg))
+    for phase in plan.nonempty_phases:
+        out = torch_phase._phase_conv_transposed(x, w, b, plan, phase.axes)
+        if out is not None:
+            assert_close_rel(out, torch_phase._phase_conv(x, w, b, plan, phase.axes), 1e-10, str(cfg))
 
 
 def test_phase_conv_as_transposed_convolution_applies_to_problem_77():
     x, w = torch.randn(1, 2, 3, 4, 5, dtype=torch.float64), torch.randn(2, 3, 3, 3, 3, dtype=torch.float64)
     plan = make_plan(tuple(x.shape), tuple(w.shape), 2, 1, 0, 1, 2)
     (phase,) = plan.nonempty_phases
-    assert torch_phase._phase_conv_transposed(x, w, None, plan, phase.axes) is not None
+    out = torch_phase._phase_conv_transposed(x, w, None, plan, phase.axes)
+    assert out is not None
+    assert_close_rel(out, torch_phase._phase_conv(x, w, None, plan, phase.axes), 1e-10)
