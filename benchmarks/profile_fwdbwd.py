@@ -50,32 +50,14 @@ def main():
         "convt3d backward op": lambda: conv_transpose3d_backward_op(grad, x.detach(), w, [2] * 3, [1] * 3, [0] * 3,
                                                                     1, [2] * 3, True, True),
     }
-    # Experiment: the phase's correlation as a stride-1 transposed convolution (no weight flip or copy).
+    # The phase's compact convolution both ways cuDNN can run it (torch_phase.PHASE_CONV_TRANSPOSED).
     from convt3d.backends import torch_phase as tp
 
-    plan = PROBLEM_77.plan()
-    (phase,) = plan.nonempty_phases
+    (phase,) = PROBLEM_77.plan().nonempty_phases
     wp = tp._phase_weight(w, phase.axes, 1)
-    original = tp._phase_conv
-
-    def transposed(*a):
-        out = tp._phase_conv_transposed(*a)
-        return original(*a) if out is None else out
-
-    def forward_transposed():
-        tp._phase_conv = transposed
-        try:
-            return ours(x.detach())
-        finally:
-            tp._phase_conv = original
-
-    cases["convt3d fwd, phases by conv_transpose3d"] = forward_transposed
     cases["compact conv3d (flipped weight ready)"] = lambda: torch.nn.functional.conv3d(x.detach(), wp, None, 1, 1, 1)
     cases["compact conv_transpose3d, stride 1"] = lambda: torch.nn.functional.conv_transpose3d(
         x.detach(), w, None, 1, 1, 0, 1, 1)
-    y_ref = ours(x.detach())
-    y_tr = forward_transposed()
-    print(f"conv_transpose3d phases vs conv3d phases: max abs diff {(y_ref - y_tr).abs().max().item():.2e}")
     for fn in cases.values():
         for _ in range(3):
             fn()
