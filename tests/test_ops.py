@@ -59,6 +59,25 @@ def test_gradcheck_float64(seed, backend):
     assert torch.autograd.gradcheck(f, inputs), cfg
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_gradcheck_through_the_registered_op(seed):
+    """Eager autograd runs a plain autograd.Function; the op's own registered autograd (what torch.compile
+    traces) is checked here directly."""
+    cfg = dict(random_config(random.Random(1700 + seed), max_size=3), unbatched=False)
+    cfg["batch"] = max(cfg["batch"], 1)
+    x, w, b = make_tensors(cfg)
+    args = layer_args(cfg)
+    plan = convt3d.plan.make_plan(tuple(x.shape), tuple(w.shape), **args)
+
+    def f(x, w, b):
+        return torch.ops.convt3d.conv_transpose3d(x, w, b, list(plan.stride), list(plan.padding),
+                                                  list(plan.output_padding), plan.groups, list(plan.dilation),
+                                                  "torch")
+
+    b = b if b is not None else torch.randn(plan.out_channels, dtype=torch.float64)
+    assert torch.autograd.gradcheck(f, [t.requires_grad_() for t in (x, w, b)]), cfg
+
+
 def test_float32_gradients_match_eager():
     torch.manual_seed(0)
     x = torch.randn(2, 4, 5, 4, 6, requires_grad=True)

@@ -6,7 +6,8 @@ propagation. The backward uses the phase decomposition (stride-1 convolutions on
 on CUDA, for layers where no tap reaches most of the output, grad_input by cuDNN on each phase and
 grad_weight by a Triton kernel, inside the op convt3d::conv_transpose3d_backward so that
 torch.compile traces it as one call; other CUDA layers take cuDNN's strided convolution_backward;
-off CUDA, aten ops only.
+off CUDA, aten ops only. Eager calls that need autograd go through a plain autograd.Function with the same
+forward and gradients: the op's Python dispatch is for torch.compile.
 """
 
 from __future__ import annotations
@@ -99,16 +100,20 @@ def conv_transpose3d_backward_op(
     """(grad_input, grad_weight) by phases, grad_weight by the Triton kernel; a gradient not needed is an empty
     tensor (an op cannot return None). Both contiguous, as the fake implementation says (the phases'
     convolutions may hand back channels-last results)."""
+    plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
+    grad_input, grad_weight = _cuda_phase_backward(grad_output, input, weight, plan, need_input, need_weight)
+    return (grad_input.contiguous() if need_input else input.new_empty(0)), (
+        grad_weight.contiguous() if need_weight else weight.new_empty(0))
+
+
+def _cuda_phase_backward(grad_output, input, weight, plan: Plan, need_input: bool, need_weight: bool):
     from .backends.torch_phase import conv_transpose3d_backward
     from .backends.triton.backward import phase_grad_weight
 
-    plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
     # grad_input by cuDNN: on the H200 (problem 77) 0.55 ms against 0.74-0.93 for a Triton implicit GEMM on the
     # phase's channels-last padded lattice (commit b8c8054, removed since; benchmarks/RESULTS.md).
-    grad_input, grad_weight = conv_transpose3d_backward(grad_output, input, weight, plan, need_input, need_weight,
-                                                        phase_grad_weight=phase_grad_weight, contiguous_lattice=True)
-    return (grad_input.contiguous() if need_input else input.new_empty(0)), (
-        grad_weight.contiguous() if need_weight else weight.new_empty(0))
+    return conv_transpose3d_backward(grad_output, input, weight, plan, need_input, need_weight,
+                                     phase_grad_weight=phase_grad_weight, contiguous_lattice=True)
 
 
 @conv_transpose3d_backward_op.register_fake
@@ -120,19 +125,31 @@ def _(grad_output, input, weight, stride, padding, output_padding, groups, dilat
 def _backward(ctx, grad_output):
     input, weight = ctx.saved_tensors
     stride, padding, output_padding, groups, dilation = ctx.params
-    need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
     plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
+    grads = _gradients(grad_output, input, weight, plan, ctx.needs_input_grad[:3], ctx.has_bias, through_op=True)
+    return (*grads, None, None, None, None, None, None)
+
+
+def _gradients(grad_output, input, weight, plan: Plan, needs, has_bias: bool, through_op: bool):
+    """(grad_input, grad_weight, grad_bias), None where not needed. through_op: call the CUDA phase backward
+    through its registered op (so that torch.compile traces it as one call) rather than directly."""
+    need_input, need_weight, need_bias = needs
     if (need_input or need_weight) and _cuda_phase_backward_serves(input, plan):
-        # On the H200, problem 77: 1.53 ms for both gradients against aten's 1.85 (benchmarks/RESULTS.md).
-        grad_input, grad_weight = conv_transpose3d_backward_op(
-            grad_output, input, weight, stride, padding, output_padding, groups, dilation, need_input, need_weight)
+        # On the H200, problem 77: 1.07 ms for both gradients against aten's 1.85 (benchmarks/RESULTS.md).
+        if through_op:
+            grad_input, grad_weight = conv_transpose3d_backward_op(
+                grad_output, input, weight, list(plan.stride), list(plan.padding), list(plan.output_padding),
+                plan.groups, list(plan.dilation), need_input, need_weight)
+        else:
+            grad_input, grad_weight = _cuda_phase_backward(grad_output, input, weight, plan, need_input,
+                                                           need_weight)
         grad_input, grad_weight = (grad_input if need_input else None), (grad_weight if need_weight else None)
     elif grad_output.device.type == "cuda":
         # cuDNN's strided backward: on the H200 it beat the phase decomposition done in aten ops alone on
         # problem 77 (1.80 ms against 2.69 ms for both gradients; benchmarks/diag_p77.py).
         grad_input, grad_weight, _ = torch.ops.aten.convolution_backward(
-            grad_output, input, weight, None, stride, padding, dilation, True, output_padding, groups,
-            [need_input, need_weight, False])
+            grad_output, input, weight, None, list(plan.stride), list(plan.padding), list(plan.dilation), True,
+            list(plan.output_padding), plan.groups, [need_input, need_weight, False])
     else:
         # The phase decomposition: on a 2-core CPU, problem 77 at batch 2, grad_input 3.8-8.3x and grad_weight
         # 2.8x faster than aten's (benchmarks/RESULTS.md).
@@ -140,21 +157,43 @@ def _backward(ctx, grad_output):
 
         grad_input, grad_weight = conv_transpose3d_backward(grad_output, input, weight, plan, need_input,
                                                             need_weight)
-    grad_bias = grad_output.sum(dim=(0, 2, 3, 4)) if ctx.has_bias and need_bias else None
-    return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+    grad_bias = grad_output.sum(dim=(0, 2, 3, 4)) if has_bias and need_bias else None
+    return grad_input, grad_weight, grad_bias
 
 
 conv_transpose3d_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerConvTranspose3d(torch.autograd.Function):
+    """Eager autograd through the same forward and gradients as the registered op, without torch.library's
+    Python dispatch layers, which cost more per call than a small layer's kernels (on this project's 2-core CPU,
+    a tiny layer's forward+backward: see benchmarks/RESULTS.md). torch.compile goes through the op."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, plan, backend):
+        ctx.save_for_backward(input, weight)
+        ctx.plan, ctx.has_bias = plan, bias is not None
+        return _forward(input, weight, bias, plan, backend)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        grads = _gradients(grad_output, input, weight, ctx.plan, ctx.needs_input_grad[:3], ctx.has_bias,
+                           through_op=False)
+        return (*grads, None, None)
+
+
 def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: Plan, backend: str):
-    """Run a validated batched call: through the registered op where autograd or torch.compile needs it,
-    else directly (the op's dispatch costs tens of microseconds, as much as a small layer's kernel)."""
+    """Run a validated batched call: through the registered op where torch.compile traces it, through a plain
+    autograd Function where only autograd needs it, else directly (the op's dispatch costs tens of microseconds,
+    as much as a small layer's kernel)."""
+    if torch.compiler.is_compiling():
+        return conv_transpose3d_op(
+            input, weight, bias, list(plan.stride), list(plan.padding), list(plan.output_padding), plan.groups,
+            list(plan.dilation), backend,
+        )
     needs_grad = torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-    if not needs_grad and not torch.compiler.is_compiling():
-        return _forward(input, weight, bias, plan, backend)
-    return conv_transpose3d_op(
-        input, weight, bias, list(plan.stride), list(plan.padding), list(plan.output_padding), plan.groups,
-        list(plan.dilation), backend,
-    )
+    if needs_grad:
+        return _EagerConvTranspose3d.apply(input, weight, bias, plan, backend)
+    return _forward(input, weight, bias, plan, backend)
