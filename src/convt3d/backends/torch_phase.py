@@ -90,7 +90,7 @@ def _phase_weight(weight: torch.Tensor, phases: tuple[AxisPhase, ...], groups: i
 
 def _phase_input(input, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tensor:
     """The input cropped and padded to exactly the phase's correlation window."""
-    return _pad(input, [_pads(p, a.in_size) for p, a in zip(phases, plan.axes)])
+    return _pad(input, _input_pads(plan, phases))
 
 
 def _pad(t: torch.Tensor, pads) -> torch.Tensor:
@@ -129,7 +129,7 @@ def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) 
         out = _phase_conv_transposed(input, weight, bias, plan, phases)
         if out is not None:
             return out
-    x, padding = _padded_operand(input, [_pads(p, a.in_size) for p, a in zip(phases, plan.axes)])
+    x, padding = _padded_operand(input, _input_pads(plan, phases))
     w = _phase_weight(weight, phases, plan.groups)
     if CONV_CHANNELS_LAST[x.device.type]:
         x = x.contiguous(memory_format=torch.channels_last_3d)
@@ -143,6 +143,17 @@ def _phase_conv_transposed(input, weight, bias, plan: Plan, phases: tuple[AxisPh
     reads input q + input_start + (T - 1 - t)*dil for ascending tap t, which is conv_transpose3d's q + padding -
     t*dil. None where conv_transpose3d cannot express the window (negative padding, or output padding out of
     its range)."""
+    window = _transposed_window(plan, phases)
+    if window is None:
+        return None
+    padding, output_padding, dilation = window
+    return F.conv_transpose3d(input, weight[_tap_index(phases)], bias, 1, padding, output_padding, plan.groups,
+                              dilation)
+
+
+@functools.lru_cache(maxsize=1024)
+def _transposed_window(plan: Plan, phases: tuple[AxisPhase, ...]):
+    """(padding, output_padding, dilation) of _phase_conv_transposed's conv_transpose3d, or None."""
     padding, output_padding = [], []
     for p, a in zip(phases, plan.axes):
         pad = p.input_start + (len(p.taps) - 1) * p.input_dilation
@@ -151,8 +162,7 @@ def _phase_conv_transposed(input, weight, bias, plan: Plan, phases: tuple[AxisPh
             return None
         padding.append(pad)
         output_padding.append(extra)
-    return F.conv_transpose3d(input, weight[_tap_index(phases)], bias, 1, padding, output_padding, plan.groups,
-                              [p.input_dilation for p in phases])
+    return padding, output_padding, [p.input_dilation for p in phases]
 
 
 # Per device type: fill the whole output once before writing the phases (True), or only the empty regions.
@@ -162,21 +172,42 @@ FILL_WHOLE_OUTPUT = collections.defaultdict(lambda: True, cpu=False)
 def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors."""
     out = _empty_output(plan.output_shape, input.dtype, input.device, output_memory_format(input, weight))
-    axis_d, axis_h, axis_w = plan.axes
     # On a GPU one contiguous fill of the whole output, then the phases' results over it, beat filling only the
     # empty regions (strided writes that share memory sectors with the phases' writes): on the H200,
     # problem 77 took 1.30 ms with region fills. On the CPU the region fills were the faster.
-    fill_all = FILL_WHOLE_OUTPUT[out.device.type] and any(
-        not p.reads_input(a.in_size) for a in plan.axes for p in a.phases if p.out_count)
+    fill_all = FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
     if fill_all:
         _fill(out, bias)
+    for index, phases in _regions(plan, fill_all):
+        if phases is None:
+            _fill(out[index], bias)
+        else:
+            out[index].copy_(_phase_conv(input, weight, bias, plan, phases))
+    return out
+
+
+# The geometry below is computed once per layer (plans are immutable and hashable): on a GPU the Python time of
+# each call shows wherever the kernels are short.
+@functools.lru_cache(maxsize=256)
+def _has_empty_region(plan: Plan) -> bool:
+    return any(not p.reads_input(a.in_size) for a in plan.axes for p in a.phases if p.out_count)
+
+
+@functools.lru_cache(maxsize=256)
+def _regions(plan: Plan, fill_all: bool) -> tuple:
+    """The output's regions in writing order: (index, phases) for each phase some tap reaches, and (index, None)
+    for each empty region to fill unless the whole output was filled first; where a depth or height phase is
+    empty, its whole planes or rows are one region (large contiguous fills are far cheaper than strided ones)."""
+    regions = []
+    axis_d, axis_h, axis_w = plan.axes
+    everything = (slice(None), slice(None))
     for pd in axis_d.phases:
         if pd.out_count == 0:
             continue
         sd = _out_slice(pd, axis_d)
         if not pd.reads_input(axis_d.in_size):
             if not fill_all:
-                _fill(out[:, :, sd], bias)
+                regions.append(((*everything, sd), None))
             continue
         for ph in axis_h.phases:
             if ph.out_count == 0:
@@ -184,17 +215,25 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
             sh = _out_slice(ph, axis_h)
             if not ph.reads_input(axis_h.in_size):
                 if not fill_all:
-                    _fill(out[:, :, sd, sh], bias)
+                    regions.append(((*everything, sd, sh), None))
                 continue
             for pw in axis_w.phases:
                 if pw.out_count == 0:
                     continue
-                view = out[:, :, sd, sh, _out_slice(pw, axis_w)]
+                index = (*everything, sd, sh, _out_slice(pw, axis_w))
                 if pw.reads_input(axis_w.in_size):
-                    view.copy_(_phase_conv(input, weight, bias, plan, (pd, ph, pw)))
+                    regions.append((index, (pd, ph, pw)))
                 elif not fill_all:
-                    _fill(view, bias)
-    return out
+                    regions.append((index, None))
+    return tuple(regions)
+
+
+@functools.lru_cache(maxsize=256)
+def _backward_phases(plan: Plan) -> tuple:
+    """(phases, index of their lattice in grad_output) for each phase some tap reaches."""
+    return tuple((phases, (slice(None), slice(None), *(_out_slice(p, a) for p, a in zip(phases, plan.axes))))
+                 for phases in itertools.product(*(a.phases for a in plan.axes))
+                 if all(p.reads_input(a.in_size) for p, a in zip(phases, plan.axes)))
 
 
 def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input: bool = True,
@@ -216,11 +255,8 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
     """
     grad_input = None
     weight_parts = []  # (index of the weight's taps, that slice of grad_weight)
-    axes = plan.axes
-    for phases in itertools.product(*(a.phases for a in axes)):
-        if not all(p.reads_input(a.in_size) for p, a in zip(phases, axes)):
-            continue
-        g = grad_output[(slice(None), slice(None), *(_out_slice(p, a) for p, a in zip(phases, axes)))]
+    for phases, lattice in _backward_phases(plan):
+        g = grad_output[lattice]
         if contiguous_lattice:
             g = g.contiguous()
         dilation = tuple(p.input_dilation for p in phases)
@@ -230,7 +266,7 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
         if need_weight and phase_grad_weight is not None:
             weight_parts.append((_tap_index(phases), phase_grad_weight(g, input, plan, phases)))
         elif need_weight:
-            x, padding = _padded_operand(input, [_pads(p, a.in_size) for p, a in zip(phases, axes)])
+            x, padding = _padded_operand(input, _input_pads(plan, phases))
             _, part, _ = torch.ops.aten.convolution_backward(
                 g, x, _phase_weight(weight, phases, plan.groups), None, [1, 1, 1], list(padding) if padding else
                 [0, 0, 0], list(dilation), False, [0, 0, 0], plan.groups, [False, True, False])
@@ -252,6 +288,7 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
     return grad_input, grad_weight
 
 
+@functools.lru_cache(maxsize=1024)
 def _tap_index(phases) -> tuple[slice, ...]:
     """Index of a weight (C_in, C_out/g, kD, kH, kW) to the taps of the given axis phases, ascending. Each
     phase's taps are an arithmetic progression (stored descending), so slices do: no index tensors."""
@@ -262,17 +299,29 @@ def _tap_index(phases) -> tuple[slice, ...]:
     return (slice(None), slice(None), *(ascending(p) for p in phases))
 
 
-def _phase_grad_input(g, weight, plan: Plan, phases, dilation) -> torch.Tensor:
-    """One phase's part of grad_input: output j of the phase reads input input_start + j + k*dilation for its
-    k-th (flipped) tap, so input i receives grad_output j = i - input_start - k*dilation: a correlation of the
-    padded compact grid with the taps in ascending order."""
+@functools.lru_cache(maxsize=1024)
+def _grad_input_pads(plan: Plan, phases) -> tuple[tuple[int, int], ...]:
+    """(left, right) padding of a phase's lattice of grad_output (negative crops) for its part of grad_input."""
     pads = []
     for p, a in zip(phases, plan.axes):
         start = -p.input_start - (len(p.taps) - 1) * p.input_dilation
         span = a.in_size + (len(p.taps) - 1) * p.input_dilation
         pads.append((-start, start + span - p.out_count))
+    return tuple(pads)
+
+
+@functools.lru_cache(maxsize=1024)
+def _input_pads(plan: Plan, phases) -> tuple[tuple[int, int], ...]:
+    """(left, right) padding of the input (negative crops) that gives exactly a phase's window."""
+    return tuple(_pads(p, a.in_size) for p, a in zip(phases, plan.axes))
+
+
+def _phase_grad_input(g, weight, plan: Plan, phases, dilation) -> torch.Tensor:
+    """One phase's part of grad_input: output j of the phase reads input input_start + j + k*dilation for its
+    k-th (flipped) tap, so input i receives grad_output j = i - input_start - k*dilation: a correlation of the
+    padded compact grid with the taps in ascending order."""
     w = _taps(weight, phases, descending=False)
-    g, conv_padding = _padded_operand(g, pads)
+    g, conv_padding = _padded_operand(g, _grad_input_pads(plan, phases))
     if CONV_CHANNELS_LAST[g.device.type]:
         g = g.contiguous(memory_format=torch.channels_last_3d)
         w = w.contiguous(memory_format=torch.channels_last_3d)
