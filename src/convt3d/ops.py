@@ -135,7 +135,8 @@ def _gradients(grad_output, input, weight, plan: Plan, needs, has_bias: bool, th
     through its registered op (so that torch.compile traces it as one call) rather than directly."""
     need_input, need_weight, need_bias = needs
     if (need_input or need_weight) and _cuda_phase_backward_serves(input, plan):
-        # On the H200, problem 77: 1.07 ms for both gradients against aten's 1.85 (benchmarks/RESULTS.md).
+        # On the H200, problem 77, one run (f39c428): 1.33 ms for both gradients against aten's 1.87; 1.07 ms
+        # since cb73314 (benchmarks/RESULTS.md).
         if through_op:
             grad_input, grad_weight = conv_transpose3d_backward_op(
                 grad_output, input, weight, list(plan.stride), list(plan.padding), list(plan.output_padding),

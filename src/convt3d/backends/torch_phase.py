@@ -101,7 +101,7 @@ def _pad(t: torch.Tensor, pads) -> torch.Tensor:
 def _padded_operand(t: torch.Tensor, pads):
     """(t, conv3d padding) giving t padded by pads, (left, right) per axis (negative crops): the padding inside
     the convolution where it is symmetric, else a padded copy. Each copy or fill is a launch whose host time
-    shows on a GPU (about 50 us per launch on the H200 machine; benchmarks/RESULTS.md)."""
+    shows on a GPU (by our estimate some 50 us per operation on the H200 machine; benchmarks/RESULTS.md)."""
     if all(left == right >= 0 for left, right in pads):
         return t, tuple(left for left, _ in pads)
     return _pad(t, pads), 0
@@ -242,9 +242,10 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
 
     phase_grad_weight(g, input, plan, phases) computes one phase's weight gradient from g, grad_output's lattice
     of that phase: the slice weight[_tap_index(phases)] of grad_weight, (C_in, C_out/g, taps of the phase in
-    ascending order), contiguous (the Triton kernel on CUDA); by default aten's convolution_backward on the phase. contiguous_lattice: copy each phase's lattice of grad_output out once, for
-    both gradients (cuDNN and the Triton grad_weight would each copy the strided view otherwise; on the H200,
-    problem 77, both gradients took 1.005 ms with one copy against 1.122 with two).
+    ascending order), contiguous (the Triton kernel on CUDA); by default aten's convolution_backward on the
+    phase. contiguous_lattice: copy each phase's lattice of grad_output out once, for both gradients (cuDNN and
+    the Triton grad_weight would each copy the strided view otherwise; on the H200, problem 77, both gradients
+    took 1.005 ms with one copy against 1.122 with two).
 
     Each phase some tap reaches is the stride-1 correlation y_phase = conv3d(x_phase, w_phase) of the forward,
     so its gradients are those of an ordinary convolution on the phase's compact grid of grad_output: no
