@@ -191,7 +191,7 @@ def main():
         timed("eager forward+backward", lambda: eager_layer(xg).backward(grad))
         timed("convt3d forward+backward", lambda: ours_layer(xg).backward(grad))
         timed("convt3d forward, no grad", lambda: ours_layer(xg.detach()))
-        timed("convt3d forward through the op (graph built)", lambda: ours_layer(xg))
+        timed("convt3d forward, graph built", lambda: ours_layer(xg))
         timed("convt3d backward alone (retained graph)", lambda: y_ours.backward(grad, retain_graph=True))
         timed("convt3d backward op alone", lambda: backward_op(grad, xg.detach(), ours_layer.weight.detach(),
                                                                *args77, True, True))

@@ -1,6 +1,7 @@
 import importlib
 import logging
 import random
+import time
 
 import pytest
 import torch
@@ -169,8 +170,6 @@ def test_auto_skips_a_backend_that_runs_out_of_memory(monkeypatch):
 
 @pytest.mark.parametrize("slow", ["torch", "eager"])
 def test_auto_picks_the_faster_candidate_and_logs_the_times(monkeypatch, caplog, slow):
-    import time
-
     from convt3d import functional
 
     real = functional.run_backend
