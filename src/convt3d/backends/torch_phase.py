@@ -104,7 +104,7 @@ def _padded_operand(t: torch.Tensor, pads):
     shows on a GPU (by our estimate some 50 us per operation on the H200 machine; benchmarks/RESULTS.md)."""
     if all(left == right >= 0 for left, right in pads):
         return t, tuple(left for left, _ in pads)
-    return _pad(t, pads), 0
+    return _pad(t, pads), (0,) * len(pads)
 
 
 # Per device type: run the phases' convolutions channels-last.
@@ -269,8 +269,8 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
         elif need_weight:
             x, padding = _padded_operand(input, _input_pads(plan, phases))
             _, part, _ = torch.ops.aten.convolution_backward(
-                g, x, _phase_weight(weight, phases, plan.groups), None, [1, 1, 1], list(padding) if padding else
-                [0, 0, 0], list(dilation), False, [0, 0, 0], plan.groups, [False, True, False])
+                g, x, _phase_weight(weight, phases, plan.groups), None, [1, 1, 1], list(padding), list(dilation),
+                False, [0, 0, 0], plan.groups, [False, True, False])
             # (groups * C_out/g, C_in/g, taps...) in flipped tap order -> the weight's (C_in, C_out/g, taps...).
             cout_g = plan.out_channels // plan.groups
             part = part.reshape(plan.groups, cout_g, -1, *part.shape[2:]).transpose(1, 2)
