@@ -12,7 +12,7 @@ for step in $steps; do
     tune) python3 benchmarks/diag_p77.py --only configs 2>&1 | tee "$OUT/tune.log" ;;
     phases) python3 benchmarks/diag_phases.py --iters 20 2>&1 | tee "$OUT/phases.log" ;;
     profile) python3 benchmarks/profile_fwdbwd.py --calls 20 2>&1 | tee "$OUT/profile.log" ;;
-    tests) python3 -m pytest -q tests/test_gpu.py tests/test_triton_forward.py tests/test_ops.py 2>&1 | tail -25 | tee "$OUT/pytest.log" ;;
+    tests) python3 -m pytest -q tests/test_gpu.py tests/test_triton_backward.py 2>&1 | tail -25 | tee "$OUT/pytest.log" ;;
     bench) python3 -m convt3d bench --json "$OUT/p77.json" --plot "$OUT/p77.png" 2>&1 | tee "$OUT/bench.log" ;;
     backward) python3 -m convt3d bench --backward --no-compile --json "$OUT/p77_backward.json" 2>&1 | tee "$OUT/backward.log" ;;
     sweep) python3 -m convt3d bench --sweep --no-compile --iters 30 --json "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;

@@ -1,5 +1,6 @@
 """Where problem 77's forward+backward spends its time (GPU): host time to issue each call against its device
-time, any call that synchronises with the GPU, and the kernels under torch.profiler.
+time, any call that synchronises with the GPU, the Python functions that take the host time (cProfile), and the
+kernels under torch.profiler.
 
     PYTHONPATH=src python3 benchmarks/profile_fwdbwd.py [--calls 10]
 
@@ -8,6 +9,8 @@ exceeds the device time, the GPU waits on Python and the cold-L2 timings measure
 """
 
 import argparse
+import cProfile
+import pstats
 import time
 import warnings
 
@@ -76,6 +79,17 @@ def main():
         print(f"\n{name}: {len(caught)} synchronising calls")
         for item in caught[:8]:
             print("  ", str(item.message)[:200], f"({item.filename}:{item.lineno})")
+
+    # Where the host time goes, by Python function (the GPU runs ahead: only issue time is counted).
+    profiler = cProfile.Profile()
+    torch.cuda.synchronize()
+    profiler.enable()
+    for _ in range(args.calls):
+        cases["convt3d forward+backward"]()
+    profiler.disable()
+    torch.cuda.synchronize()
+    print(f"\nconvt3d forward+backward, Python profile of {args.calls} calls (host time, by own time):")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
     flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
