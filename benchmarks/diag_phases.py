@@ -1,9 +1,10 @@
 """Problem 77 taken apart (GPU): what each piece of the phase path costs, forward and backward, in NCDHW and
 channels-last layouts (p77); Triton fills of the output, aligned or not (fill); the Triton weight gradient's
-configs (grad_weight); forward+backward and its parts (fwdbwd); and, over the sweep's layers, the phase
+configs (grad_weight); the output written from the compact result whole or in chunks of samples (assemble);
+forward+backward and its parts (fwdbwd); and, over the sweep's layers, the phase
 path with its convolutions NCDHW or channels-last (sweep).
 
-    PYTHONPATH=src python3 benchmarks/diag_phases.py [--iters 30] [--only p77,fill,grad_weight,fwdbwd,sweep]
+    PYTHONPATH=src python3 benchmarks/diag_phases.py [--iters 30] [--only p77,fill,assemble,grad_weight,fwdbwd,sweep]
 
 Every figure is a cold-L2 mean (bench.protocol.time_cuda). Problem 77 has one phase that taps reach (odd
 outputs along every axis), so its pieces are: the compact convolution (16x32x16^3-ish -> 16x64x16x32x32), the
@@ -151,6 +152,24 @@ def main():
                                                                BLOCK=block, num_warps=8))
         row("fill: Triton, (n, c, od) slabs, blocks of 1024",
             lambda: _fill_slabs[(n_ * c_ * od_, triton.cdiv(oh_ * ow_, 1024))](y, oh_ * ow_, BLOCK=1024))
+
+    if "assemble" in sections:
+        # Writing the output from the compact result: one fill of the whole output, then the lattice copy, against
+        # the same in chunks of samples, so that the copy's partly written memory sectors may still be in the L2
+        # (one sample of problem 77's output is 35.7 MB; the H200's L2 is 50 MB).
+        def chunked(samples):
+            def run():
+                out = torch.empty(plan.output_shape, device="cuda")
+                for n0 in range(0, plan.batch, samples):
+                    chunk = out[n0:n0 + samples]
+                    chunk.zero_()
+                    chunk[lattice].copy_(part[n0:n0 + samples])
+                return out
+            return run
+
+        row("assemble: zero_ whole output + lattice copy", fill_copy, same)
+        for samples in (1, 2, 4):
+            row(f"assemble: zero_ + lattice copy per {samples} sample(s)", chunked(samples), same)
 
     if "grad_weight" in sections:
         w64 = w.double().requires_grad_()

@@ -1,0 +1,97 @@
+"""Why problem 77's forward+backward measures longer than the sum of its kernels (GPU).
+
+    PYTHONPATH=src python3 benchmarks/trace_fwdbwd.py [--calls 10] [--trace trace.json]
+
+Runs the benchmark's loop (L2 flush, start event, call, end event; no synchronisation between calls) for
+eager and convt3d, and reports per call: the event-timed mean, the caching allocator's device allocations and
+frees in the loop (cudaFree synchronises the device), and from a torch.profiler trace of the same loop the sum
+of kernel times against the idle time between kernels, with the largest idle gaps, and whether the host
+launched the kernel after a gap late (the GPU waited on the host) or early (the GPU waited on something else).
+"""
+
+import argparse
+import json
+import os
+import tempfile
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import convt3d
+from convt3d.bench.protocol import FLUSH_BYTES
+from convt3d.bench.workloads import PROBLEM_77
+
+ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def loop(fn, flush, calls):
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    for start, end in zip(starts, ends):
+        flush.fill_(1)
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return sum(s.elapsed_time(e) for s, e in zip(starts, ends)) / calls
+
+
+def gaps(trace_path, calls, flush_name="fill"):
+    """Kernel time and idle time per call from a chrome trace, and the largest idle gaps."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")), key=lambda e: e["ts"])
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    busy = sum(k["dur"] for k in kernels)
+    idle = []
+    for prev, nxt in zip(kernels, kernels[1:]):
+        gap = nxt["ts"] - (prev["ts"] + prev["dur"])
+        launch = launches.get(nxt["args"].get("correlation"))
+        # The launch call's end against the previous kernel's end: positive means the host was late.
+        late = None if launch is None else (launch["ts"] + launch["dur"]) - (prev["ts"] + prev["dur"])
+        idle.append((gap, late, prev["name"][:60], nxt["name"][:60]))
+    total_idle = sum(g for g, *_ in idle if g > 0)
+    print(f"  kernels {busy / calls / 1e3:.3f} ms per call, idle between kernels {total_idle / calls / 1e3:.3f} ms "
+          f"per call (flush kernels and the gaps around them included)")
+    for gap, late, prev, nxt in sorted(idle, reverse=True)[:12]:
+        who = "?" if late is None else ("host late by %.1f us" % late if late > 0 else "launched %.1f us early" % -late)
+        print(f"  gap {gap:8.1f} us ({who}): {prev} -> {nxt}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--trace", default=None, help="directory for the chrome traces (default: a temporary one)")
+    args = parser.parse_args()
+    eager = PROBLEM_77.module().cuda()
+    ours = convt3d.convert(PROBLEM_77.module().cuda())
+    ours.load_state_dict(eager.state_dict())
+    x = torch.rand(PROBLEM_77.input_shape, device="cuda", requires_grad=True)
+    grad = torch.rand(PROBLEM_77.plan().output_shape, device="cuda")
+    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    cases = {
+        "eager forward+backward": lambda: eager(x).backward(grad),
+        "convt3d forward+backward": lambda: ours(x).backward(grad),
+        "eager forward": lambda: eager(x.detach()),
+        "convt3d forward": lambda: ours(x.detach()),
+    }
+    folder = args.trace or tempfile.mkdtemp()
+    for name, fn in cases.items():
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_stats()
+        mean = loop(fn, flush, 3 * args.calls)
+        after = torch.cuda.memory_stats()
+        counts = ", ".join(f"{c} +{after.get(c, 0) - before.get(c, 0)}" for c in ALLOCATOR_COUNTERS)
+        print(f"\n{name}: event-timed mean {mean:.3f} ms over {3 * args.calls} calls; allocator: {counts}")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            loop(fn, flush, args.calls)
+        path = os.path.join(folder, name.replace(" ", "_").replace("+", "_") + ".json")
+        prof.export_chrome_trace(path)
+        gaps(path, args.calls)
+
+
+if __name__ == "__main__":
+    main()
