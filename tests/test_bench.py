@@ -7,6 +7,7 @@ import torch
 
 from convt3d.__main__ import main
 from convt3d.bench.protocol import Timing, datasheet_bandwidth, floor_bytes, kernelbench_check, time_interleaved
+from convt3d.bench.report import table
 from convt3d.bench.workloads import PROBLEM_77, parse_config
 
 TINY = '{"in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2, "padding": 1, "dilation": 2, ' \
@@ -29,6 +30,14 @@ def test_timing_statistics():
     t = Timing.of([1.0, 2.0, 3.0])
     assert (t.mean_ms, t.min_ms, t.max_ms) == (2.0, 1.0, 3.0)
     assert t.std_ms == pytest.approx(1.0)
+
+
+def test_table_marks_timings_that_include_driver_allocations():
+    row = dict(implementation="x", mean_ms=1.0, std_ms=0.1, speedup_vs_eager=None, ratio_to_floor=None,
+               rel_err_fp64=None, kernelbench_check=None)
+    assert "*" not in table([dict(row, device_allocations=0)])
+    marked = table([dict(row, device_allocations=3)]).splitlines()
+    assert marked[2].split(" | ")[1].strip().endswith("*") and marked[-1].endswith("x 3")
 
 
 def test_time_interleaved_alternates_and_counts():

@@ -30,11 +30,14 @@ class Timing:
     std_ms: float
     min_ms: float
     max_ms: float
+    # CUDA: memory the caching allocator had to take from or give back to the driver during the timed calls
+    # (cudaMalloc / cudaFree, which synchronise); nonzero means the timings include such calls.
+    device_allocations: int | None = None
 
     @classmethod
-    def of(cls, samples_ms: list[float]) -> "Timing":
+    def of(cls, samples_ms: list[float], **extra) -> "Timing":
         std = statistics.stdev(samples_ms) if len(samples_ms) > 1 else 0.0
-        return cls(statistics.fmean(samples_ms), std, min(samples_ms), max(samples_ms))
+        return cls(statistics.fmean(samples_ms), std, min(samples_ms), max(samples_ms), **extra)
 
 
 def time_cuda(fn: Callable[[], object], warmup: int = 5, iters: int = 100, device=None,
@@ -46,13 +49,20 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, iters: int = 100, devic
     torch.cuda.synchronize(device)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    before = _driver_allocations(device)
     for start, end in zip(starts, ends):
         flush.fill_(1)
         start.record()
         fn()
         end.record()
     torch.cuda.synchronize(device)
-    return Timing.of([s.elapsed_time(e) for s, e in zip(starts, ends)])
+    return Timing.of([s.elapsed_time(e) for s, e in zip(starts, ends)],
+                     device_allocations=_driver_allocations(device) - before)
+
+
+def _driver_allocations(device) -> int:
+    stats = torch.cuda.memory_stats(device)
+    return stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0)
 
 
 def time_cpu(fn: Callable[[], object], warmup: int = 1, iters: int = 5) -> Timing:

@@ -54,6 +54,8 @@ def table(rows: list[dict]) -> str:
     lines = []
     for r in rows:
         timing = f"{r['mean_ms']:.4f} ± {r['std_ms']:.4f}" if r["mean_ms"] is not None else "-"
+        if r.get("device_allocations"):
+            timing += " *"
         check = {True: "pass", False: "FAIL", None: "-"}[r["kernelbench_check"]]
         name = r["implementation"] if "layer" not in r else f"{r['layer']}: {r['implementation']}"
         lines.append((name, timing, _fmt(r["speedup_vs_eager"], ".2f") + "×" if r["speedup_vs_eager"] else "-",
@@ -61,6 +63,10 @@ def table(rows: list[dict]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
     out = [" | ".join(h.ljust(w) for h, w in zip(header, widths)), "-+-".join("-" * w for w in widths)]
     out += [" | ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines]
+    if any(r.get("device_allocations") for r in rows):
+        out.append("* the caching allocator called cudaMalloc/cudaFree (which synchronise) during the timed calls: "
+                   + ", ".join(f"{r['implementation']} {r['device_allocations']}" for r in rows
+                               if r.get("device_allocations")))
     return "\n".join(out)
 
 
