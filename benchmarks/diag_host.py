@@ -18,7 +18,7 @@ import time
 import torch
 
 import convt3d
-from convt3d.bench.protocol import FLUSH_BYTES
+from convt3d.bench.protocol import FLUSH_BYTES, time_cuda
 from convt3d.bench.runner import run_layer
 from convt3d.bench.workloads import PROBLEM_77
 
@@ -88,6 +88,9 @@ def main():
                   f"{'/'.join(map(str, collections.count))}, {collections.seconds * 1e3:.2f}", flush=True)
     gc.unfreeze()
     gc.enable()
+    for name, layer in (("eager", eager), ("convt3d", ours)):
+        timing = time_cuda(lambda: layer(x).backward(grad))
+        print(f"{name + ' fwd+bwd, bench.protocol.time_cuda':42s} {timing.mean_ms:7.3f} {'':7s} {timing.max_ms:7.3f}")
 
 
 if __name__ == "__main__":
