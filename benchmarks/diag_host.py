@@ -88,9 +88,21 @@ def main():
                   f"{'/'.join(map(str, collections.count))}, {collections.seconds * 1e3:.2f}", flush=True)
     gc.unfreeze()
     gc.enable()
-    for name, layer in (("eager", eager), ("convt3d", ours)):
-        timing = time_cuda(lambda: layer(x).backward(grad))
-        print(f"{name + ' fwd+bwd, bench.protocol.time_cuda':42s} {timing.mean_ms:7.3f} {'':7s} {timing.max_ms:7.3f}")
+    # The same loop with a flush buffer allocated now rather than first, and bench.protocol.time_cuda itself
+    # (which allocates its flush buffer on each call).
+    for variant in ("flush buffer allocated first", "flush buffer allocated now", "time_cuda", "first again"):
+        for name, layer in (("eager", eager), ("convt3d", ours)):
+            fn = lambda: layer(x).backward(grad)
+            if variant == "time_cuda":
+                timing = time_cuda(fn)
+                mean, median, top = timing.mean_ms, float("nan"), timing.max_ms
+            else:
+                buffer = flush if "first" in variant else torch.empty(FLUSH_BYTES // 4, dtype=torch.int32,
+                                                                      device="cuda")
+                device, _, _ = timed(fn, args.iters, buffer)
+                mean, median, top = statistics.fmean(device), statistics.median(device), max(device)
+                del buffer
+            print(f"{name + ', ' + variant:42s} {mean:7.3f} {median:7.3f} {top:7.3f}", flush=True)
 
 
 if __name__ == "__main__":
