@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/trace_fwdbwd.py [--calls 10] [--trace trace.json]
 
-Runs the benchmark's loop (L2 flush, start event, call, end event; no synchronisation between calls) for
+Runs the benchmark's loop (synchronisation, L2 flush, start event, call, end event) for
 eager and convt3d, and reports per call: the event-timed mean, the caching allocator's device allocations and
 frees in the loop (cudaFree synchronises the device), and from a torch.profiler trace of the same loop the sum
 of kernel times against the idle time between kernels, with the largest idle gaps, and whether the host
@@ -28,6 +28,7 @@ def loop(fn, flush, calls):
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     for start, end in zip(starts, ends):
+        torch.cuda.synchronize()  # as bench.protocol.time_cuda (KernelBench): each call starts on an idle GPU
         flush.fill_(1)
         start.record()
         fn()
@@ -53,7 +54,8 @@ def gaps(trace_path, calls, flush_name="fill"):
         idle.append((gap, late, prev["name"][:60], nxt["name"][:60]))
     total_idle = sum(g for g, *_ in idle if g > 0)
     print(f"  kernels {busy / calls / 1e3:.3f} ms per call, idle between kernels {total_idle / calls / 1e3:.3f} ms "
-          f"per call (flush kernels and the gaps around them included)")
+          f"per call (flush kernels and the gaps around them included: the synchronisation before each call "
+          f"leaves the GPU idle until the next flush)")
     for gap, late, prev, nxt in sorted(idle, reverse=True)[:12]:
         who = "?" if late is None else ("host late by %.1f us" % late if late > 0 else "launched %.1f us early" % -late)
         print(f"  gap {gap:8.1f} us ({who}): {prev} -> {nxt}")
@@ -86,7 +88,8 @@ def main():
         after = torch.cuda.memory_stats()
         counts = ", ".join(f"{c} +{after.get(c, 0) - before.get(c, 0)}" for c in ALLOCATOR_COUNTERS)
         print(f"\n{name}: event-timed mean {mean:.3f} ms over {3 * args.calls} calls; allocator: {counts}")
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        # CUDA activity only (kernels and runtime calls): recording every CPU operator would slow the host.
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
             loop(fn, flush, args.calls)
         path = os.path.join(folder, name.replace(" ", "_").replace("+", "_") + ".json")
         prof.export_chrome_trace(path)

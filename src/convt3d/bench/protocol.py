@@ -1,9 +1,9 @@
 """KernelBench's measuring protocol, and the floor model.
 
 Correctness: 5 trials with fresh torch.rand inputs, torch.allclose(atol=rtol=1e-4; 1e-2 for half) against the
-eager module, and the relative error against a float64 reference. Timing on CUDA: events around
-each call, 5 warm-up calls, 100 timed calls, the L2 cache flushed (a 256 MB buffer written)
-before each. On the CPU: wall clock, warm-up, repeats.
+eager module, and the relative error against a float64 reference. Timing on CUDA, as KernelBench's default
+(cuda_event): 5 warm-up calls, then 100 timed calls, each after a synchronisation and an L2 flush (a 256 MB
+buffer written on the GPU), with CUDA events around it. On the CPU: wall clock, warm-up, repeats.
 """
 
 from __future__ import annotations
@@ -41,8 +41,17 @@ class Timing:
 
 
 def time_cuda(fn: Callable[[], object], warmup: int = 5, iters: int = 100, device=None,
-              flush_bytes: int = FLUSH_BYTES) -> Timing:
-    """CUDA events around each call, the L2 flushed (flush_bytes written) before each."""
+              flush_bytes: int = FLUSH_BYTES, synchronize: bool = True) -> Timing:
+    """CUDA events around each call, the L2 flushed (flush_bytes written on the GPU) before each.
+
+    synchronize=True is KernelBench's default timing (its `time_execution_with_cuda_event`): the host waits for
+    the GPU before each call, so a call starts on an idle GPU and its time includes whatever the GPU waits for
+    the host (Python, launches) within the call. synchronize=False queues the calls back to back (Triton's
+    do_bench): host time then hides behind the GPU work of earlier calls, and the figure is the GPU's.
+    """
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    # On the GPU: a flush buffer left on the CPU would evict nothing from the L2 (this was the case here until
+    # 2026-11-30, fifth session: benchmarks/RESULTS.md).
     flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
     for _ in range(warmup):
         fn()
@@ -51,6 +60,8 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, iters: int = 100, devic
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     before = _driver_allocations(device)
     for start, end in zip(starts, ends):
+        if synchronize:
+            torch.cuda.synchronize(device)
         flush.fill_(1)
         start.record()
         fn()
