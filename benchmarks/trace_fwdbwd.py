@@ -4,9 +4,10 @@
 
 Runs the benchmark's loop (synchronisation, L2 flush, start event, call, end event) for
 eager and convt3d, and reports per call: the event-timed mean, the caching allocator's device allocations and
-frees in the loop (cudaFree synchronises the device), and from a torch.profiler trace of the same loop the sum
-of kernel times against the idle time between kernels, with the largest idle gaps, and whether the host
-launched the kernel after a gap late (the GPU waited on the host) or early (the GPU waited on something else).
+frees in the loop (cudaFree synchronises the device), and from a torch.profiler trace of the same loop, per
+call, the span from the L2 flush's end to the last kernel's end against the kernel time in it, with the largest
+idle gaps inside calls and whether the host launched the kernel after a gap late (the GPU waited on the host)
+or early (the GPU waited on something else).
 """
 
 import argparse
@@ -29,6 +30,7 @@ def loop(fn, flush, calls):
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     for start, end in zip(starts, ends):
         torch.cuda.synchronize()  # as bench.protocol.time_cuda (KernelBench): each call starts on an idle GPU
+        torch.cuda._sleep(1)  # a marker kernel ("spin_kernel") that tells the calls apart in the trace
         flush.fill_(1)
         start.record()
         fn()
@@ -37,28 +39,41 @@ def loop(fn, flush, calls):
     return sum(s.elapsed_time(e) for s, e in zip(starts, ends)) / calls
 
 
-def gaps(trace_path, calls, flush_name="fill"):
-    """Kernel time and idle time per call from a chrome trace, and the largest idle gaps."""
+def gaps(trace_path):
+    """Per call, from a chrome trace of loop(): the span from the end of the L2 flush to the end of the call's last
+    kernel, the kernel time in it, and the largest idle gaps inside calls."""
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
-    kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")), key=lambda e: e["ts"])
+    kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")),
+                     key=lambda e: e["ts"])
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
-    busy = sum(k["dur"] for k in kernels)
-    idle = []
-    for prev, nxt in zip(kernels, kernels[1:]):
-        gap = nxt["ts"] - (prev["ts"] + prev["dur"])
-        launch = launches.get(nxt["args"].get("correlation"))
-        # The launch call's end against the previous kernel's end: positive means the host was late.
-        late = None if launch is None else (launch["ts"] + launch["dur"]) - (prev["ts"] + prev["dur"])
-        idle.append((gap, late, prev["name"][:60], nxt["name"][:60]))
-    total_idle = sum(g for g, *_ in idle if g > 0)
-    print(f"  kernels {busy / calls / 1e3:.3f} ms per call, idle between kernels {total_idle / calls / 1e3:.3f} ms "
-          f"per call (flush kernels and the gaps around them included: the synchronisation before each call "
-          f"leaves the GPU idle until the next flush)")
-    for gap, late, prev, nxt in sorted(idle, reverse=True)[:12]:
+    calls, current = [], None
+    for k in kernels:
+        if "spin_kernel" in k["name"]:
+            current = []
+            calls.append(current)
+        elif current is not None:
+            current.append(k)
+    spans, busy, idle = [], [], []
+    for call in calls:
+        work = call[1:]  # call[0] is the flush
+        if not work:
+            continue
+        spans.append(work[-1]["ts"] + work[-1]["dur"] - (call[0]["ts"] + call[0]["dur"]))
+        busy.append(sum(k["dur"] for k in work))
+        for prev, nxt in zip(call, work):
+            gap = nxt["ts"] - (prev["ts"] + prev["dur"])
+            launch = launches.get(nxt["args"].get("correlation"))
+            # The launch call's end against the previous kernel's end: positive means the host was late.
+            late = None if launch is None else (launch["ts"] + launch["dur"]) - (prev["ts"] + prev["dur"])
+            idle.append((gap, late, prev["name"][:50], nxt["name"][:50]))
+    n = max(1, len(spans))
+    print(f"  per call: span {sum(spans) / n / 1e3:.3f} ms, kernels {sum(busy) / n / 1e3:.3f} ms, "
+          f"idle {(sum(spans) - sum(busy)) / n / 1e3:.3f} ms ({len(spans)} calls)")
+    for gap, late, prev, nxt in sorted(idle, reverse=True)[:10]:
         who = "?" if late is None else ("host late by %.1f us" % late if late > 0 else "launched %.1f us early" % -late)
-        print(f"  gap {gap:8.1f} us ({who}): {prev} -> {nxt}")
+        print(f"  gap {gap:7.1f} us ({who}): {prev} -> {nxt}")
 
 
 def main():
@@ -93,7 +108,7 @@ def main():
             loop(fn, flush, args.calls)
         path = os.path.join(folder, name.replace(" ", "_").replace("+", "_") + ".json")
         prof.export_chrome_trace(path)
-        gaps(path, args.calls)
+        gaps(path)
 
 
 if __name__ == "__main__":
