@@ -71,7 +71,7 @@ def gaps(trace_path):
     n = max(1, len(spans))
     print(f"  per call: span {sum(spans) / n / 1e3:.3f} ms, kernels {sum(busy) / n / 1e3:.3f} ms, "
           f"idle {(sum(spans) - sum(busy)) / n / 1e3:.3f} ms ({len(spans)} calls)")
-    for gap, late, prev, nxt in sorted(idle, reverse=True)[:10]:
+    for gap, late, prev, nxt in sorted(idle, key=lambda item: item[0], reverse=True)[:10]:
         who = "?" if late is None else ("host late by %.1f us" % late if late > 0 else "launched %.1f us early" % -late)
         print(f"  gap {gap:7.1f} us ({who}): {prev} -> {nxt}")
 
@@ -80,6 +80,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--trace", default=None, help="directory for the chrome traces (default: a temporary one)")
+    parser.add_argument("--only", default="", help="comma-separated words: run only the cases whose names have one")
     args = parser.parse_args()
     eager = PROBLEM_77.module().cuda()
     ours = convt3d.convert(PROBLEM_77.module().cuda())
@@ -94,7 +95,10 @@ def main():
         "convt3d forward": lambda: ours(x.detach()),
     }
     folder = args.trace or tempfile.mkdtemp()
+    words = [w for w in args.only.split(",") if w]
     for name, fn in cases.items():
+        if words and not any(w in name for w in words):
+            continue
         for _ in range(5):
             fn()
         torch.cuda.synchronize()
