@@ -74,6 +74,16 @@ def gaps(trace_path):
     for gap, late, prev, nxt in sorted(idle, key=lambda item: item[0], reverse=True)[:10]:
         who = "?" if late is None else ("host late by %.1f us" % late if late > 0 else "launched %.1f us early" % -late)
         print(f"  gap {gap:7.1f} us ({who}): {prev} -> {nxt}")
+    # The call of median span, kernel by kernel, times in us from the flush's end: when the host's launch call
+    # returned, when the kernel started, how long it ran.
+    spans_by_call = [(span, call) for span, call in zip(spans, (c for c in calls if len(c) > 1))]
+    span, call = sorted(spans_by_call, key=lambda item: item[0])[len(spans_by_call) // 2]
+    zero = call[0]["ts"] + call[0]["dur"]
+    print(f"  the median call ({span:.0f} us): launched / started / ran, us")
+    for k in call[1:]:
+        launch = launches.get(k["args"].get("correlation"))
+        launched = "?" if launch is None else f"{launch['ts'] + launch['dur'] - zero:7.0f}"
+        print(f"    {launched:>7s} {k['ts'] - zero:7.0f} {k['dur']:6.0f}  {k['name'][:70]}")
 
 
 def main():
