@@ -59,6 +59,46 @@ def timed(fn, iters, flush):
     return device, host, collections
 
 
+def checkpoints(layer, x, grad, iters):
+    """Host time of convt3d's forward+backward in three stretches (medians, each call after a synchronisation):
+    the forward call, from its return to the entry of the phase backward, and from there to backward's return."""
+    from convt3d import ops
+    from convt3d.backends import torch_phase
+
+    marks = {}
+    phase_backward = torch_phase.conv_transpose3d_backward
+
+    def marked(*a, **k):
+        marks["entry"] = time.perf_counter()
+        return phase_backward(*a, **k)
+
+    torch_phase.conv_transpose3d_backward = marked
+    try:
+        rows = []
+        for _ in range(iters):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            y = layer(x)
+            t1 = time.perf_counter()
+            y.backward(grad)
+            t3 = time.perf_counter()
+            rows.append((t1 - t0, marks["entry"] - t1, t3 - marks["entry"]))
+        torch.cuda.synchronize()
+    finally:
+        torch_phase.conv_transpose3d_backward = phase_backward
+    medians = [statistics.median(r[i] for r in rows) * 1e6 for i in range(3)]
+    print(f"convt3d host, us (medians): forward {medians[0]:.0f}, forward's return to the phase backward's entry "
+          f"{medians[1]:.0f}, phase backward to backward's return {medians[2]:.0f} "
+          f"(backward route via ops: {ops._cuda_phase_backward_serves(x, layer_plan(layer, x))})")
+
+
+def layer_plan(layer, x):
+    from convt3d.functional import validate
+
+    return validate(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.output_padding, layer.groups,
+                    layer.dilation)[1]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=100)
@@ -88,6 +128,7 @@ def main():
                   f"{'/'.join(map(str, collections.count))}, {collections.seconds * 1e3:.2f}", flush=True)
     gc.unfreeze()
     gc.enable()
+    checkpoints(ours, x, grad, args.iters)
     # The same loop with a flush buffer allocated now rather than first, and bench.protocol.time_cuda itself
     # (which allocates its flush buffer on each call).
     for variant in ("flush buffer allocated first", "flush buffer allocated now", "time_cuda", "first again"):

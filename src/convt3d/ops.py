@@ -71,13 +71,17 @@ def _cuda_phase_backward_serves(input: torch.Tensor, plan: Plan) -> bool:
     """Whether the CUDA backward by phases applies: only where no tap reaches most of the output (dilated layers
     such as problem 77), whose work cuDNN's strided backward spends in vain; elsewhere that single call was not
     measured against the phases."""
-    from .backends.triton import triton_available
-
     if input.device.type != "cuda" or input.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
-    if plan.empty_fraction < 0.5:
-        return False
-    if not triton_available() or input.numel() == 0 or plan.in_channels * plan.out_channels == 0:
+    return input.numel() != 0 and _phase_backward_fits(plan)
+
+
+@functools.lru_cache(maxsize=256)
+def _phase_backward_fits(plan: Plan) -> bool:
+    """The plan's part of _cuda_phase_backward_serves, once per layer (its host time shows on a GPU)."""
+    from .backends.triton import triton_available
+
+    if plan.empty_fraction < 0.5 or not triton_available() or plan.in_channels * plan.out_channels == 0:
         return False
     from .backends.triton.backward import fits
 

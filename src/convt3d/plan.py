@@ -150,6 +150,12 @@ class Plan:
         return (self.batch, self.in_channels, self.out_channels, self.groups, *self.input_spatial, *self.kernel_size,
                 *self.stride, *self.padding, *self.output_padding, *self.dilation)
 
+    def __hash__(self) -> int:
+        # The key defines the plan, so equal plans hash alike. The generated hash walked the nested axis plans and
+        # phases on every lookup of a per-plan cache, some 50 hashes per forward+backward call, whose host time
+        # shows on a GPU (benchmarks/RESULTS.md, fifth session).
+        return hash(self.key)
+
     @property
     def output_spatial(self) -> tuple[int, int, int]:
         return tuple(a.out_size for a in self.axes)  # type: ignore[return-value]
