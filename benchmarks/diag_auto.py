@@ -1,40 +1,56 @@
-"""Why `auto` can trail eager on a small layer (GPU): its choice, and eager against convt3d's eager backend and
-auto, timed in turns with the bench's cold-L2 protocol.
+"""Why `auto` can trail eager on a small layer (GPU): its choice, and for eager's module, F.conv_transpose3d,
+convt3d's eager backend and auto, the host time per call and the bench's timing.
 
     PYTHONPATH=src python3 benchmarks/diag_auto.py [layer names from benchmarks/sweep.json]
+
+Host time: perf_counter around one call that starts on an idle GPU (median). Timing: bench.protocol.time_cuda
+(KernelBench's: synchronisation, L2 flush, events), run twice so that drift shows.
 """
 
 import copy
+import statistics
 import sys
+import time
 
 import torch
+import torch.nn.functional as F
 
 from convt3d import convert, functional
 from convt3d.bench.protocol import time_cuda
-from convt3d.bench.workloads import load_sweep
+from convt3d.bench.workloads import DTYPES, load_sweep
 
 
-def time_cuda_long_flush(fn, iters=50):
-    """time_cuda with an 8x larger flush: the GPU is busy long enough that any host time per call is hidden, so a
-    gap that remains is GPU work."""
-    return time_cuda(fn, iters=iters, flush_bytes=2 << 30)
+def host_us(fn, calls=200):
+    samples = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
 
 
 def main(names):
     layers = [layer for layer in load_sweep(None) if layer.name in names] if names else load_sweep(None)[:3]
     for layer in layers:
-        eager = layer.module().cuda()
-        impls = {"eager": eager, "convt3d auto": convert(copy.deepcopy(eager)),
-                 "convt3d backend=eager": convert(copy.deepcopy(eager), backend="eager")}
-        x = torch.rand(layer.input_shape, device="cuda")
+        dtype = DTYPES[layer.dtype]
+        eager = layer.module().to(device="cuda", dtype=dtype)
+        impls = {"eager module": eager,
+                 "F.conv_transpose3d": lambda x: F.conv_transpose3d(x, eager.weight, eager.bias, eager.stride,
+                                                                    eager.padding, eager.output_padding,
+                                                                    eager.groups, eager.dilation),
+                 "convt3d backend=eager": convert(copy.deepcopy(eager), backend="eager"),
+                 "convt3d auto": convert(copy.deepcopy(eager))}
+        x = torch.rand(layer.input_shape, device="cuda", dtype=dtype)
         with torch.no_grad():
-            impls["convt3d auto"](x)
-            print(layer.name, "auto chose", set(functional._choice.values()))
             functional._choice.clear()
-            for timer in (time_cuda, time_cuda_long_flush):
-                print(f"  {timer.__name__}: " + "  ".join(f"{name} {timer(lambda: fn(x), iters=50).mean_ms:.4f}"
-                                                         for name, fn in impls.items()))
-            print("  auto's choice now", set(functional._choice.values()))
+            impls["convt3d auto"](x)
+            print(f"{layer.name}: auto chose {set(functional._choice.values())}")
+            for name, fn in impls.items():
+                host = host_us(lambda: fn(x))
+                cold = [time_cuda(lambda: fn(x), iters=50).mean_ms for _ in range(2)]
+                print(f"  {name:24s} host {host:6.1f} us   timed {cold[0]:.4f} / {cold[1]:.4f} ms", flush=True)
 
 
 if __name__ == "__main__":
