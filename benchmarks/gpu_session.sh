@@ -12,6 +12,7 @@ for step in $steps; do
     tune) python3 benchmarks/diag_p77.py --only configs 2>&1 | tee "$OUT/tune.log" ;;
     phases) python3 benchmarks/diag_phases.py --iters 20 2>&1 | tee "$OUT/phases.log" ;;
     profile) python3 benchmarks/profile_fwdbwd.py --calls 20 2>&1 | tee "$OUT/profile.log" ;;
+    streams) python3 benchmarks/diag_streams.py 2>&1 | tee "$OUT/streams.log" ;;
     trace) python3 benchmarks/trace_fwdbwd.py --calls 10 --only forward+backward 2>&1 | tee "$OUT/trace.log" ;;
     host) python3 benchmarks/diag_host.py 2>&1 | tee "$OUT/host.log" ;;
     auto) python3 benchmarks/diag_auto.py batch1_small_k3s2 wide_256to128_k3s2 unet3d_k2s2_deep 2>&1 | tee "$OUT/auto.log" ;;
