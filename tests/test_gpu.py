@@ -167,3 +167,15 @@ def test_compile_fullgraph_training_step_on_gpu():
         model.zero_grad()
         model(x).square().sum().backward()
     assert_close_rel(compiled_grad, model[0].weight.grad, 1e-6)
+
+
+def test_bench_timer_flushes_the_l2_from_the_gpu():
+    """time_cuda's flush buffer lives on the GPU while the calls run (until the fifth session it was allocated on
+    the CPU, so its writes never reached the GPU's L2)."""
+    from convt3d.bench.protocol import time_cuda
+
+    flush_bytes = 64 * 1024 * 1024
+    base = torch.cuda.memory_allocated()
+    seen = []
+    time_cuda(lambda: seen.append(torch.cuda.memory_allocated() - base), warmup=1, iters=3, flush_bytes=flush_bytes)
+    assert len(seen) == 4 and min(seen) >= flush_bytes
