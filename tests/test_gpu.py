@@ -179,3 +179,15 @@ def test_bench_timer_flushes_the_l2_from_the_gpu():
     seen = []
     time_cuda(lambda: seen.append(torch.cuda.memory_allocated() - base), warmup=1, iters=3, flush_bytes=flush_bytes)
     assert len(seen) == 4 and min(seen) >= flush_bytes
+
+
+def test_bench_timer_counts_driver_allocations():
+    """A call that makes the caching allocator go to the driver is counted (the bench marks such rows)."""
+    from convt3d.bench.protocol import time_cuda
+
+    def allocate_and_release():
+        torch.empty(64 * 1024 * 1024, device="cuda")
+        torch.cuda.empty_cache()
+
+    assert time_cuda(lambda: None, warmup=1, iters=3).device_allocations == 0
+    assert time_cuda(allocate_and_release, warmup=1, iters=3).device_allocations >= 6
