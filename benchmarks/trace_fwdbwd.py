@@ -1,6 +1,6 @@
 """Why problem 77's forward+backward measures longer than the sum of its kernels (GPU).
 
-    PYTHONPATH=src python3 benchmarks/trace_fwdbwd.py [--calls 10] [--trace trace.json]
+    PYTHONPATH=src python3 benchmarks/trace_fwdbwd.py [--calls 10] [--trace DIR] [--only forward+backward,...]
 
 Runs the benchmark's loop (synchronisation, L2 flush, start event, call, end event) for
 eager and convt3d, and reports per call: the event-timed mean, the caching allocator's device allocations and
