@@ -124,6 +124,11 @@ def main():
         row("bwd extract lattice CL", lambda: g_lat.contiguous(memory_format=CL))
         row("bwd grad_input compact NCDHW", lambda: F.conv3d(g_c, wt, None, 1, 1, 1))
         row("bwd grad_input compact CL", lambda: F.conv3d(g_c_cl, wt_cl, None, 1, 1, 1))
+        with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=True):  # cuDNN's own search
+            row("bwd grad_input compact NCDHW, cudnn.benchmark", lambda: F.conv3d(g_c, wt, None, 1, 1, 1))
+            row("the forward's compact conv (tp._phase_conv), cudnn.benchmark",
+                lambda: tp._phase_conv(x, w, None, plan, phases))
+        row("the forward's compact conv (tp._phase_conv)", lambda: tp._phase_conv(x, w, None, plan, phases))
         row("bwd grad_weight compact NCDHW", lambda: torch.ops.aten.convolution_backward(
             g_c, x, wp, None, [1] * 3, [1] * 3, [1] * 3, False, [0] * 3, 1, [False, True, False]))
         row("bwd grad_weight compact CL", lambda: torch.ops.aten.convolution_backward(
