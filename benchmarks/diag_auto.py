@@ -8,27 +8,14 @@ Host time: perf_counter around one call that starts on an idle GPU (median). Tim
 """
 
 import copy
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 from convt3d import convert, functional
-from convt3d.bench.protocol import time_cuda
+from convt3d.bench.protocol import host_time_cuda, time_cuda
 from convt3d.bench.workloads import DTYPES, load_sweep
-
-
-def host_us(fn, calls=200):
-    samples = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
 
 
 def main(names):
@@ -48,7 +35,7 @@ def main(names):
             impls["convt3d auto"](x)
             print(f"{layer.name}: auto chose {set(functional._choice.values())}")
             for name, fn in impls.items():
-                host = host_us(lambda: fn(x))
+                host = host_time_cuda(lambda: fn(x), calls=200) * 1e3
                 cold = [time_cuda(lambda: fn(x), iters=50).mean_ms for _ in range(2)]
                 print(f"  {name:24s} host {host:6.1f} us   timed {cold[0]:.4f} / {cold[1]:.4f} ms", flush=True)
 

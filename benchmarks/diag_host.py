@@ -16,7 +16,6 @@ import time
 
 import torch
 
-import convt3d
 from convt3d.bench.protocol import time_cuda
 from convt3d.bench.workloads import PROBLEM_77
 
@@ -67,11 +66,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=100)
     args = parser.parse_args()
-    eager = PROBLEM_77.module().cuda()
-    ours = convt3d.convert(PROBLEM_77.module().cuda())
-    ours.load_state_dict(eager.state_dict())
-    x = torch.rand(PROBLEM_77.input_shape, device="cuda", requires_grad=True)
-    grad = torch.rand(PROBLEM_77.plan().output_shape, device="cuda")
+    eager, ours, x, grad = PROBLEM_77.training_case("cuda")
     print(f"{'forward+backward':12s} {'synchronised ms':>16s} {'queued ms':>10s}  gc (gen0/1/2, ms)")
     for name, layer in (("eager", eager), ("convt3d", ours)):
         collections = Collections()

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-import convt3d
 from convt3d.backends import torch_phase as tp
 from convt3d.backends.triton import backward as triton_backward
 from convt3d.bench.protocol import relative_error, time_cuda
@@ -200,11 +199,7 @@ def main():
 
     if "fwdbwd" in sections:
         # Forward+backward of problem 77 as `bench --backward` times it, and its parts in the same process.
-        eager_layer = PROBLEM_77.module().cuda()
-        ours_layer = convt3d.convert(PROBLEM_77.module().cuda())
-        ours_layer.load_state_dict(eager_layer.state_dict())
-        xg = torch.rand(PROBLEM_77.input_shape, device="cuda", requires_grad=True)
-        grad = torch.rand(plan.output_shape, device="cuda")
+        eager_layer, ours_layer, xg, grad = PROBLEM_77.training_case("cuda")
         y_ours = ours_layer(xg)
 
         def timed(name, fn):

@@ -11,39 +11,22 @@ exceeds the device time, the GPU waits on Python and the cold-L2 timings measure
 import argparse
 import cProfile
 import pstats
-import time
 import warnings
 
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-import convt3d
-from convt3d.bench.protocol import FLUSH_BYTES, time_cuda
+from convt3d.bench.protocol import FLUSH_BYTES, host_time_cuda, time_cuda
 from convt3d.bench.workloads import PROBLEM_77
 from convt3d.ops import conv_transpose3d_backward_op
-
-
-def host_ms(fn, calls):
-    samples = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    return sorted(samples)[calls // 2]
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=10)
     args = parser.parse_args()
-    eager = PROBLEM_77.module().cuda()
-    ours = convt3d.convert(PROBLEM_77.module().cuda())
-    ours.load_state_dict(eager.state_dict())
-    x = torch.rand(PROBLEM_77.input_shape, device="cuda", requires_grad=True)
-    grad = torch.rand(PROBLEM_77.plan().output_shape, device="cuda")
+    eager, ours, x, grad = PROBLEM_77.training_case("cuda")
     w = ours.weight.detach()
     cases = {
         "eager forward": lambda: eager(x.detach()),
@@ -67,7 +50,7 @@ def main():
     torch.cuda.synchronize()
     print(f"{'call':40s} {'host ms':>8s} {'cold mean ms':>12s}")
     for name, fn in cases.items():
-        print(f"{name:40s} {host_ms(fn, args.calls):8.3f} {time_cuda(fn, iters=args.calls).mean_ms:12.3f}", flush=True)
+        print(f"{name:40s} {host_time_cuda(fn, args.calls):8.3f} {time_cuda(fn, iters=args.calls).mean_ms:12.3f}", flush=True)
 
     # Calls that synchronise with the GPU, named by PyTorch's sync debug mode.
     for name in ("convt3d forward", "convt3d forward+backward"):

@@ -18,7 +18,6 @@ import tempfile
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import convt3d
 from convt3d.bench.protocol import FLUSH_BYTES
 from convt3d.bench.workloads import PROBLEM_77
 
@@ -92,11 +91,7 @@ def main():
     parser.add_argument("--trace", default=None, help="directory for the chrome traces (default: a temporary one)")
     parser.add_argument("--only", default="", help="comma-separated words: run only the cases whose names have one")
     args = parser.parse_args()
-    eager = PROBLEM_77.module().cuda()
-    ours = convt3d.convert(PROBLEM_77.module().cuda())
-    ours.load_state_dict(eager.state_dict())
-    x = torch.rand(PROBLEM_77.input_shape, device="cuda", requires_grad=True)
-    grad = torch.rand(PROBLEM_77.plan().output_shape, device="cuda")
+    eager, ours, x, grad = PROBLEM_77.training_case("cuda")
     flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     cases = {
         "eager forward+backward": lambda: eager(x).backward(grad),

@@ -40,6 +40,16 @@ def test_table_marks_timings_that_include_driver_allocations():
     assert marked[2].split(" | ")[1].strip().endswith("*") and marked[-1].endswith("x 3")
 
 
+def test_training_case_pairs_eager_and_convt3d_with_the_same_weights():
+    layer = parse_config(TINY)
+    eager, ours, x, grad = layer.training_case("cpu")
+    assert type(eager) is torch.nn.ConvTranspose3d and type(ours).__module__ == "convt3d.module"
+    assert ours.weight is not eager.weight and torch.equal(ours.weight, eager.weight)
+    assert torch.equal(ours.bias, eager.bias)
+    assert x.requires_grad and tuple(x.shape) == tuple(layer.input_shape)
+    assert tuple(grad.shape) == layer.plan().output_shape and not grad.requires_grad
+
+
 def test_time_interleaved_alternates_and_counts():
     calls = []
     times = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=2)

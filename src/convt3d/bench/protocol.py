@@ -71,6 +71,19 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, iters: int = 100, devic
                      device_allocations=_driver_allocations(device) - before)
 
 
+def host_time_cuda(fn: Callable[[], object], calls: int = 100) -> float:
+    """Median host time in ms of one call that starts on an idle GPU: from a synchronisation to the call's
+    return (its GPU work after the return not counted)."""
+    samples = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
 def _driver_allocations(device) -> int:
     stats = torch.cuda.memory_stats(device)
     return stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0)

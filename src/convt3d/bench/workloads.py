@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,6 +54,17 @@ class Layer:
             self.in_channels, self.out_channels, self.kernel_size, stride=self.stride, padding=self.padding,
             output_padding=self.output_padding, groups=self.groups, bias=self.bias, dilation=self.dilation,
         )
+
+    def training_case(self, device) -> tuple:
+        """For forward+backward timings: (the nn module, convt3d's with the same weights, a fresh random input
+        that requires grad, a fresh random gradient of the output)."""
+        from ..module import convert
+
+        dtype = DTYPES[self.dtype]
+        eager = self.module().to(device=device, dtype=dtype)
+        ours = convert(copy.deepcopy(eager))
+        x = torch.rand(self.input_shape, device=device, dtype=dtype, requires_grad=True)
+        return eager, ours, x, torch.rand(self.plan().output_shape, device=device, dtype=dtype)
 
     def with_batch(self, batch: int) -> "Layer":
         return Layer(**{**asdict(self), "input_shape": [batch, *self.input_shape[1:]]})
