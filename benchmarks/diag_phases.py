@@ -180,8 +180,14 @@ def main():
         F.conv_transpose3d(x.double(), w64, None, 2, 1, 0, 1, 2).backward(g.double())
         ref_gw = w64.grad
 
-        configs = ((64, 256, 8, 3, 4), (64, 256, 8, 3, 1), (64, 256, 8, 3, 2), (64, 256, 8, 4, 1), (64, 128, 8, 3, 2))
-        variants = [(1, "tf32", c) for c in configs] + [(2, "tf32x3", c) for c in configs[:1]]
+        # (BLOCK_CO, BLOCK_N, warps, stages, programs per SM, a window copy per w tap): backward.CONFIG's order.
+        configs = ((64, 256, 8, 3, 2, False), (64, 256, 8, 3, 2, True), (64, 256, 8, 3, 1, True),
+                   (64, 256, 8, 3, 4, True), (64, 256, 8, 4, 2, True), (64, 128, 8, 3, 2, True),
+                   (64, 128, 8, 3, 4, True), (64, 128, 4, 3, 4, True))
+        variants = [(1, "tf32", c) for c in configs] + [(2, "tf32x3", c) for c in configs[:2]]
+        row("grad_weight's input window (F.pad)", lambda: tp._phase_input(x, plan, phases).contiguous())
+        row("grad_weight's input window, a copy per w tap", lambda: triton_backward._window_per_w_tap(
+            tp._phase_input(x, plan, phases), len(phases[2].taps), phases[2].input_dilation, phases[2].out_count))
         for precision, name, config in variants:
             try:
                 part = triton_backward.phase_grad_weight(g_lat, x, plan, phases, precision, config)

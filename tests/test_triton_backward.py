@@ -11,22 +11,27 @@ from test_triton_forward import CASES, round_to_tf32
 
 triton = pytest.importorskip("triton")
 from convt3d.backends.torch_phase import conv_transpose3d_backward  # noqa: E402
-from convt3d.backends.triton.backward import phase_grad_weight  # noqa: E402
+from convt3d.backends.triton.backward import CONFIG, phase_grad_weight  # noqa: E402
 from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402
 from convt3d.plan import make_plan  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def weight_grads(cfg, dtype, precision, round_operands=False):
-    """(ours through the phase backward with the Triton kernel, float64 autograd reference)."""
+def weight_grads(cfg, dtype, precision, round_operands=False, copy_per_w_tap=None):
+    """(ours through the phase backward with the Triton kernel, float64 autograd reference); copy_per_w_tap
+    picks the input's layout (the window, or a copy of it per w tap), None the default."""
+    config = None if copy_per_w_tap is None else (*CONFIG[:5], copy_per_w_tap)
     x, w, _ = make_tensors(dict(cfg, unbatched=False, bias=False), torch.float32, DEVICE)
     x, w = x.to(dtype), w.to(dtype)
     args = layer_args(cfg)
     plan = make_plan(tuple(x.shape), tuple(w.shape), **args)
     g = torch.randn(plan.output_shape, device=DEVICE).to(dtype)
+    def grad_weight(*a):
+        return phase_grad_weight(*a, precision=precision, config=config)
+
     _, ours = conv_transpose3d_backward(g, x, w, plan, need_input=False, need_weight=True,
-                                        phase_grad_weight=lambda *a: phase_grad_weight(*a, precision=precision))
+                                        phase_grad_weight=grad_weight)
     x64 = (round_to_tf32(x) if round_operands else x).double()
     g64 = (round_to_tf32(g) if round_operands else g).double()
     w64 = w.double().requires_grad_()
@@ -34,9 +39,10 @@ def weight_grads(cfg, dtype, precision, round_operands=False):
     return ours, w64.grad
 
 
+@pytest.mark.parametrize("copy_per_w_tap", [False, True], ids=["window", "copy_per_w_tap"])
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
-def test_tf32x3_is_float32_accurate(cfg):
-    ours, ref = weight_grads(cfg, torch.float32, TF32X3)
+def test_tf32x3_is_float32_accurate(cfg, copy_per_w_tap):
+    ours, ref = weight_grads(cfg, torch.float32, TF32X3, copy_per_w_tap=copy_per_w_tap)
     assert ours.dtype == torch.float32
     assert_close_rel(ours, ref, 1e-6)
 
@@ -55,11 +61,12 @@ def test_half_precision(dtype, rel):
     assert_close_rel(ours, ref, rel)
 
 
+@pytest.mark.parametrize("copy_per_w_tap", [False, True], ids=["window", "copy_per_w_tap"])
 @pytest.mark.parametrize("seed", range(8))
-def test_random_configs(seed):
+def test_random_configs(seed, copy_per_w_tap):
     cfg = random_config(random.Random(9100 + seed))
     cfg["batch"] = max(1, cfg["batch"])
-    ours, ref = weight_grads(cfg, torch.float32, TF32X3)
+    ours, ref = weight_grads(cfg, torch.float32, TF32X3, copy_per_w_tap=copy_per_w_tap)
     assert_close_rel(ours, ref, 1e-6, str(cfg))
 
 

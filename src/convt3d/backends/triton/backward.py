@@ -34,7 +34,7 @@ def phase_grad_weight_kernel(
     STEPS, STEPS_PER_SPLIT, QW_BLOCKS, QD, QH, QW,
     sgn, sgc, sgd, sgh,
     sxn, sxc, sxd, sxh, sxw,
-    DIL_D, DIL_H, DIL_W, TH, TW,
+    DIL_D, DIL_H, sxk, TH, TW,
     CO_G, CI_G, N_TOTAL, N_BLOCKS, CO_BLOCKS, GROUPS,
     PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -63,7 +63,7 @@ def phase_grad_weight_kernel(
     nn = tl.minimum(nn, N_TOTAL - 1)
     k = nn // CI_G
     x_cols = ((group * CI_G + nn % CI_G) * sxc + (k // (TH * TW)) * DIL_D * sxd + (k // TW % TH) * DIL_H * sxh
-              + (k % TW) * DIL_W * sxw)
+              + (k % TW) * sxk)
     q = tl.arange(0, BLOCK_P)
 
     # The GEMM is computed transposed, acc[nn, co]: the input tile [columns, qw] is operand A and the grad tile
@@ -98,17 +98,19 @@ def phase_grad_weight_kernel(
              mask=co_ok[None, :] & nn_ok[:, None])
 
 
-# (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM): the fastest of those measured on the H200 for
+# (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM, a window copy per w tap): the fastest of those measured on the H200 for
 # problem 77: 0.740 ms, against 0.806 with 4 programs per SM (whose partial sums are twice as many), 0.764 with 1,
 # 0.944 with 128-column tiles, in one run (benchmarks/RESULTS.md, fourth session). One 8-warp program fits an SM
 # (224 registers per thread, ncu), so the programs per SM set only how many splits of the reduction there are.
-CONFIG = (64, 256, 8, 3, 2)
+CONFIG = (64, 256, 8, 3, 2, False)
 
 
 def fits(plan: Plan, phases) -> bool:
-    """Whether 32-bit offsets inside one sample and a 32-bit step count serve this phase."""
-    sample = max(plan.in_channels * math.prod(p.input_span for p in phases),
-                 plan.out_channels * math.prod(p.out_count for p in phases))
+    """Whether 32-bit offsets inside one sample and a 32-bit step count serve this phase (the sample's input
+    window counted as its copies per w tap, the larger layout)."""
+    span_d, span_h, span_w = (p.input_span for p in phases)
+    window = plan.in_channels * span_d * span_h * max(span_w, len(phases[2].taps) * _padded_width(phases[2].out_count))
+    sample = max(window, plan.out_channels * math.prod(p.out_count for p in phases))
     return sample < 2**31 and plan.batch * math.prod(p.out_count for p in phases) < 2**31
 
 
@@ -119,7 +121,7 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     Written in that layout by the kernel, so that no copy, flip or scatter follows (each a launch, whose host
     time shows on the GPU machine)."""
     precision = precision_for(input.dtype) if precision is None else precision
-    block_co, block_n, num_warps, num_stages, per_sm = CONFIG if config is None else config
+    block_co, block_n, num_warps, num_stages, per_sm, copy_per_w_tap = CONFIG if config is None else config
     groups = plan.groups
     co_g, ci_g = plan.out_channels // groups, plan.in_channels // groups
     taps = [len(p.taps) for p in phases]
@@ -141,15 +143,39 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     partial = torch.empty((splits, plan.in_channels, co_g, *taps), dtype=torch.float32, device=input.device)
     # The compact lattice and the padded window, both with the reduction axis (qw) contiguous.
     compact = lattice.contiguous()
-    window = _phase_input(input, plan, phases).contiguous()
+    window = _phase_input(input, plan, phases)
+    if copy_per_w_tap:
+        window, w_tap_stride = _window_per_w_tap(window, taps[2], phases[2].input_dilation, counts[2])
+    else:
+        window = window.contiguous()
+        w_tap_stride = phases[2].input_dilation * window.stride(4)
     phase_grad_weight_kernel[(tiles, splits)](
         compact, window, partial,
         steps, steps_per_split, qw_blocks, *counts,
         *compact.stride()[:4], *window.stride(),
-        *(p.input_dilation for p in phases), taps[1], taps[2],
+        phases[0].input_dilation, phases[1].input_dilation, w_tap_stride, taps[1], taps[2],
         co_g, ci_g, n_total, n_blocks, co_blocks, groups,
         PRECISION=precision, INTERPRETED=_interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
         num_warps=num_warps, num_stages=num_stages,
     )
     grad = partial.sum(0) if splits > 1 else partial[0]  # a fixed order: deterministic
     return grad.to(input.dtype)
+
+
+def _window_per_w_tap(window: torch.Tensor, w_taps: int, dilation: int, width: int):
+    """(copies[:, 0], stride between copies): copies[n, kw, c, d, h, q] = window[n, c, d, h, q + kw*dilation], each
+    row padded to a multiple of 16 elements (the padding never read: the kernel masks q >= width). Every w tap's
+    tile then starts where a row does, 64-byte aligned, so the kernel loads the input 16 bytes at a time; in the
+    window itself the taps' offsets (odd on problem 77) allow only 4-byte loads."""
+    n, c, d, h, _ = window.shape
+    copies = torch.empty((n, w_taps, c, d, h, _padded_width(width)), dtype=window.dtype, device=window.device)
+    sn, sc, sd, sh, sw = window.stride()
+    shifted = window.as_strided((n, w_taps, c, d, h, width), (sn, dilation * sw, sc, sd, sh, sw),
+                                window.storage_offset())
+    copies[..., :width].copy_(shifted)
+    # The kernel reaches the other copies from the first through the stride (the view keeps them alive).
+    return copies[:, 0], copies.stride(1)
+
+
+def _padded_width(width: int) -> int:
+    return triton.cdiv(width, 16) * 16
