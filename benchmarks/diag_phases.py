@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from convt3d.backends import torch_phase as tp
+from convt3d.backends.triton import assemble as triton_assemble
 from convt3d.backends.triton import backward as triton_backward
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.workloads import PROBLEM_77, load_sweep
@@ -174,6 +175,12 @@ def main():
         row("assemble: zero_ whole output + lattice copy", fill_copy, same)
         for samples in (1, 2, 4):
             row(f"assemble: zero_ + lattice copy per {samples} sample(s)", chunked(samples), same)
+        # One pass (backends/triton/assemble.py): (BLOCK_R, BLOCK_W, num_warps); checked equal to fill + copy.
+        expected = fill_copy()
+        for config in ((8, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (16, 64, 4), (32, 32, 4), (64, 32, 8)):
+            fn = lambda: triton_assemble.assemble(part, None, plan, phases, config)  # noqa: E731
+            equal = torch.equal(fn(), expected)
+            row(f"assemble: Triton one pass {config}, equal to fill + copy: {equal}", fn, same)
 
     if "grad_weight" in sections:
         w64 = w.double().requires_grad_()
