@@ -177,10 +177,14 @@ def main():
             row(f"assemble: zero_ + lattice copy per {samples} sample(s)", chunked(samples), same)
         # One pass (backends/triton/assemble.py): (BLOCK_R, BLOCK_W, num_warps); checked equal to fill + copy.
         expected = fill_copy()
-        for config in ((8, 128, 4), (16, 128, 4), (32, 128, 8), (64, 128, 8), (16, 64, 4), (32, 32, 4), (64, 32, 8)):
+        for config in ((8, 128, 4), (16, 128, 4), (32, 128, 8), (16, 64, 4), (32, 32, 4)):
             fn = lambda: triton_assemble.assemble(part, None, plan, phases, config)  # noqa: E731
             equal = torch.equal(fn(), expected)
             row(f"assemble: Triton one pass {config}, equal to fill + copy: {equal}", fn, same)
+        for block, warps in ((512, 4), (1024, 4), (1024, 8), (2048, 8), (4096, 8)):
+            fn = lambda: triton_assemble.assemble_planes(part, None, plan, phases, block, warps)  # noqa: E731
+            equal = torch.equal(fn(), expected)
+            row(f"assemble: Triton whole planes, blocks of {block}, {warps} warps, equal: {equal}", fn, same)
 
     if "grad_weight" in sections:
         w64 = w.double().requires_grad_()

@@ -25,23 +25,25 @@ from ...plan import Plan
 @triton.jit
 def assemble_kernel(
     out_ptr, part_ptr, bias_ptr,
-    C, OD, OH, OW, W_BLOCKS,
+    C, OD, OH, OW, W_BLOCKS, TILES,
     spn, spc, spd, sph, spw,
     START_D, START_H, START_W, QD, QH, QW,
     S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """out[n, c, o] = part[n, c, q] where o = START + S*q on every axis with 0 <= q < Q, else bias[c] (or 0).
-    out contiguous (N, C, OD, OH, OW); program (plane, tile): plane = (n*C + c)*OD + od."""
-    plane = tl.program_id(0)
+    out contiguous (N, C, OD, OH, OW); program plane*TILES + tile, plane = (n*C + c)*OD + od: a plane's tiles run
+    one after the other, so the memory sectors they share (rows start unaligned) meet in the L2."""
+    plane = tl.program_id(0) // TILES
+    tile = tl.program_id(0) % TILES
     od = plane % OD
     c = plane // OD % C
     n = plane // OD // C
     dd = od - START_D
     # A negative distance's remainder may read 0 (C semantics): the sign is tested first.
     plane_on = (dd >= 0) & (dd % S_D == 0) & (dd < S_D * QD)
-    oh = tl.program_id(1) // W_BLOCKS * BLOCK_R + tl.arange(0, BLOCK_R)
-    ow = tl.program_id(1) % W_BLOCKS * BLOCK_W + tl.arange(0, BLOCK_W)
+    oh = tile // W_BLOCKS * BLOCK_R + tl.arange(0, BLOCK_R)
+    ow = tile % W_BLOCKS * BLOCK_W + tl.arange(0, BLOCK_W)
     dh, dw = oh - START_H, ow - START_W
     # (plane_on broadcast to the rows before the &: the interpreter rejects a scalar & a tensor.)
     row_on = (tl.zeros((BLOCK_R,), tl.int32) + plane_on.to(tl.int32) > 0) & (dh >= 0) & (dh % S_H == 0) & (dh < S_H * QH)
@@ -68,10 +70,60 @@ def assemble(part: torch.Tensor, bias, plan: Plan, phases, config=None) -> torch
     if out.numel() == 0:
         return out
     w_blocks = triton.cdiv(ow, block_w)
-    assemble_kernel[(n * c * od, triton.cdiv(oh, block_r) * w_blocks)](
+    tiles = triton.cdiv(oh, block_r) * w_blocks
+    assemble_kernel[(n * c * od * tiles,)](
         out, part, part if bias is None else bias,
-        c, od, oh, ow, w_blocks, *part.stride(),
+        c, od, oh, ow, w_blocks, tiles, *part.stride(),
         *(p.out_start for p in phases), *(p.out_count for p in phases), *(a.stride for a in plan.axes),
         HAS_BIAS=bias is not None, BLOCK_R=block_r, BLOCK_W=block_w, num_warps=num_warps,
+    )
+    return out
+
+
+@triton.jit
+def assemble_plane_kernel(
+    out_ptr, part_ptr, bias_ptr,
+    C, OD, OH,
+    spn, spc, spd, sph, spw,
+    START_D, START_H, START_W, QD, QH, QW,
+    OW: tl.constexpr, S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """As assemble_kernel, one program per plane walking it flat in blocks: every lane used, and a division
+    by the constant OW per element."""
+    plane = tl.program_id(0)
+    od = plane % OD
+    c = plane // OD % C
+    n = plane // OD // C
+    dd = od - START_D
+    plane_on = (dd >= 0) & (dd % S_D == 0) & (dd < S_D * QD)
+    base = n.to(tl.int64) * spn + c * spc + (dd // S_D) * spd
+    out_plane = out_ptr + plane.to(tl.int64) * OH * OW
+    if HAS_BIAS:
+        fill = tl.load(bias_ptr + c)
+    for start in range(0, OH * OW, BLOCK):
+        f = start + tl.arange(0, BLOCK)
+        oh = f // OW
+        ow = f - oh * OW
+        dh, dw = oh - START_H, ow - START_W
+        on = ((tl.zeros((BLOCK,), tl.int32) + plane_on.to(tl.int32) > 0) & (dh >= 0) & (dh % S_H == 0)
+              & (dh < S_H * QH) & (dw >= 0) & (dw % S_W == 0) & (dw < S_W * QW))
+        value = tl.load(part_ptr + base + (dh // S_H) * sph + (dw // S_W) * spw, mask=on, other=0.0)
+        if HAS_BIAS:
+            value = tl.where(on, value, fill.to(value.dtype))
+        tl.store(out_plane + f, value.to(out_ptr.dtype.element_ty), mask=f < OH * OW)
+
+
+def assemble_planes(part: torch.Tensor, bias, plan: Plan, phases, block=1024, num_warps=4) -> torch.Tensor:
+    out = torch.empty(plan.output_shape, dtype=part.dtype, device=part.device)
+    n, c, od, oh, ow = plan.output_shape
+    if out.numel() == 0:
+        return out
+    assemble_plane_kernel[(n * c * od,)](
+        out, part, part if bias is None else bias,
+        c, od, oh, *part.stride(),
+        *(p.out_start for p in phases), *(p.out_count for p in phases),
+        OW=ow, S_D=plan.axes[0].stride, S_H=plan.axes[1].stride, S_W=plan.axes[2].stride,
+        HAS_BIAS=bias is not None, BLOCK=block, num_warps=num_warps,
     )
     return out
