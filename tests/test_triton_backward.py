@@ -10,8 +10,8 @@ from conftest import assert_close_rel, layer_args, make_tensors, random_config
 from test_triton_forward import CASES, round_to_tf32
 
 triton = pytest.importorskip("triton")
-from convt3d.backends.torch_phase import conv_transpose3d_backward  # noqa: E402
-from convt3d.backends.triton.backward import CONFIG, phase_grad_weight  # noqa: E402
+from convt3d.backends.torch_phase import _phase_input, conv_transpose3d_backward  # noqa: E402
+from convt3d.backends.triton.backward import CONFIG, _window_per_w_tap, phase_grad_weight  # noqa: E402
 from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402
 from convt3d.plan import make_plan  # noqa: E402
 
@@ -47,9 +47,10 @@ def test_tf32x3_is_float32_accurate(cfg, copy_per_w_tap):
     assert_close_rel(ours, ref, 1e-6)
 
 
+@pytest.mark.parametrize("copy_per_w_tap", [False, True], ids=["window", "copy_per_w_tap"])
 @pytest.mark.parametrize("cfg", CASES[:3], ids=range(3))
-def test_tf32_rounds_operands_to_nearest(cfg):
-    ours, ref_rounded = weight_grads(cfg, torch.float32, TF32, round_operands=True)
+def test_tf32_rounds_operands_to_nearest(cfg, copy_per_w_tap):
+    ours, ref_rounded = weight_grads(cfg, torch.float32, TF32, round_operands=True, copy_per_w_tap=copy_per_w_tap)
     assert_close_rel(ours, ref_rounded, 1e-6)  # exactly the products of the rounded operands, float32 sums
 
 
@@ -81,3 +82,22 @@ def test_long_reduction_is_split_and_deterministic():
     torch.manual_seed(0)
     second, _ = weight_grads(cfg, torch.float32, TF32)
     assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("rounded", [False, True], ids=["as_is", "tf32_rounded"])
+@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
+def test_window_per_w_tap_copies_the_padded_window(cfg, rounded):
+    """The input's window copied once per w tap, shifted by the tap: equal to slicing the F.pad'ed window, for
+    every phase some tap reaches, from a non-contiguous input."""
+    x, w, _ = make_tensors(dict(cfg, unbatched=False, bias=False), torch.float32, DEVICE)
+    x = x.transpose(3, 4).contiguous().transpose(3, 4)  # same values, w not the contiguous axis
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    for phase in plan.nonempty_phases:
+        phases = phase.axes
+        first, between = _window_per_w_tap(x, phases, round_to_tf32=rounded)
+        width, dilation = phases[2].out_count, phases[2].input_dilation
+        copies = first.as_strided((first.shape[0], len(phases[2].taps), *first.shape[1:4], width),
+                                  (first.stride(0), between, *first.stride()[1:4], 1))
+        window = _phase_input(x, plan, phases)
+        expected = torch.stack([window[..., k * dilation:k * dilation + width] for k in range(len(phases[2].taps))], 1)
+        assert torch.equal(copies, round_to_tf32(expected) if rounded else expected)

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from ..torch_phase import _phase_input
-from .forward import _interpreted, _round_to_tf32, _sm_count, precision_for
+from .forward import TF32, _interpreted, _round_to_tf32, _sm_count, precision_for
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def phase_grad_weight_kernel(
     DIL_D, DIL_H, sxk, TH, TW,
     CO_G, CI_G, N_TOTAL, N_BLOCKS, CO_BLOCKS, GROUPS,
     PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, X_ROUNDED: tl.constexpr,
 ):
     """partial[s, group*CI_G + ci, co, TAPS - 1 - k] = the sum above over split s of the reduction: the layout of
     the weight (C_in, C_out/g, taps), whose taps run in ascending order where the phase's run descending.
@@ -84,7 +84,9 @@ def phase_grad_weight_kernel(
         g = tl.load(g_ptr + n * sgn + qd * sgd + qh * sgh + (g_rows[:, None] + qw[None, :]),
                     mask=co_ok[:, None] & qw_ok[None, :], other=0.0)
         if PRECISION == 1:
-            acc = tl.dot(_round_to_tf32(x), tl.trans(_round_to_tf32(g)), acc, input_precision="tf32")
+            if not X_ROUNDED:  # (else rounded as it was copied: the tile goes from shared memory to the MMA)
+                x = _round_to_tf32(x)
+            acc = tl.dot(x, tl.trans(_round_to_tf32(g)), acc, input_precision="tf32")
         elif PRECISION == 2:
             acc = tl.dot(x, tl.trans(g), acc, input_precision="tf32x3")
         elif INTERPRETED and g.dtype == tl.bfloat16:
@@ -109,7 +111,8 @@ def fits(plan: Plan, phases) -> bool:
     """Whether 32-bit offsets inside one sample and a 32-bit step count serve this phase (the sample's input
     window counted as its copies per w tap, the larger layout)."""
     span_d, span_h, span_w = (p.input_span for p in phases)
-    window = plan.in_channels * span_d * span_h * max(span_w, len(phases[2].taps) * _padded_width(phases[2].out_count))
+    copies_w = len(phases[2].taps) * _padded_width(phases[2].out_count)
+    window = plan.in_channels * span_d * span_h * max(span_w, copies_w)
     sample = max(window, plan.out_channels * math.prod(p.out_count for p in phases))
     return sample < 2**31 and plan.batch * math.prod(p.out_count for p in phases) < 2**31
 
@@ -143,11 +146,10 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     partial = torch.empty((splits, plan.in_channels, co_g, *taps), dtype=torch.float32, device=input.device)
     # The compact lattice and the padded window, both with the reduction axis (qw) contiguous.
     compact = lattice.contiguous()
-    window = _phase_input(input, plan, phases)
     if copy_per_w_tap:
-        window, w_tap_stride = _window_per_w_tap(window, taps[2], phases[2].input_dilation, counts[2])
+        window, w_tap_stride = _window_per_w_tap(input, phases, round_to_tf32=precision == TF32)
     else:
-        window = window.contiguous()
+        window = _phase_input(input, plan, phases).contiguous()
         w_tap_stride = phases[2].input_dilation * window.stride(4)
     phase_grad_weight_kernel[(tiles, splits)](
         compact, window, partial,
@@ -156,23 +158,58 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
         phases[0].input_dilation, phases[1].input_dilation, w_tap_stride, taps[1], taps[2],
         co_g, ci_g, n_total, n_blocks, co_blocks, groups,
         PRECISION=precision, INTERPRETED=_interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
-        num_warps=num_warps, num_stages=num_stages,
+        X_ROUNDED=copy_per_w_tap and precision == TF32, num_warps=num_warps, num_stages=num_stages,
     )
     grad = partial.sum(0) if splits > 1 else partial[0]  # a fixed order: deterministic
     return grad.to(input.dtype)
 
 
-def _window_per_w_tap(window: torch.Tensor, w_taps: int, dilation: int, width: int):
-    """(copies[:, 0], stride between copies): copies[n, kw, c, d, h, q] = window[n, c, d, h, q + kw*dilation], each
-    row padded to a multiple of 16 elements (the padding never read: the kernel masks q >= width). Every w tap's
-    tile then starts where a row does, 64-byte aligned, so the kernel loads the input 16 bytes at a time; in the
-    window itself the taps' offsets (odd on problem 77) allow only 4-byte loads."""
-    n, c, d, h, _ = window.shape
-    copies = torch.empty((n, w_taps, c, d, h, _padded_width(width)), dtype=window.dtype, device=window.device)
-    sn, sc, sd, sh, sw = window.stride()
-    shifted = window.as_strided((n, w_taps, c, d, h, width), (sn, dilation * sw, sc, sd, sh, sw),
-                                window.storage_offset())
-    copies[..., :width].copy_(shifted)
+@triton.jit
+def window_per_w_tap_kernel(
+    x_ptr, out_ptr, ROWS, C, D, H, W, WD, WH, TW,
+    sxn, sxc, sxd, sxh, sxw,
+    START_D, START_H, START_W, DIL_W, WIDTH, ROW,
+    ROUND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
+):
+    """out[n, kw, c, d, h, q] = x[n, c, START_D + d, START_H + h, START_W + kw*DIL_W + q] (zero outside x, and
+    for q >= WIDTH), TF32-rounded if ROUND; out contiguous with rows of ROW elements, row r = ((((n*TW + kw)*C
+    + c)*WD + d)*WH + h). Rows are decomposed once per row, not per element."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    q = tl.arange(0, BLOCK_Q)
+    h = (r % WH).to(tl.int32) + START_H
+    d = (r // WH % WD).to(tl.int32) + START_D
+    c = r // WH // WD % C
+    kw = (r // WH // WD // C % TW).to(tl.int32)
+    n = r // WH // WD // C // TW
+    row_ok = (r < ROWS) & (d >= 0) & (d < D) & (h >= 0) & (h < H)
+    w = (START_W + kw * DIL_W)[:, None] + q[None, :]
+    ok = row_ok[:, None] & (w >= 0) & (w < W) & (q < WIDTH)[None, :]
+    value = tl.load(x_ptr + (n * sxn + c * sxc + d * sxd + h * sxh)[:, None] + w * sxw, mask=ok, other=0.0)
+    if ROUND:
+        value = _round_to_tf32(value)
+    tl.store(out_ptr + r[:, None] * ROW + q[None, :], value, mask=(r < ROWS)[:, None] & (q < ROW)[None, :])
+
+
+def _window_per_w_tap(input: torch.Tensor, phases, round_to_tf32: bool):
+    """(copies[:, 0], stride between copies): copies[n, kw, c, d, h, q] = the phase's input window at
+    (n, c, d, h, q + kw*dilation) (zero where the window pads the input), each row padded to a multiple of 16
+    elements (zero; never read). Every w tap's tile then starts where a row does, 64-byte aligned, so the
+    grad_weight kernel loads the input 16 bytes at a time; in the window itself the taps' offsets (odd on
+    problem 77) allow only 4-byte loads. One pass from the input: no padded copy first."""
+    n, c = input.shape[:2]
+    (span_d, span_h, _), width = (p.input_span for p in phases), phases[2].out_count
+    w_taps = len(phases[2].taps)
+    row = _padded_width(width)
+    copies = torch.empty((n, w_taps, c, span_d, span_h, row), dtype=input.dtype, device=input.device)
+    rows = copies.numel() // row
+    block_q = triton.next_power_of_2(row)
+    block_r = max(1, 4096 // block_q)
+    if rows:
+        window_per_w_tap_kernel[(triton.cdiv(rows, block_r),)](
+            input, copies, rows, c, *input.shape[2:], span_d, span_h, w_taps, *input.stride(),
+            *(p.input_start for p in phases), phases[2].input_dilation, width, row,
+            ROUND=round_to_tf32, BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4,
+        )
     # The kernel reaches the other copies from the first through the stride (the view keeps them alive).
     return copies[:, 0], copies.stride(1)
 
