@@ -197,16 +197,17 @@ def main():
                    (64, 128, 8, 3, 4, True), (64, 128, 4, 3, 4, True))
         variants = [(1, "tf32", c) for c in configs] + [(2, "tf32x3", c) for c in configs[:2]]
         row("grad_weight's input window (F.pad)", lambda: tp._phase_input(x, plan, phases).contiguous())
-        row("grad_weight's input window, a copy per w tap", lambda: triton_backward._window_per_w_tap(
-            tp._phase_input(x, plan, phases), len(phases[2].taps), phases[2].input_dilation, phases[2].out_count))
+        row("grad_weight's input window, a copy per w tap, TF32-rounded (Triton)",
+            lambda: triton_backward._window_per_w_tap(x, phases, True))
+        # From grad_output's compact lattice (g_c), as the op passes it: the lattice copy not included.
         for precision, name, config in variants:
             try:
-                part = triton_backward.phase_grad_weight(g_lat, x, plan, phases, precision, config)
+                part = triton_backward.phase_grad_weight(g_c, x, plan, phases, precision, config)
             except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)
                 print(f"grad_weight {name} {config}: {type(error).__name__}")
                 continue
             err = relative_error(part, ref_gw)  # one phase with every tap: the whole weight gradient
-            ms = time_cuda(lambda: triton_backward.phase_grad_weight(g_lat, x, plan, phases, precision, config),
+            ms = time_cuda(lambda: triton_backward.phase_grad_weight(g_c, x, plan, phases, precision, config),
                            iters=args.iters).mean_ms
             rows.append((f"Triton grad_weight {name} {config}", ms, f"{err:.1e}"))
             print(f"Triton grad_weight {name} {config}: {ms:.4f} ms, rel err {err:.1e}", flush=True)

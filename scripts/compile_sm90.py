@@ -44,6 +44,7 @@ def grad_weight(block_co=64, block_n=256, warps=8, stages=3, precision=1, copy_p
     # In the window the w taps lie 1 element apart (a constant, as a launch specialises 1); with a copy per w tap,
     # a multiple of 16 elements apart.
     constexprs = dict(PRECISION=precision, INTERPRETED=False, BLOCK_CO=block_co, BLOCK_P=32, BLOCK_N=block_n, sxw=1,
+                      X_ROUNDED=bool(copy_per_w_tap) and precision == 1,
                       **({} if copy_per_w_tap else dict(sxk=1)))
     divisible = [n for n in phase_grad_weight_kernel.arg_names
                  if n.endswith("_ptr") or n in GRAD_WEIGHT_DIVISIBLE or (copy_per_w_tap and n == "sxk")]
