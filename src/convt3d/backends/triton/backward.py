@@ -166,28 +166,32 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
 
 @triton.jit
 def window_per_w_tap_kernel(
-    x_ptr, out_ptr, ROWS, C, D, H, W, WD, WH, TW,
+    x_ptr, out_ptr, C, D, H, W, WD, WH, TW,
     sxn, sxc, sxd, sxh, sxw,
     START_D, START_H, START_W, DIL_W, WIDTH, ROW,
     ROUND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     """out[n, kw, c, d, h, q] = x[n, c, START_D + d, START_H + h, START_W + kw*DIL_W + q] (zero outside x, and
-    for q >= WIDTH), TF32-rounded if ROUND; out contiguous with rows of ROW elements, row r = ((((n*TW + kw)*C
-    + c)*WD + d)*WH + h). Rows are decomposed once per row, not per element."""
-    r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    for q >= WIDTH), TF32-rounded if ROUND; out contiguous with rows of ROW elements. Program (volume, block):
+    volume = (n*TW + kw)*C + c, decomposed once per program; rows d*WH + h of the block, once per row (divisions
+    per element, or 64-bit ones per row, made an earlier version 4x slower than F.pad)."""
+    volume = tl.program_id(0)
+    c = volume % C
+    kw = volume // C % TW
+    n = volume // C // TW
+    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     q = tl.arange(0, BLOCK_Q)
-    h = (r % WH).to(tl.int32) + START_H
-    d = (r // WH % WD).to(tl.int32) + START_D
-    c = r // WH // WD % C
-    kw = (r // WH // WD // C % TW).to(tl.int32)
-    n = r // WH // WD // C // TW
-    row_ok = (r < ROWS) & (d >= 0) & (d < D) & (h >= 0) & (h < H)
-    w = (START_W + kw * DIL_W)[:, None] + q[None, :]
-    ok = row_ok[:, None] & (w >= 0) & (w < W) & (q < WIDTH)[None, :]
-    value = tl.load(x_ptr + (n * sxn + c * sxc + d * sxd + h * sxh)[:, None] + w * sxw, mask=ok, other=0.0)
+    h = r % WH + START_H
+    d = r // WH + START_D
+    row_ok = (r < WD * WH) & (d >= 0) & (d < D) & (h >= 0) & (h < H)
+    w = START_W + kw * DIL_W + q
+    ok = row_ok[:, None] & ((w >= 0) & (w < W) & (q < WIDTH))[None, :]
+    rows = x_ptr + n.to(tl.int64) * sxn + c.to(tl.int64) * sxc + (d.to(tl.int64) * sxd + h.to(tl.int64) * sxh)
+    value = tl.load(rows[:, None] + (w * sxw)[None, :], mask=ok, other=0.0)
     if ROUND:
         value = _round_to_tf32(value)
-    tl.store(out_ptr + r[:, None] * ROW + q[None, :], value, mask=(r < ROWS)[:, None] & (q < ROW)[None, :])
+    out = out_ptr + volume.to(tl.int64) * WD * WH * ROW
+    tl.store(out + r[:, None] * ROW + q[None, :], value, mask=(r < WD * WH)[:, None] & (q < ROW)[None, :])
 
 
 def _window_per_w_tap(input: torch.Tensor, phases, round_to_tf32: bool):
@@ -201,12 +205,11 @@ def _window_per_w_tap(input: torch.Tensor, phases, round_to_tf32: bool):
     w_taps = len(phases[2].taps)
     row = _padded_width(width)
     copies = torch.empty((n, w_taps, c, span_d, span_h, row), dtype=input.dtype, device=input.device)
-    rows = copies.numel() // row
     block_q = triton.next_power_of_2(row)
     block_r = max(1, 4096 // block_q)
-    if rows:
-        window_per_w_tap_kernel[(triton.cdiv(rows, block_r),)](
-            input, copies, rows, c, *input.shape[2:], span_d, span_h, w_taps, *input.stride(),
+    if copies.numel():
+        window_per_w_tap_kernel[(n * w_taps * c, triton.cdiv(span_d * span_h, block_r))](
+            input, copies, c, *input.shape[2:], span_d, span_h, w_taps, *input.stride(),
             *(p.input_start for p in phases), phases[2].input_dilation, width, row,
             ROUND=round_to_tf32, BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4,
         )
