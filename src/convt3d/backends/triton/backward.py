@@ -100,11 +100,11 @@ def phase_grad_weight_kernel(
              mask=co_ok[None, :] & nn_ok[:, None])
 
 
-# (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM, a window copy per w tap): the fastest of those measured on the H200 for
-# problem 77: 0.740 ms, against 0.806 with 4 programs per SM (whose partial sums are twice as many), 0.764 with 1,
-# 0.944 with 128-column tiles, in one run (benchmarks/RESULTS.md, fourth session). One 8-warp program fits an SM
-# (224 registers per thread, ncu), so the programs per SM set only how many splits of the reduction there are.
-CONFIG = (64, 256, 8, 3, 2, False)
+# (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM, a window copy per w tap): the fastest of those
+# measured on the H200 for problem 77 (benchmarks/RESULTS.md, sixth session): with the input copied once per w tap
+# (16-byte loads, rounded to TF32 in the copy) 0.380 ms against 0.556 for the same kernel reading the F.pad'ed
+# window, copies and all, in one run; the other configs with copies 0.39-0.44 (8 warps: one program per SM).
+CONFIG = (64, 128, 4, 3, 4, True)
 
 
 def fits(plan: Plan, phases) -> bool:
