@@ -193,8 +193,8 @@ def main():
 
         # (BLOCK_CO, BLOCK_N, warps, stages, programs per SM, a window copy per w tap): backward.CONFIG's order.
         before = (64, 256, 8, 3, 2, False)  # the config before the copies per w tap
-        configs = (before, triton_backward.CONFIG, before, triton_backward.CONFIG, (64, 128, 4, 3, 2, True),
-                   (32, 128, 4, 3, 4, True), (64, 64, 4, 3, 4, True))
+        configs = (before, triton_backward.CONFIG, (64, 128, 4, 3, 2, True), (64, 128, 4, 3, 1, True),
+                   triton_backward.CONFIG, (64, 128, 4, 3, 2, True), (64, 128, 4, 3, 1, True), (64, 128, 4, 4, 2, True))
         variants = [(1, "tf32", c) for c in configs] + [(2, "tf32x3", c) for c in configs[:2]]
         row("grad_weight's input window (F.pad)", lambda: tp._phase_input(x, plan, phases).contiguous())
         row("grad_weight's input window, a copy per w tap, TF32-rounded (Triton)",

@@ -1,7 +1,8 @@
 """Would two CUDA streams help problem 77 (GPU)? Independent pieces of the phase path run one after the other
 today: the forward's output fill and its compact convolution; the backward's grad_input (cuDNN) and grad_weight
 (the Triton kernel, which keeps one 8-warp program per multiprocessor, ncu: 35% SM busy). This times each pair
-on one stream and on two, with the bench's timer, and checks that the results agree.
+on one stream and on two, with the bench's timer, and checks that the results agree; then the library's
+forward+backward with ops.GRAD_WEIGHT_ON_SIDE_STREAM off and on, in turn.
 
     PYTHONPATH=src python3 benchmarks/diag_streams.py [--iters 30]
 """
@@ -13,12 +14,13 @@ import torch
 from convt3d.backends import torch_phase as tp
 from convt3d.backends.triton.backward import phase_grad_weight
 from convt3d.bench.protocol import time_cuda
+from convt3d import ops
 from convt3d.bench.workloads import PROBLEM_77
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--iters", type=int, default=50)
     args = parser.parse_args()
     plan = PROBLEM_77.plan()
     (phase,) = plan.nonempty_phases
@@ -71,6 +73,23 @@ def main():
         times = [time_cuda(lambda: fn(s), iters=args.iters).mean_ms for s in (False, True, False, True)]
         print(f"{name}: one stream {times[0]:.4f} / {times[2]:.4f} ms, two streams {times[1]:.4f} / {times[3]:.4f} ms; "
               f"results identical: {same}", flush=True)
+
+    _, layer, xg, grad_out = PROBLEM_77.training_case("cuda")
+
+    def training_step():
+        xg.grad = layer.weight.grad = None
+        layer(xg).backward(grad_out)
+
+    results, times = {}, {}
+    for on in (False, True, False, True):
+        ops.GRAD_WEIGHT_ON_SIDE_STREAM = on
+        training_step()
+        torch.cuda.synchronize()
+        results[on] = (xg.grad.clone(), layer.weight.grad.clone())
+        times.setdefault(on, []).append(time_cuda(training_step, iters=args.iters).mean_ms)
+    same = all(torch.equal(a, b) for a, b in zip(results[False], results[True]))
+    print(f"library forward+backward: side stream off {times[False][0]:.4f} / {times[False][1]:.4f} ms, "
+          f"on {times[True][0]:.4f} / {times[True][1]:.4f} ms; gradients identical: {same}", flush=True)
 
 
 if __name__ == "__main__":

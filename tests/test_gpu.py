@@ -127,6 +127,35 @@ def test_cuda_graph_capture_and_replay():
     assert_close_rel(y, expected, 1e-3)
 
 
+def test_phase_backward_on_two_streams_inside_a_cuda_graph():
+    """A training step captured whole: the phase backward forks grad_weight onto a second stream and joins it,
+    which capture must record; replayed on a new input, the gradients equal eager PyTorch's."""
+    layer = torch.nn.ConvTranspose3d(8, 4, 3, stride=2, padding=1, dilation=2).cuda()  # one phase: 91% empty
+    ours = convt3d.convert(torch.nn.ConvTranspose3d(8, 4, 3, stride=2, padding=1, dilation=2).cuda())
+    ours.load_state_dict(layer.state_dict())
+    x = torch.randn(2, 8, 4, 5, 6, device="cuda", requires_grad=True)
+    grad = torch.randn(2, 4, 9, 11, 13, device="cuda")
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        warmup = torch.cuda.Stream()  # as PyTorch's docs ask before capturing a backward
+        warmup.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(warmup):
+            for _ in range(2):
+                x.grad = ours.weight.grad = ours.bias.grad = None
+                ours(x).backward(grad)
+        torch.cuda.current_stream().wait_stream(warmup)
+        x.grad = ours.weight.grad = ours.bias.grad = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ours(x).backward(grad)
+        with torch.no_grad():
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = torch.autograd.grad(layer(x), (x, layer.weight, layer.bias), grad)
+    for actual, e in zip((x.grad, ours.weight.grad, ours.bias.grad), expected):
+        assert_close_rel(actual, e, 1e-5)
+
+
 @pytest.mark.parametrize("tf32", [True, False])
 def test_problem_77_phase_backend_writes_every_element(tf32, nan_poisoned_allocator):
     """backend="torch" on problem 77: cuDNN's compact convolution copied into the filled output."""

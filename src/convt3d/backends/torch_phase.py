@@ -254,39 +254,52 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
     get zero). With the default phase_grad_weight it is made of aten operations only, which torch.compile
     traces; the Triton one runs inside the op convt3d::conv_transpose3d_backward (ops.py).
     """
-    grad_input = None
-    weight_parts = []  # (index of the weight's taps, that slice of grad_weight)
-    for phases, lattice in _backward_phases(plan):
-        g = grad_output[lattice]
-        if contiguous_lattice:
-            g = g.contiguous()
-        dilation = tuple(p.input_dilation for p in phases)
-        if need_input:
-            part = _phase_grad_input(g, weight, plan, phases, dilation)
-            grad_input = part if grad_input is None else grad_input.add_(part)
-        if need_weight and phase_grad_weight is not None:
-            weight_parts.append((_tap_index(phases), phase_grad_weight(g, input, plan, phases)))
-        elif need_weight:
-            x, padding = _padded_operand(input, _input_pads(plan, phases))
-            _, part, _ = torch.ops.aten.convolution_backward(
-                g, x, _phase_weight(weight, phases, plan.groups), None, [1, 1, 1], list(padding), list(dilation),
-                False, [0, 0, 0], plan.groups, [False, True, False])
-            # (groups * C_out/g, C_in/g, taps...) in flipped tap order -> the weight's (C_in, C_out/g, taps...).
-            cout_g = plan.out_channels // plan.groups
-            part = part.reshape(plan.groups, cout_g, -1, *part.shape[2:]).transpose(1, 2)
-            weight_parts.append((_tap_index(phases), part.reshape(plan.in_channels, cout_g, *part.shape[3:]).flip(
-                2, 3, 4)))
-    grad_weight = None
-    if need_weight:
-        if len(weight_parts) == 1 and weight_parts[0][1].shape == weight.shape:
-            grad_weight = weight_parts[0][1]  # one phase has every tap (problem 77): no fill, no copy
-        else:
-            grad_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
-            for index, part in weight_parts:  # disjoint slices; taps that reach no phase keep zero
-                grad_weight[index] = part
-    if need_input and grad_input is None:  # no tap reaches any input: the output does not depend on it
-        grad_input = grad_output.new_zeros((plan.batch, plan.in_channels, *plan.input_spatial))
+    lattices = phase_lattices(grad_output, plan, contiguous_lattice)
+    grad_weight = phase_grad_weights(lattices, input, weight, plan, phase_grad_weight) if need_weight else None
+    grad_input = phase_grad_inputs(lattices, weight, plan) if need_input else None
     return grad_input, grad_weight
+
+
+def phase_lattices(grad_output, plan: Plan, contiguous: bool = False) -> list:
+    """(phases, grad_output's lattice of those phases) for each phase some tap reaches; views, or copies."""
+    return [(phases, grad_output[index].contiguous() if contiguous else grad_output[index])
+            for phases, index in _backward_phases(plan)]
+
+
+def phase_grad_weights(lattices, input, weight, plan: Plan, phase_grad_weight=None) -> torch.Tensor:
+    """grad_weight from phase_lattices' result; phase_grad_weight as in conv_transpose3d_backward."""
+    weight_parts = []  # (index of the weight's taps, that slice of grad_weight)
+    for phases, g in lattices:
+        if phase_grad_weight is not None:
+            weight_parts.append((_tap_index(phases), phase_grad_weight(g, input, plan, phases)))
+            continue
+        x, padding = _padded_operand(input, _input_pads(plan, phases))
+        dilation = [p.input_dilation for p in phases]
+        _, part, _ = torch.ops.aten.convolution_backward(
+            g, x, _phase_weight(weight, phases, plan.groups), None, [1, 1, 1], list(padding), dilation,
+            False, [0, 0, 0], plan.groups, [False, True, False])
+        # (groups * C_out/g, C_in/g, taps...) in flipped tap order -> the weight's (C_in, C_out/g, taps...).
+        cout_g = plan.out_channels // plan.groups
+        part = part.reshape(plan.groups, cout_g, -1, *part.shape[2:]).transpose(1, 2)
+        weight_parts.append((_tap_index(phases), part.reshape(plan.in_channels, cout_g, *part.shape[3:]).flip(
+            2, 3, 4)))
+    if len(weight_parts) == 1 and weight_parts[0][1].shape == weight.shape:
+        return weight_parts[0][1]  # one phase has every tap (problem 77): no fill, no copy
+    grad_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+    for index, part in weight_parts:  # disjoint slices; taps that reach no phase keep zero
+        grad_weight[index] = part
+    return grad_weight
+
+
+def phase_grad_inputs(lattices, weight, plan: Plan) -> torch.Tensor:
+    """grad_input from phase_lattices' result: the sum of each phase's part."""
+    grad_input = None
+    for phases, g in lattices:
+        part = _phase_grad_input(g, weight, plan, phases, tuple(p.input_dilation for p in phases))
+        grad_input = part if grad_input is None else grad_input.add_(part)
+    if grad_input is None:  # no tap reaches any input: the output does not depend on it
+        grad_input = weight.new_zeros((plan.batch, plan.in_channels, *plan.input_spatial))
+    return grad_input
 
 
 @functools.lru_cache(maxsize=1024)
