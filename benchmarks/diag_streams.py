@@ -2,7 +2,7 @@
 today: the forward's output fill and its compact convolution; the backward's grad_input (cuDNN) and grad_weight
 (the Triton kernel, which keeps one 8-warp program per multiprocessor, ncu: 35% SM busy). This times each pair
 on one stream and on two, with the bench's timer, and checks that the results agree; then the library's
-forward+backward with ops.GRAD_WEIGHT_ON_SIDE_STREAM off and on, in turn.
+forward+backward with ops.GRAD_WEIGHT_ON_SIDE_STREAM off and on, by grad_weight config, in turn.
 
     PYTHONPATH=src python3 benchmarks/diag_streams.py [--iters 30]
 """
@@ -20,7 +20,8 @@ from convt3d.bench.workloads import PROBLEM_77
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     plan = PROBLEM_77.plan()
     (phase,) = plan.nonempty_phases
@@ -80,16 +81,27 @@ def main():
         xg.grad = layer.weight.grad = None
         layer(xg).backward(grad_out)
 
-    results, times = {}, {}
-    for on in (False, True, False, True):
-        ops.GRAD_WEIGHT_ON_SIDE_STREAM = on
-        training_step()
-        torch.cuda.synchronize()
-        results[on] = (xg.grad.clone(), layer.weight.grad.clone())
-        times.setdefault(on, []).append(time_cuda(training_step, iters=args.iters).mean_ms)
-    same = all(torch.equal(a, b) for a, b in zip(results[False], results[True]))
-    print(f"library forward+backward: side stream off {times[False][0]:.4f} / {times[False][1]:.4f} ms, "
-          f"on {times[True][0]:.4f} / {times[True][1]:.4f} ms; gradients identical: {same}", flush=True)
+    # The library's forward+backward: side stream off/on, by grad_weight config (programs per SM 2 or 4), in
+    # turn, each timed `rounds` times.
+    from convt3d.backends.triton import backward as triton_backward
+
+    configs = {per_sm: (*triton_backward.CONFIG[:4], per_sm, True) for per_sm in (2, 4)}
+    variants = [(on, per_sm) for per_sm in configs for on in (False, True)]
+    results, times = {}, {v: [] for v in variants}
+    for _ in range(args.rounds):
+        for on, per_sm in variants:
+            ops.GRAD_WEIGHT_ON_SIDE_STREAM, triton_backward.CONFIG = on, configs[per_sm]
+            training_step()
+            torch.cuda.synchronize()
+            results[on, per_sm] = (xg.grad.clone(), layer.weight.grad.clone())
+            times[on, per_sm].append(time_cuda(training_step, iters=args.iters).mean_ms)
+    # Bitwise the same with the side stream on or off; the programs per SM change how the reduction is split.
+    same = all(torch.equal(a, b) for per_sm in configs for a, b in zip(results[False, per_sm], results[True, per_sm]))
+    print(f"library forward+backward, gradients identical with the side stream off and on: {same}")
+    for on, per_sm in variants:
+        t = times[on, per_sm]
+        print(f"  side stream {'on ' if on else 'off'}, grad_weight {per_sm} programs per SM: mean of rounds "
+              f"{sum(t) / len(t):.4f} ms, min {min(t):.4f}, max {max(t):.4f}", flush=True)
 
 
 if __name__ == "__main__":

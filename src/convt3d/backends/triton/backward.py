@@ -101,10 +101,12 @@ def phase_grad_weight_kernel(
 
 
 # (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM, a window copy per w tap): the fastest of those
-# measured on the H200 for problem 77 (benchmarks/RESULTS.md, sixth session): with the input copied once per w tap
-# (16-byte loads, rounded to TF32 in the copy) 0.380 ms against 0.556 for the same kernel reading the F.pad'ed
-# window, copies and all, in one run; the other configs with copies 0.39-0.44 (8 warps: one program per SM).
-CONFIG = (64, 128, 4, 3, 4, True)
+# measured on the H200 for problem 77 (benchmarks/RESULTS.md, sixth session), in two runs on two machines,
+# copies and all: 0.339 and 0.448 / 0.400 ms, against 0.46 / 0.45 with 4 programs per SM, 0.59 / 0.55 with 1, and
+# 0.57 for the kernel reading the F.pad'ed window (64, 256, 8, 3, 2), whose taps' odd offsets allow only 4-byte
+# loads; with the input copied once per w tap and rounded to TF32 there, the loads are 16-byte and the kernel
+# hands the input tile to the MMA as loaded.
+CONFIG = (64, 128, 4, 3, 2, True)
 
 
 def fits(plan: Plan, phases) -> bool:
