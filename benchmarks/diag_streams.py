@@ -1,8 +1,9 @@
 """Would two CUDA streams help problem 77 (GPU)? Independent pieces of the phase path run one after the other
 today: the forward's output fill and its compact convolution; the backward's grad_input (cuDNN) and grad_weight
 (the Triton kernel, which keeps one 8-warp program per multiprocessor, ncu: 35% SM busy). This times each pair
-on one stream and on two, with the bench's timer, and checks that the results agree; then the library's
-forward+backward with ops.GRAD_WEIGHT_ON_SIDE_STREAM off and on, by grad_weight config, in turn.
+on one stream and on two, with the bench's timer, and checks that the results agree. (The library ran grad_weight
+on a second stream for a while in the sixth session, 153c478-196f876: forward+backward within run-to-run spread,
+so it was taken out; benchmarks/RESULTS.md.)
 
     PYTHONPATH=src python3 benchmarks/diag_streams.py [--iters 30]
 """
@@ -14,14 +15,12 @@ import torch
 from convt3d.backends import torch_phase as tp
 from convt3d.backends.triton.backward import phase_grad_weight
 from convt3d.bench.protocol import time_cuda
-from convt3d import ops
 from convt3d.bench.workloads import PROBLEM_77
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     plan = PROBLEM_77.plan()
     (phase,) = plan.nonempty_phases
@@ -74,34 +73,6 @@ def main():
         times = [time_cuda(lambda: fn(s), iters=args.iters).mean_ms for s in (False, True, False, True)]
         print(f"{name}: one stream {times[0]:.4f} / {times[2]:.4f} ms, two streams {times[1]:.4f} / {times[3]:.4f} ms; "
               f"results identical: {same}", flush=True)
-
-    _, layer, xg, grad_out = PROBLEM_77.training_case("cuda")
-
-    def training_step():
-        xg.grad = layer.weight.grad = None
-        layer(xg).backward(grad_out)
-
-    # The library's forward+backward: side stream off/on, by grad_weight config (programs per SM 2 or 4), in
-    # turn, each timed `rounds` times.
-    from convt3d.backends.triton import backward as triton_backward
-
-    configs = {per_sm: (*triton_backward.CONFIG[:4], per_sm, True) for per_sm in (2, 4)}
-    variants = [(on, per_sm) for per_sm in configs for on in (False, True)]
-    results, times = {}, {v: [] for v in variants}
-    for _ in range(args.rounds):
-        for on, per_sm in variants:
-            ops.GRAD_WEIGHT_ON_SIDE_STREAM, triton_backward.CONFIG = on, configs[per_sm]
-            training_step()
-            torch.cuda.synchronize()
-            results[on, per_sm] = (xg.grad.clone(), layer.weight.grad.clone())
-            times[on, per_sm].append(time_cuda(training_step, iters=args.iters).mean_ms)
-    # Bitwise the same with the side stream on or off; the programs per SM change how the reduction is split.
-    same = all(torch.equal(a, b) for per_sm in configs for a, b in zip(results[False, per_sm], results[True, per_sm]))
-    print(f"library forward+backward, gradients identical with the side stream off and on: {same}")
-    for on, per_sm in variants:
-        t = times[on, per_sm]
-        print(f"  side stream {'on ' if on else 'off'}, grad_weight {per_sm} programs per SM: mean of rounds "
-              f"{sum(t) / len(t):.4f} ms, min {min(t):.4f}, max {max(t):.4f}", flush=True)
 
 
 if __name__ == "__main__":

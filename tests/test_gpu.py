@@ -127,9 +127,9 @@ def test_cuda_graph_capture_and_replay():
     assert_close_rel(y, expected, 1e-3)
 
 
-def test_phase_backward_on_two_streams_inside_a_cuda_graph():
-    """A training step captured whole: the phase backward forks grad_weight onto a second stream and joins it,
-    which capture must record; replayed on a new input, the gradients equal eager PyTorch's."""
+def test_phase_backward_inside_a_cuda_graph():
+    """A training step through the phase backward (Triton grad_weight, cuDNN grad_input) captured whole and
+    replayed on a new input: the gradients equal eager PyTorch's."""
     layer = torch.nn.ConvTranspose3d(8, 4, 3, stride=2, padding=1, dilation=2).cuda()  # one phase: 91% empty
     ours = convt3d.convert(torch.nn.ConvTranspose3d(8, 4, 3, stride=2, padding=1, dilation=2).cuda())
     ours.load_state_dict(layer.state_dict())

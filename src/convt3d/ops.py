@@ -110,35 +110,15 @@ def conv_transpose3d_backward_op(
         grad_weight.contiguous() if need_weight else weight.new_empty(0))
 
 
-# Run grad_weight (the Triton kernel) on a second stream beside grad_input (cuDNN), each leaving the other's
-# multiprocessors idle part of the time. On the H200, problem 77's both gradients: 0.815 / 0.794 ms against 0.840
-# / 0.825 on one stream (benchmarks/diag_streams.py, sixth session). Results are the same either way.
-GRAD_WEIGHT_ON_SIDE_STREAM = True
-_side_streams: dict = {}
-
-
 def _cuda_phase_backward(grad_output, input, weight, plan: Plan, need_input: bool, need_weight: bool):
-    from .backends import torch_phase
+    from .backends.torch_phase import conv_transpose3d_backward
     from .backends.triton.backward import phase_grad_weight
 
     # grad_input by cuDNN: on the H200 (problem 77) 0.55 ms against 0.74-0.93 for a Triton implicit GEMM on the
-    # phase's channels-last padded lattice (commit b8c8054, removed since; benchmarks/RESULTS.md).
-    if not (GRAD_WEIGHT_ON_SIDE_STREAM and need_input and need_weight and input.is_cuda):
-        return torch_phase.conv_transpose3d_backward(grad_output, input, weight, plan, need_input, need_weight,
-                                                     phase_grad_weight=phase_grad_weight, contiguous_lattice=True)
-    lattices = torch_phase.phase_lattices(grad_output, plan, contiguous=True)
-    main = torch.cuda.current_stream(input.device)
-    side = _side_streams.get(input.device)
-    if side is None:
-        side = _side_streams[input.device] = torch.cuda.Stream(input.device)
-    side.wait_stream(main)  # the lattices were just copied on main
-    with torch.cuda.stream(side):
-        grad_weight = torch_phase.phase_grad_weights(lattices, input, weight, plan, phase_grad_weight)
-    grad_input = torch_phase.phase_grad_inputs(lattices, weight, plan)
-    main.wait_stream(side)
-    # No record_stream: side starts after everything queued on main and main continues after side, so memory one
-    # stream frees is reused (by that stream's later allocations) only after the other is done with it.
-    return grad_input, grad_weight
+    # phase's channels-last padded lattice (commit b8c8054, removed since; benchmarks/RESULTS.md). grad_weight
+    # on a second stream beside it measured within run-to-run spread (sixth session), so one stream.
+    return conv_transpose3d_backward(grad_output, input, weight, plan, need_input, need_weight,
+                                     phase_grad_weight=phase_grad_weight, contiguous_lattice=True)
 
 
 @conv_transpose3d_backward_op.register_fake
