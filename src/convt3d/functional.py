@@ -190,14 +190,28 @@ def _fastest(candidates, input, weight, bias, plan) -> str:
 
 def run_backend(backend: str, input, weight, bias, plan: Plan) -> torch.Tensor:
     if backend == "torch":
-        from .backends.torch_phase import conv_transpose3d as run
-    elif backend == "triton":
-        from .backends.triton import conv_transpose3d as run
-    else:
-        return torch.nn.functional.conv_transpose3d(
-            input, weight, bias, plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation
-        )
-    return run(input, weight, bias, plan)
+        from .backends.torch_phase import conv_transpose3d
+
+        return conv_transpose3d(input, weight, bias, plan, copy_into_lattice=_lattice_writer(input))
+    if backend == "triton":
+        from .backends.triton import conv_transpose3d
+
+        return conv_transpose3d(input, weight, bias, plan)
+    return torch.nn.functional.conv_transpose3d(
+        input, weight, bias, plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation
+    )
+
+
+def _lattice_writer(input: torch.Tensor):
+    """On CUDA with Triton: the Triton copy of a lone phase's result into its lattice rows, whole (on the H200,
+    problem 77: see backends/triton/lattice.py); else None, the strided copy."""
+    from .backends.triton import triton_available
+
+    if input.device.type != "cuda" or not triton_available():
+        return None
+    from .backends.triton.lattice import copy_into_lattice
+
+    return copy_into_lattice
 
 
 def conv_transpose3d(
