@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 from convt3d.backends import torch_phase as tp
-from convt3d.backends.triton.lattice import copy_into_lattice
 from convt3d.backends.triton import backward as triton_backward
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.workloads import PROBLEM_77, load_sweep
@@ -99,9 +98,7 @@ def main():
         row("floor: empty + zero_", lambda: torch.empty(plan.output_shape, device="cuda").zero_())
         row("eager F.conv_transpose3d", lambda: F.conv_transpose3d(x, w, None, 2, 1, 0, 1, 2), same)
         row("eager, channels_last input", lambda: F.conv_transpose3d(x_cl, w, None, 2, 1, 0, 1, 2), same)
-        row("phase path (backend=torch), strided lattice copy", lambda: tp.conv_transpose3d(x, w, None, plan), same)
-        row("phase path (backend=torch), Triton lattice rows",
-            lambda: tp.conv_transpose3d(x, w, None, plan, copy_into_lattice=copy_into_lattice), same)
+        row("phase path (backend=torch)", lambda: tp.conv_transpose3d(x, w, None, plan), same)
         tp.CONV_CHANNELS_LAST["cuda"] = True
         row("phase path, channels-last conv", lambda: tp.conv_transpose3d(x, w, None, plan), same)
         tp.CONV_CHANNELS_LAST["cuda"] = False
@@ -177,18 +174,9 @@ def main():
         row("assemble: zero_ whole output + lattice copy", fill_copy, same)
         for samples in (1, 2, 4):
             row(f"assemble: zero_ + lattice copy per {samples} sample(s)", chunked(samples), same)
-        # The lattice rows written whole by Triton after the fill (backends/triton/lattice.py). (Whole-output
-        # one-pass Triton kernels, 2-D tiles or flat planes, measured 0.256-1.31 ms here at a5e1da9-b32e91e.)
-        def fill_rows():
-            out = torch.empty(plan.output_shape, device="cuda")
-            out.zero_()
-            copy_into_lattice(out, part, None, plan, phases)
-            return out
-
-        equal = torch.equal(fill_rows(), fill_copy())
-        for _ in range(2):
-            row("assemble: zero_ whole output + lattice copy", fill_copy, same)
-            row(f"assemble: zero_ + Triton lattice rows (equal to the copy: {equal})", fill_rows, same)
+        # (Triton kernels writing the whole output in one pass, 2-D tiles or flat planes, measured 0.256-1.31 ms
+        # here at a5e1da9-b32e91e; the lattice rows written whole after the fill 0.259-0.262 at 8cc8db3, against
+        # 0.234 for the fill + strided copy.)
 
     if "grad_weight" in sections:
         w64 = w.double().requires_grad_()

@@ -192,7 +192,7 @@ def run_backend(backend: str, input, weight, bias, plan: Plan) -> torch.Tensor:
     if backend == "torch":
         from .backends.torch_phase import conv_transpose3d
 
-        return conv_transpose3d(input, weight, bias, plan, copy_into_lattice=_lattice_writer(input))
+        return conv_transpose3d(input, weight, bias, plan)
     if backend == "triton":
         from .backends.triton import conv_transpose3d
 
@@ -200,18 +200,6 @@ def run_backend(backend: str, input, weight, bias, plan: Plan) -> torch.Tensor:
     return torch.nn.functional.conv_transpose3d(
         input, weight, bias, plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation
     )
-
-
-def _lattice_writer(input: torch.Tensor):
-    """On CUDA with Triton: the Triton copy of a lone phase's result into its lattice rows, whole (on the H200,
-    problem 77: see backends/triton/lattice.py); else None, the strided copy."""
-    from .backends.triton import triton_available
-
-    if input.device.type != "cuda" or not triton_available():
-        return None
-    from .backends.triton.lattice import copy_into_lattice
-
-    return copy_into_lattice
 
 
 def conv_transpose3d(

@@ -169,25 +169,18 @@ def _transposed_window(plan: Plan, phases: tuple[AxisPhase, ...]):
 FILL_WHOLE_OUTPUT = collections.defaultdict(lambda: True, cpu=False)
 
 
-def conv_transpose3d(input, weight, bias, plan: Plan, copy_into_lattice=None) -> torch.Tensor:
-    """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors.
-
-    copy_into_lattice(out, part, bias, plan, phases), where given, replaces the strided copy of a phase's compact
-    result into a contiguous output filled first, when that phase is the only one some tap reaches (the
-    Triton kernel on CUDA, which writes the lattice rows whole: triton/lattice.py)."""
+def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
+    """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors."""
     out = _empty_output(plan.output_shape, input.dtype, input.device, output_memory_format(input, weight))
     # On a GPU one contiguous fill of the whole output, then the phases' results over it, beat filling only the
     # empty regions (strided writes that share memory sectors with the phases' writes): on the H200,
-    # problem 77 took 1.30 ms with region fills. On the CPU the region fills were the faster.
+    # problem 77 took 1.30 ms with region fills. On the CPU the region fills were the faster. Triton kernels
+    # that wrote the output in one pass, or the lattice rows whole after the fill, measured slower than the
+    # fill + strided copy (0.256-1.31 and 0.259-0.262 against 0.234 ms; benchmarks/RESULTS.md, sixth session).
     fill_all = FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
     if fill_all:
         _fill(out, bias)
-    regions = _regions(plan, fill_all)
-    if copy_into_lattice is not None and fill_all and len(regions) == 1 and out.is_contiguous():
-        ((_, phases),) = regions
-        copy_into_lattice(out, _phase_conv(input, weight, bias, plan, phases), bias, plan, phases)
-        return out
-    for index, phases in regions:
+    for index, phases in _regions(plan, fill_all):
         if phases is None:
             _fill(out[index], bias)
         else:
