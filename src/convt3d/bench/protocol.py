@@ -85,8 +85,8 @@ def host_time_cuda(fn: Callable[[], object], calls: int = 100) -> float:
 
 
 def _driver_allocations(device) -> int:
-    # Segments are what the caching allocator takes from (cudaMalloc) and gives back to (cudaFree) the driver.
-    # (Not "num_device_alloc": torch 2.11's memory_stats has no such key, and the count read 0 on the H200.)
+    # Segments are what the caching allocator takes from (cudaMalloc) and gives back to (cudaFree) the driver:
+    # PyTorch's documented counters (torch 2.11 also counts them as num_device_alloc / num_device_free).
     stats = torch.cuda.memory_stats(device)
     return stats["segment.all.allocated"] + stats["segment.all.freed"]
 
