@@ -6,7 +6,7 @@ to find otherwise: on the H200 the first grad_weight kernel ran 5x slower than i
 why (an operand tile staged in shared memory column by column, with bank conflicts).
 
     python3 scripts/compile_sm90.py forward [BLOCK_M BLOCK_CO BLOCK_CI num_warps num_stages precision diag maxnreg]
-    python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N num_warps num_stages precision copy_per_w_tap] [--layouts]
+    python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N warps stages precision copy_per_w_tap] [--layouts]
 """
 
 import subprocess

@@ -256,20 +256,20 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
     get zero). With the default phase_grad_weight it is made of aten operations only, which torch.compile
     traces; the Triton one runs inside the op convt3d::conv_transpose3d_backward (ops.py).
     """
-    lattices = phase_lattices(grad_output, plan, contiguous_lattice)
-    grad_weight = phase_grad_weights(lattices, input, weight, plan, phase_grad_weight) if need_weight else None
-    grad_input = phase_grad_inputs(lattices, weight, plan) if need_input else None
+    lattices = _phase_lattices(grad_output, plan, contiguous_lattice)
+    grad_weight = _phase_grad_weights(lattices, input, weight, plan, phase_grad_weight) if need_weight else None
+    grad_input = _phase_grad_inputs(lattices, weight, plan) if need_input else None
     return grad_input, grad_weight
 
 
-def phase_lattices(grad_output, plan: Plan, contiguous: bool = False) -> list:
+def _phase_lattices(grad_output, plan: Plan, contiguous: bool = False) -> list:
     """(phases, grad_output's lattice of those phases) for each phase some tap reaches; views, or copies."""
     return [(phases, grad_output[index].contiguous() if contiguous else grad_output[index])
             for phases, index in _backward_phases(plan)]
 
 
-def phase_grad_weights(lattices, input, weight, plan: Plan, phase_grad_weight=None) -> torch.Tensor:
-    """grad_weight from phase_lattices' result; phase_grad_weight as in conv_transpose3d_backward."""
+def _phase_grad_weights(lattices, input, weight, plan: Plan, phase_grad_weight=None) -> torch.Tensor:
+    """grad_weight from _phase_lattices' result; phase_grad_weight as in conv_transpose3d_backward."""
     weight_parts = []  # (index of the weight's taps, that slice of grad_weight)
     for phases, g in lattices:
         if phase_grad_weight is not None:
@@ -293,8 +293,8 @@ def phase_grad_weights(lattices, input, weight, plan: Plan, phase_grad_weight=No
     return grad_weight
 
 
-def phase_grad_inputs(lattices, weight, plan: Plan) -> torch.Tensor:
-    """grad_input from phase_lattices' result: the sum of each phase's part."""
+def _phase_grad_inputs(lattices, weight, plan: Plan) -> torch.Tensor:
+    """grad_input from _phase_lattices' result: the sum of each phase's part."""
     grad_input = None
     for phases, g in lattices:
         part = _phase_grad_input(g, weight, plan, phases, tuple(p.input_dilation for p in phases))

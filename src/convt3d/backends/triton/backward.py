@@ -8,11 +8,13 @@ output. So its weight gradient is one GEMM per group,
 
 with M = output channels, N = taps x input channels and a reduction over every position of the compact
 grid (262144 for KernelBench L1/77, against M = 64 and N = 864). The kernel reads a compact copy of
-grad_output's lattice and the input padded to the phase's window, both NCDHW, so that the reduction axis is
+grad_output's lattice and the phase's input window copied once per w tap (each copy shifted by its tap, so
+that every tile starts aligned and loads 16 bytes at a time), both NCDHW, so that the reduction axis is
 contiguous in both operand tiles, as Hopper's TF32 tensor-core instructions read them. It splits the
 reduction into a fixed number of chunks whose partial sums are added in a fixed order afterwards: no atomics,
-the same result on every run. On the H200, problem 77: 0.75 ms, against 1.18 ms for aten's strided weight
-gradient and 1.81 ms for cuDNN's on the compact grid (benchmarks/RESULTS.md).
+the same result on every run. On the H200, problem 77, copies and partial sums included: 0.34-0.46 ms, against
+0.56-0.57 reading the window itself (4-byte loads) and about 1.0-1.2 ms for aten's strided weight gradient
+(benchmarks/RESULTS.md, sixth and third sessions).
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ def phase_grad_weight_kernel(
 
     g: the phase's compact grad_output (N, C_out, QD, QH, QW), qw contiguous; x: the phase's input window
     (N, C_in, ...), padded so that position q with tap k reads window index q + k*dil, always inside; the last
-    axis contiguous. Column nn of the GEMM is tap k = nn // CI_G, k = (kd*TH + kh)*TW + kw, and input channel
-    ci = nn % CI_G. A reduction step is BLOCK_P consecutive qw of one row (n, qd, qh), so both operand tiles
-    are contiguous along the reduction axis, as Hopper's TF32 tensor-core instructions read them (K-major).
+    axis contiguous; w tap kw is read sxk elements further (dil*sxw in the window itself, or the stride between
+    its copies per w tap: _window_per_w_tap). Column nn of the GEMM is tap k = nn // CI_G,
+    k = (kd*TH + kh)*TW + kw, and input channel ci = nn % CI_G. A reduction step is BLOCK_P consecutive qw of
+    one row (n, qd, qh), so both operand tiles are contiguous along the reduction axis, as Hopper's TF32
+    tensor-core instructions read them (K-major).
     Offsets inside one sample are 32-bit (the launcher checks), sample bases 64-bit.
     """
     pid = tl.program_id(0)
@@ -146,7 +150,7 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     steps_per_split = triton.cdiv(steps, splits)
     splits = triton.cdiv(steps, steps_per_split)
     partial = torch.empty((splits, plan.in_channels, co_g, *taps), dtype=torch.float32, device=input.device)
-    # The compact lattice and the padded window, both with the reduction axis (qw) contiguous.
+    # The compact lattice and the input's window (or its copies), both with the reduction axis (qw) contiguous.
     compact = lattice.contiguous()
     if copy_per_w_tap:
         window, w_tap_stride = _window_per_w_tap(input, phases, round_to_tf32=precision == TF32)
