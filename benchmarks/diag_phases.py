@@ -119,6 +119,22 @@ def main():
         row("bwd convt3d op: phases + Triton grad_weight (both)", lambda: backward_op(g, x, w, *args77, True, True))
         row("bwd convt3d op, grad_input only", lambda: backward_op(g, x, w, *args77, True, False))
         row("bwd convt3d op, grad_weight only", lambda: backward_op(g, x, w, *args77, False, True))
+        # Both gradients from the lattice copied out channels-last: cuDNN's grad_input reads it without its own
+        # layout conversion, its result made contiguous after, and the Triton grad_weight reads it in place.
+        dilation = tuple(p.input_dilation for p in phases)
+
+        def both_from(memory_format):
+            def run():
+                lattice = g_lat.contiguous(memory_format=memory_format)
+                grad_input = tp._phase_grad_input(lattice, w, plan, phases, dilation).contiguous()
+                return grad_input, triton_backward.phase_grad_weight(lattice, x, plan, phases)
+            return run
+
+        (gi_a, gw_a), (gi_b, gw_b) = both_from(torch.contiguous_format)(), both_from(CL)()
+        agree = f"grad_weight equal: {torch.equal(gw_a, gw_b)}, grad_input rel diff {relative_error(gi_b, gi_a.double()):.1e}"
+        for _ in range(2):
+            row("bwd both, lattice NCDHW (as the op)", both_from(torch.contiguous_format))
+            row(f"bwd both, lattice channels-last ({agree})", both_from(CL))
         row("bwd extract lattice NCDHW", lambda: g_lat.contiguous())
         row("bwd extract lattice CL", lambda: g_lat.contiguous(memory_format=CL))
         row("bwd grad_input compact NCDHW", lambda: F.conv3d(g_c, wt, None, 1, 1, 1))

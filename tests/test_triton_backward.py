@@ -18,17 +18,19 @@ from convt3d.plan import make_plan  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def weight_grads(cfg, dtype, precision, round_operands=False, copy_per_w_tap=None):
+def weight_grads(cfg, dtype, precision, round_operands=False, copy_per_w_tap=None, lattice_format=None):
     """(ours through the phase backward with the Triton kernel, float64 autograd reference); copy_per_w_tap
-    picks the input's layout (the window, or a copy of it per w tap), None the default."""
+    picks the input's layout (the window, or a copy of it per w tap), None the default; lattice_format, where
+    given, the memory format grad_output's lattice is copied into before the kernel reads it."""
     config = None if copy_per_w_tap is None else (*CONFIG[:5], copy_per_w_tap)
     x, w, _ = make_tensors(dict(cfg, unbatched=False, bias=False), torch.float32, DEVICE)
     x, w = x.to(dtype), w.to(dtype)
     args = layer_args(cfg)
     plan = make_plan(tuple(x.shape), tuple(w.shape), **args)
     g = torch.randn(plan.output_shape, device=DEVICE).to(dtype)
-    def grad_weight(*a):
-        return phase_grad_weight(*a, precision=precision, config=config)
+    def grad_weight(g, *a):
+        g = g if lattice_format is None else g.contiguous(memory_format=lattice_format)
+        return phase_grad_weight(g, *a, precision=precision, config=config)
 
     _, ours = conv_transpose3d_backward(g, x, w, plan, need_input=False, need_weight=True,
                                         phase_grad_weight=grad_weight)
@@ -52,6 +54,18 @@ def test_tf32x3_is_float32_accurate(cfg, copy_per_w_tap):
 def test_tf32_rounds_operands_to_nearest(cfg, copy_per_w_tap):
     ours, ref_rounded = weight_grads(cfg, torch.float32, TF32, round_operands=True, copy_per_w_tap=copy_per_w_tap)
     assert_close_rel(ours, ref_rounded, 1e-6)  # exactly the products of the rounded operands, float32 sums
+
+
+@pytest.mark.parametrize("precision", [TF32, TF32X3], ids=["tf32", "tf32x3"])
+@pytest.mark.parametrize("cfg", CASES[:3], ids=range(3))
+def test_lattice_in_either_layout(cfg, precision):
+    """grad_output's lattice NCDHW or channels-last (read in place, no copy): the same sums, bit for bit."""
+    torch.manual_seed(1)
+    ncdhw, _ = weight_grads(cfg, torch.float32, precision, lattice_format=torch.contiguous_format)
+    torch.manual_seed(1)
+    channels_last, ref = weight_grads(cfg, torch.float32, precision, lattice_format=torch.channels_last_3d)
+    assert torch.equal(ncdhw, channels_last)
+    assert_close_rel(channels_last, ref, 1e-3 if precision == TF32 else 1e-6)
 
 
 # float16 keeps 11 significant bits, bfloat16 8: the gradient's own rounding dominates.

@@ -34,7 +34,7 @@ from .forward import TF32, _interpreted, _round_to_tf32, _sm_count, precision_fo
 def phase_grad_weight_kernel(
     g_ptr, x_ptr, partial_ptr,
     STEPS, STEPS_PER_SPLIT, QW_BLOCKS, QD, QH, QW,
-    sgn, sgc, sgd, sgh,
+    sgn, sgc, sgd, sgh, sgw,
     sxn, sxc, sxd, sxh, sxw,
     DIL_D, DIL_H, sxk, TH, TW,
     CO_G, CI_G, N_TOTAL, N_BLOCKS, CO_BLOCKS, GROUPS,
@@ -44,7 +44,7 @@ def phase_grad_weight_kernel(
     """partial[s, group*CI_G + ci, co, TAPS - 1 - k] = the sum above over split s of the reduction: the layout of
     the weight (C_in, C_out/g, taps), whose taps run in ascending order where the phase's run descending.
 
-    g: the phase's compact grad_output (N, C_out, QD, QH, QW), qw contiguous; x: the phase's input window
+    g: the phase's compact grad_output (N, C_out, QD, QH, QW), NCDHW or channels-last; x: the phase's input window
     (N, C_in, ...), padded so that position q with tap k reads window index q + k*dil, always inside; the last
     axis contiguous; w tap kw is read sxk elements further (dil*sxw in the window itself, or the stride between
     its copies per w tap: _window_per_w_tap). Column nn of the GEMM is tap k = nn // CI_G,
@@ -85,7 +85,7 @@ def phase_grad_weight_kernel(
         n = (row // (QH * QD)).to(tl.int64)
         x = tl.load(x_ptr + n * sxn + qd * sxd + qh * sxh + (x_cols[:, None] + qw[None, :] * sxw),
                     mask=nn_ok[:, None] & qw_ok[None, :], other=0.0)
-        g = tl.load(g_ptr + n * sgn + qd * sgd + qh * sgh + (g_rows[:, None] + qw[None, :]),
+        g = tl.load(g_ptr + n * sgn + qd * sgd + qh * sgh + (g_rows[:, None] + qw[None, :] * sgw),
                     mask=co_ok[:, None] & qw_ok[None, :], other=0.0)
         if PRECISION == 1:
             if not X_ROUNDED:  # (else rounded as it was copied: the tile goes from shared memory to the MMA)
@@ -150,8 +150,11 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     steps_per_split = triton.cdiv(steps, splits)
     splits = triton.cdiv(steps, steps_per_split)
     partial = torch.empty((splits, plan.in_channels, co_g, *taps), dtype=torch.float32, device=input.device)
-    # The compact lattice and the input's window (or its copies), both with the reduction axis (qw) contiguous.
-    compact = lattice.contiguous()
+    # The compact lattice as it comes if dense (NCDHW: the reduction axis qw contiguous, as the MMA reads it;
+    # channels-last: the grad tile goes through registers for its TF32 rounding anyway), and the input's window
+    # or its copies, qw contiguous.
+    dense = lattice.is_contiguous() or lattice.is_contiguous(memory_format=torch.channels_last_3d)
+    compact = lattice if dense else lattice.contiguous()
     if copy_per_w_tap:
         window, w_tap_stride = _window_per_w_tap(input, phases, round_to_tf32=precision == TF32)
     else:
@@ -160,7 +163,7 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     phase_grad_weight_kernel[(tiles, splits)](
         compact, window, partial,
         steps, steps_per_split, qw_blocks, *counts,
-        *compact.stride()[:4], *window.stride(),
+        *compact.stride(), *window.stride(),
         phases[0].input_dilation, phases[1].input_dilation, w_tap_stride, taps[1], taps[2],
         co_g, ci_g, n_total, n_blocks, co_blocks, groups,
         PRECISION=precision, INTERPRETED=_interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
