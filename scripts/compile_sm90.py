@@ -5,6 +5,10 @@ Catches compile errors the interpreter cannot (it runs the kernel as Python) and
 to find otherwise: on the H200 the first grad_weight kernel ran 5x slower than it should, and its TTGIR showed
 why (an operand tile staged in shared memory column by column, with bank conflicts).
 
+The GPU machine runs Triton 3.6: to see its build, run this with triton==3.6.0 (for example from a venv made
+with --system-site-packages and `pip install triton==3.6.0`); builds differ (sixth session: 167 registers under
+3.6 against 255 and a spill under 3.9 for the same grad_weight config).
+
     python3 scripts/compile_sm90.py forward [BLOCK_M BLOCK_CO BLOCK_CI num_warps num_stages precision diag maxnreg]
     python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N warps stages precision copies lattice_cl] [--layouts]
 """
