@@ -190,16 +190,14 @@ def _fastest(candidates, input, weight, bias, plan) -> str:
 
 def run_backend(backend: str, input, weight, bias, plan: Plan) -> torch.Tensor:
     if backend == "torch":
-        from .backends.torch_phase import conv_transpose3d
-
-        return conv_transpose3d(input, weight, bias, plan)
-    if backend == "triton":
-        from .backends.triton import conv_transpose3d
-
-        return conv_transpose3d(input, weight, bias, plan)
-    return torch.nn.functional.conv_transpose3d(
-        input, weight, bias, plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation
-    )
+        from .backends.torch_phase import conv_transpose3d as run
+    elif backend == "triton":
+        from .backends.triton import conv_transpose3d as run
+    else:
+        return torch.nn.functional.conv_transpose3d(
+            input, weight, bias, plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation
+        )
+    return run(input, weight, bias, plan)
 
 
 def conv_transpose3d(
