@@ -128,10 +128,6 @@ def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) 
 _AGREEMENT = {torch.float16: 1e-2, torch.bfloat16: 1e-2, torch.float32: 1e-4, torch.float64: 1e-7}
 
 
-# Bytes written to evict the L2 before each timed CUDA call, as the benchmark protocol does (bench/protocol.py).
-_L2_FLUSH_BYTES = 256 * 1024 * 1024
-
-
 def _fastest(candidates, input, weight, bias, plan) -> str:
     """The fastest candidate (median over a few calls) among those whose result agrees with PyTorch's own
     on this input: in TF32 two correct kernels can differ by more than KernelBench's tolerance (cuDNN runs
@@ -163,8 +159,10 @@ def _fastest(candidates, input, weight, bias, plan) -> str:
     del reference
     flush = None
     if on_cuda:
+        from .bench.protocol import FLUSH_BYTES  # the benchmark's L2 flush
+
         try:
-            flush = torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.int32, device=input.device)
+            flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=input.device)
         except torch.cuda.OutOfMemoryError:
             logger.debug("convt3d: auto times %s without an L2 flush: no memory for its buffer", plan.key)
     samples = {name: [] for name in timed}

@@ -155,8 +155,9 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     # or its copies, qw contiguous.
     dense = lattice.is_contiguous() or lattice.is_contiguous(memory_format=torch.channels_last_3d)
     compact = lattice if dense else lattice.contiguous()
+    x_rounded = copy_per_w_tap and precision == TF32  # rounded in the copy, not again in the kernel
     if copy_per_w_tap:
-        window, w_tap_stride = _window_per_w_tap(input, phases, round_to_tf32=precision == TF32)
+        window, w_tap_stride = _window_per_w_tap(input, phases, round_to_tf32=x_rounded)
     else:
         window = _phase_input(input, plan, phases).contiguous()
         w_tap_stride = phases[2].input_dilation * window.stride(4)
@@ -167,7 +168,7 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
         phases[0].input_dilation, phases[1].input_dilation, w_tap_stride, taps[1], taps[2],
         co_g, ci_g, n_total, n_blocks, co_blocks, groups,
         PRECISION=precision, INTERPRETED=_interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
-        X_ROUNDED=copy_per_w_tap and precision == TF32, num_warps=num_warps, num_stages=num_stages,
+        X_ROUNDED=x_rounded, num_warps=num_warps, num_stages=num_stages,
     )
     grad = partial.sum(0) if splits > 1 else partial[0]  # a fixed order: deterministic
     return grad.to(input.dtype)
