@@ -10,10 +10,14 @@ Variants (monkeypatches of convt3d.backends.torch_phase, restored after each):
   fwd CL       the forward's phase convolution given a channels-last input: cuDNN returns a channels-last compact
                result, copied into the NCDHW output, instead of converting input and result itself.
   gi dgrad     grad_input as a stride-1 conv_transpose3d (cuDNN's dgrad kernel, as the forward) instead of conv3d.
+  rounded      grad_output's lattice copied out TF32-rounded by Triton, so that the grad_weight kernel hands its
+               tile to the MMA as loaded.
+  step P       the grad_weight kernel's reduction step P positions long (P > 32 spans rows of the phase's plane).
 """
 
 import argparse
 import contextlib
+import functools
 import statistics
 import time
 
@@ -63,8 +67,16 @@ def patched(**replacements):
             setattr(*owner(name), value)
 
 
+def _lattices_rounded(grad_output, plan, contiguous=False):
+    return [(phases, triton_backward.compact_lattice(grad_output[index], True))
+            for phases, index in tp._backward_phases(plan)]
+
+
 def variants():
     conv_t = tp._phase_conv_transposed
+    gw = triton_backward.phase_grad_weight
+    rounded = dict(_phase_lattices=_lattices_rounded, gw_phase_grad_weight=functools.partial(gw, lattice_rounded=True))
+    config = triton_backward.CONFIG[:6]
     return {
         "as is": {},
         "lattice CL": dict(_phase_lattices=_lattices_cl),
@@ -73,6 +85,10 @@ def variants():
         "gi dgrad": dict(_phase_grad_input=_grad_input_dgrad),
         "lattice CL + gi dgrad": dict(_phase_lattices=_lattices_cl, _phase_grad_input=_grad_input_dgrad),
         "grad_weight 4 programs/SM": dict(gw_CONFIG=(64, 128, 4, 3, 4, True)),
+        "rounded": rounded,
+        "step 64": dict(gw_CONFIG=(*config, 64)),
+        "rounded + step 64": dict(rounded, gw_CONFIG=(*config, 64)),
+        "rounded + step 128": dict(rounded, gw_CONFIG=(*config, 128)),
     }
 
 
@@ -94,6 +110,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--only", default="fwdbwd,pieces,host")
+    parser.add_argument("--variants", default="as is,rounded,step 64,rounded + step 64,rounded + step 128",
+                        help="comma-separated names from variants(); 'all' for every one")
     args = parser.parse_args()
     sections = args.only.split(",")
     eager, ours, x, grad = PROBLEM_77.training_case("cuda")
@@ -110,18 +128,20 @@ def main():
                        plan.dilation).backward(grad.double())
     table = []
 
+    chosen = {name: patches for name, patches in variants().items()
+              if args.variants == "all" or name in args.variants.split(",")}
     if "fwdbwd" in sections:
-        for name, patches in variants().items():
+        for name, patches in chosen.items():
             with patched(**patches):
                 gx, gw = torch.autograd.grad(ours(x), (x, ours.weight), grad)
                 print(f"check {name:24s} grad_input {relative_error(gx, x64.grad):.1e} grad_weight "
                       f"{relative_error(gw, w64.grad):.1e} grad_input layout "
                       f"{'CL' if not gx.is_contiguous() else 'NCDHW'}", flush=True)
-        rounds = {name: [] for name in ["eager", *variants()]}
+        rounds = {name: [] for name in ["eager", *chosen]}
         queued = {name: [] for name in rounds}
         for r in range(args.rounds):
             for name in rounds:
-                patches = variants().get(name, {})
+                patches = chosen.get(name, {})
                 layer = eager if name == "eager" else ours
                 with patched(**patches):
                     rounds[name].append(time_cuda(lambda: layer(x).backward(grad), iters=args.iters).mean_ms)
@@ -164,19 +184,26 @@ def main():
                 lambda: tp._phase_grad_input(g, w, plan, phases, dilation).contiguous())
             row(f"bwd: grad_input dgrad from {lname}", lambda: _grad_input_dgrad(g, w, plan, phases, dilation))
             row(f"bwd: Triton grad_weight from {lname}", lambda: triton_backward.phase_grad_weight(g, xd, plan, phases))
+        row("bwd: lattice out by Triton", lambda: triton_backward.compact_lattice(grad[lattice_index], False))
+        row("bwd: lattice out by Triton, TF32-rounded", lambda: triton_backward.compact_lattice(grad[lattice_index], True))
+        g_rounded = triton_backward.compact_lattice(grad[lattice_index], True)
+        for config in ((64, 128, 4, 3, 2, True, 32), (64, 128, 4, 3, 2, True, 64), (64, 128, 4, 3, 2, True, 128),
+                       (64, 128, 4, 4, 2, True, 64), (64, 128, 8, 3, 2, True, 64), (64, 256, 8, 3, 1, True, 64),
+                       (64, 128, 4, 2, 2, True, 128)):
+            for rounded in (False, True):
+                lattice = g_rounded if rounded else g_nc
+                try:
+                    result = triton_backward.phase_grad_weight(lattice, xd, plan, phases, None, config, rounded)
+                    err = relative_error(result, w64.grad)
+                except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)
+                    print(f"grad_weight {config}: {type(error).__name__}: {error}"[:200])
+                    continue
+                row(f"bwd: Triton grad_weight {config}{', lattice rounded' if rounded else ''} (err {err:.1e})",
+                    lambda: triton_backward.phase_grad_weight(lattice, xd, plan, phases, None, config, rounded))
         gw_nc = triton_backward.phase_grad_weight(g_nc, xd, plan, phases)
         gw_cl = triton_backward.phase_grad_weight(g_cl, xd, plan, phases)
         print(f"grad_weight from NCDHW and CL lattice equal: {torch.equal(gw_nc, gw_cl)}; rel err "
               f"{relative_error(gw_nc, w64.grad):.1e}", flush=True)
-        for config in ((64, 128, 4, 3, 4, True), (64, 256, 8, 3, 2, True), (64, 256, 8, 3, 1, True),
-                       (64, 128, 8, 3, 2, True), (64, 128, 4, 4, 2, True), (32, 128, 4, 3, 2, True)):
-            try:
-                err = relative_error(triton_backward.phase_grad_weight(g_nc, xd, plan, phases, None, config), w64.grad)
-            except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)
-                print(f"grad_weight {config}: {type(error).__name__}: {error}"[:200])
-                continue
-            row(f"bwd: Triton grad_weight {config} (err {err:.1e})",
-                lambda: triton_backward.phase_grad_weight(g_nc, xd, plan, phases, None, config))
         row("bwd: partial sum of 38 splits (the default's count)", lambda: splits.sum(0))
 
     if "host" in sections:
@@ -188,6 +215,7 @@ def main():
             "phase conv (cuDNN)": lambda: tp._phase_conv(xd, w, None, plan, phases),
             "copy part into lattice": lambda: out[lattice_index].copy_(part_nc),
             "lattice out NCDHW": lambda: grad[lattice_index].contiguous(),
+            "lattice out by Triton, rounded": lambda: triton_backward.compact_lattice(grad[lattice_index], True),
             "window copies (Triton)": lambda: triton_backward._window_per_w_tap(xd, phases, True),
             "Triton grad_weight, whole": lambda: triton_backward.phase_grad_weight(g_nc, xd, plan, phases),
             "grad_input conv3d (cuDNN)": lambda: tp._phase_grad_input(g_nc, w, plan, phases, dilation),

@@ -10,7 +10,8 @@ with --system-site-packages and `pip install triton==3.6.0`); builds differ (six
 3.6 against 255 and a spill under 3.9 for the same grad_weight config).
 
     python3 scripts/compile_sm90.py forward [BLOCK_M BLOCK_CO BLOCK_CI num_warps num_stages precision diag maxnreg]
-    python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N warps stages precision copies lattice_cl] [--layouts]
+    python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N warps stages precision copies lattice_cl BLOCK_P
+                                                 g_rounded] [--layouts]
 """
 
 import subprocess
@@ -44,11 +45,12 @@ def forward(block_m=128, block_co=64, block_ci=32, warps=4, stages=3, precision=
     return _compile(conv_transpose3d_kernel, constexprs, divisible, options)
 
 
-def grad_weight(block_co=64, block_n=256, warps=8, stages=3, precision=1, copy_per_w_tap=0, lattice_cl=0):
+def grad_weight(block_co=64, block_n=256, warps=8, stages=3, precision=1, copy_per_w_tap=0, lattice_cl=0, block_p=32,
+                g_rounded=0):
     # In the window the w taps lie 1 element apart (a constant, as a launch specialises 1); with a copy per w tap,
     # a multiple of 16 elements apart. The lattice NCDHW (qw contiguous) or channels-last (co contiguous).
-    constexprs = dict(PRECISION=precision, INTERPRETED=False, BLOCK_CO=block_co, BLOCK_P=32, BLOCK_N=block_n, sxw=1,
-                      X_ROUNDED=bool(copy_per_w_tap) and precision == 1, **({} if copy_per_w_tap else dict(sxk=1)),
+    constexprs = dict(PRECISION=precision, INTERPRETED=False, BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
+                      sxw=1, X_ROUNDED=bool(copy_per_w_tap) and precision == 1, G_ROUNDED=bool(g_rounded), **({} if copy_per_w_tap else dict(sxk=1)),
                       **(dict(sgc=1) if lattice_cl else dict(sgw=1)))
     divisible = [n for n in phase_grad_weight_kernel.arg_names if n not in constexprs and (
         n.endswith("_ptr") or n in GRAD_WEIGHT_DIVISIBLE or n == "sxk" or (lattice_cl and n == "sgw"))]

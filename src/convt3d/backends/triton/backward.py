@@ -39,7 +39,7 @@ def phase_grad_weight_kernel(
     DIL_D, DIL_H, sxk, TH, TW,
     CO_G, CI_G, N_TOTAL, N_BLOCKS, CO_BLOCKS, GROUPS,
     PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr, X_ROUNDED: tl.constexpr,
+    BLOCK_N: tl.constexpr, X_ROUNDED: tl.constexpr, G_ROUNDED: tl.constexpr,
 ):
     """partial[s, group*CI_G + ci, co, TAPS - 1 - k] = the sum above over split s of the reduction: the layout of
     the weight (C_in, C_out/g, taps), whose taps run in ascending order where the phase's run descending.
@@ -90,7 +90,9 @@ def phase_grad_weight_kernel(
         if PRECISION == 1:
             if not X_ROUNDED:  # (else rounded as it was copied: the tile goes from shared memory to the MMA)
                 x = _round_to_tf32(x)
-            acc = tl.dot(x, tl.trans(_round_to_tf32(g)), acc, input_precision="tf32")
+            if not G_ROUNDED:
+                g = _round_to_tf32(g)
+            acc = tl.dot(x, tl.trans(g), acc, input_precision="tf32")
         elif PRECISION == 2:
             acc = tl.dot(x, tl.trans(g), acc, input_precision="tf32x3")
         elif INTERPRETED and g.dtype == tl.bfloat16:
@@ -124,20 +126,31 @@ def fits(plan: Plan, phases) -> bool:
 
 
 def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, phases,
-                      precision: int | None = None, config=None) -> torch.Tensor:
+                      precision: int | None = None, config=None, lattice_rounded: bool = False) -> torch.Tensor:
     """Weight gradient of one phase's correlation from `lattice`, grad_output's outputs of that phase (a view):
     the phase's slice of grad_weight, (C_in, C_out/g, taps of each axis phase in ascending order), contiguous.
     Written in that layout by the kernel, so that no copy, flip or scatter follows (each a launch, whose host
     time shows on the GPU machine)."""
     precision = precision_for(input.dtype) if precision is None else precision
-    block_co, block_n, num_warps, num_stages, per_sm, copy_per_w_tap = CONFIG if config is None else config
+    block_co, block_n, num_warps, num_stages, per_sm, copy_per_w_tap, *block_p = CONFIG if config is None else config
     groups = plan.groups
     co_g, ci_g = plan.out_channels // groups, plan.in_channels // groups
     taps = [len(p.taps) for p in phases]
     counts = [p.out_count for p in phases]
     n_total = math.prod(taps) * ci_g
+    # The compact lattice as it comes if dense (NCDHW: the reduction axis qw contiguous, as the MMA reads it;
+    # channels-last: the grad tile goes through registers for its TF32 rounding anyway), and the input's window
+    # or its copies, qw contiguous.
+    dense = lattice.is_contiguous() or lattice.is_contiguous(memory_format=torch.channels_last_3d)
+    compact = lattice if dense else lattice.contiguous()
+    if copy_per_w_tap and compact.is_contiguous() and _padded_width(counts[2]) == counts[2]:
+        # Rows without padding in both operands: a (qh, qw) plane is one contiguous run, taken as one long row
+        # (QH = 1), so that a reduction step may span several rows. The kernel's h offsets of the taps still use
+        # the window's row stride.
+        counts = [counts[0], 1, counts[1] * counts[2]]
     rows = plan.batch * counts[0] * counts[1]
-    block_p = 32 if counts[2] > 16 else 16  # the reduction step: consecutive qw of one row
+    # The reduction step: consecutive qw of one row.
+    block_p = block_p[0] if block_p and block_p[0] else (32 if counts[2] > 16 else 16)
     qw_blocks = triton.cdiv(counts[2], block_p)
     steps = rows * qw_blocks
     block_co = max(16, min(block_co, triton.next_power_of_2(co_g)))
@@ -150,11 +163,6 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     steps_per_split = triton.cdiv(steps, splits)
     splits = triton.cdiv(steps, steps_per_split)
     partial = torch.empty((splits, plan.in_channels, co_g, *taps), dtype=torch.float32, device=input.device)
-    # The compact lattice as it comes if dense (NCDHW: the reduction axis qw contiguous, as the MMA reads it;
-    # channels-last: the grad tile goes through registers for its TF32 rounding anyway), and the input's window
-    # or its copies, qw contiguous.
-    dense = lattice.is_contiguous() or lattice.is_contiguous(memory_format=torch.channels_last_3d)
-    compact = lattice if dense else lattice.contiguous()
     x_rounded = copy_per_w_tap and precision == TF32  # rounded in the copy, not again in the kernel
     if copy_per_w_tap:
         window, w_tap_stride = _window_per_w_tap(input, phases, round_to_tf32=x_rounded)
@@ -168,7 +176,7 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
         phases[0].input_dilation, phases[1].input_dilation, w_tap_stride, taps[1], taps[2],
         co_g, ci_g, n_total, n_blocks, co_blocks, groups,
         PRECISION=precision, INTERPRETED=_interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
-        X_ROUNDED=x_rounded, num_warps=num_warps, num_stages=num_stages,
+        X_ROUNDED=x_rounded, G_ROUNDED=lattice_rounded and precision == TF32, num_warps=num_warps, num_stages=num_stages,
     )
     grad = partial.sum(0) if splits > 1 else partial[0]  # a fixed order: deterministic
     return grad.to(input.dtype)
@@ -225,6 +233,21 @@ def _window_per_w_tap(input: torch.Tensor, phases, round_to_tf32: bool):
         )
     # The kernel reaches the other copies from the first through the stride (the view keeps them alive).
     return copies[:, 0], copies.stride(1)
+
+
+def compact_lattice(lattice: torch.Tensor, round_to_tf32: bool) -> torch.Tensor:
+    """lattice (a strided view of grad_output, N, C, QD, QH, QW) copied out contiguous, TF32-rounded if asked, by
+    the window copy's kernel (one tap, no offset, rows as long as the lattice's)."""
+    n, c, qd, qh, qw = lattice.shape
+    out = torch.empty((n, c, qd, qh, qw), dtype=lattice.dtype, device=lattice.device)
+    block_q = triton.next_power_of_2(qw)
+    block_r = max(1, 4096 // block_q)
+    if out.numel():
+        window_per_w_tap_kernel[(n * c, triton.cdiv(qd * qh, block_r))](
+            lattice, out, c, qd, qh, qw, qd, qh, 1, *lattice.stride(), 0, 0, 0, 0, qw, qw,
+            ROUND=round_to_tf32, BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4,
+        )
+    return out
 
 
 def _padded_width(width: int) -> int:
