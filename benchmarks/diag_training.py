@@ -92,6 +92,36 @@ def variants():
     }
 
 
+def _launch_pieces(g, x, plan, phases):
+    """The grad_weight kernel's launch alone, with the arguments of a real call: through Triton's JIT launcher
+    (binding and specialising ~40 arguments each time), and through the compiled kernel it returned (the
+    arguments in signature order, constexprs included)."""
+    kernel = triton_backward.phase_grad_weight_kernel
+    captured = {}
+
+    class Capture:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                captured.update(grid=grid, args=args, kwargs=kwargs)
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    with patched(gw_phase_grad_weight_kernel=Capture()):
+        triton_backward.phase_grad_weight(g, x, plan, phases)
+    grid, args, kwargs = captured["grid"], captured["args"], captured["kwargs"]
+    compiled = kernel[grid](*args, **kwargs)
+    values = dict(zip(kernel.arg_names, args), **{k: v for k, v in kwargs.items() if k in kernel.arg_names})
+    runner = compiled[grid]
+    ordered = [values[name] for name in kernel.arg_names]
+    partial = values["partial_ptr"]
+    expected = partial.clone()
+    partial.fill_(float("nan"))
+    runner(*ordered)
+    print(f"compiled-kernel launch writes what the JIT launch wrote: {torch.equal(partial, expected)}", flush=True)
+    return {"grad_weight kernel launch (JIT)": lambda: kernel[grid](*args, **kwargs),
+            "grad_weight kernel launch (compiled kernel)": lambda: runner(*ordered)}
+
+
 def host_us(fn, calls=50):
     """Host time of one call in us, calls queued without synchronisation (median of 3 loops)."""
     samples = []
@@ -227,6 +257,7 @@ def main():
             "forward+backward": lambda: ours(x).backward(grad),
             "eager forward+backward": lambda: eager(x).backward(grad),
         }
+        pieces.update(_launch_pieces(g_nc, xd, plan, phases))
         for name, fn in pieces.items():
             us = host_us(fn)
             table.append((f"host us: {name}", us / 1e3, f"{us:.0f} us"))
