@@ -13,6 +13,7 @@ Variants (monkeypatches of convt3d.backends.torch_phase, restored after each):
   rounded      grad_output's lattice copied out TF32-rounded by Triton, so that the grad_weight kernel hands its
                tile to the MMA as loaded.
   step P       the grad_weight kernel's reduction step P positions long (P > 32 spans rows of the phase's plane).
+  grad_weight first   the backward's order before the seventh session (grad_input is computed first now).
 """
 
 import argparse
@@ -72,6 +73,15 @@ def _lattices_rounded(grad_output, plan, contiguous=False):
             for phases, index in tp._backward_phases(plan)]
 
 
+def _backward_weight_first(grad_output, input, weight, plan, need_input=True, need_weight=True,
+                           phase_grad_weight=None, contiguous_lattice=False):
+    """tp.conv_transpose3d_backward in its order before 2026-11-30 (seventh session): grad_weight first."""
+    lattices = tp._phase_lattices(grad_output, plan, contiguous_lattice)
+    grad_weight = tp._phase_grad_weights(lattices, input, weight, plan, phase_grad_weight) if need_weight else None
+    grad_input = tp._phase_grad_inputs(lattices, weight, plan) if need_input else None
+    return grad_input, grad_weight
+
+
 def variants():
     conv_t = tp._phase_conv_transposed
     gw = triton_backward.phase_grad_weight
@@ -85,6 +95,7 @@ def variants():
         "gi dgrad": dict(_phase_grad_input=_grad_input_dgrad),
         "lattice CL + gi dgrad": dict(_phase_lattices=_lattices_cl, _phase_grad_input=_grad_input_dgrad),
         "grad_weight 4 programs/SM": dict(gw_CONFIG=(64, 128, 4, 3, 4, True)),
+        "grad_weight first": dict(conv_transpose3d_backward=_backward_weight_first),
         "rounded": rounded,
         "step 64": dict(gw_CONFIG=(*config, 64)),
         "rounded + step 64": dict(rounded, gw_CONFIG=(*config, 64)),
@@ -144,7 +155,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--only", default="fwdbwd,pieces,host")
-    parser.add_argument("--variants", default="as is,rounded,step 64,rounded + step 64,rounded + step 128",
+    parser.add_argument("--variants", default="as is,grad_weight first,rounded",
                         help="comma-separated names from variants(); 'all' for every one")
     args = parser.parse_args()
     sections = args.only.split(",")

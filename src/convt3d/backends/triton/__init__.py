@@ -12,6 +12,16 @@ from ...plan import Plan
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+# Host-side sizes for the launchers. triton.cdiv and triton.next_power_of_2 are constexpr functions whose every
+# call goes through Triton's wrapper (about 1.5-3 us each; a weight gradient made 13 such calls per backward).
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from ..torch_phase import _phase_input
+from . import cdiv, next_power_of_2
 from .forward import TF32, _interpreted, _round_to_tf32, _sm_count, precision_for
 
 
@@ -151,17 +152,17 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     rows = plan.batch * counts[0] * counts[1]
     # The reduction step: consecutive qw of one row.
     block_p = block_p[0] if block_p and block_p[0] else (32 if counts[2] > 16 else 16)
-    qw_blocks = triton.cdiv(counts[2], block_p)
+    qw_blocks = cdiv(counts[2], block_p)
     steps = rows * qw_blocks
-    block_co = max(16, min(block_co, triton.next_power_of_2(co_g)))
-    block_n = max(16, min(block_n, triton.next_power_of_2(n_total)))
-    n_blocks, co_blocks = triton.cdiv(n_total, block_n), triton.cdiv(co_g, block_co)
+    block_co = max(16, min(block_co, next_power_of_2(co_g)))
+    block_n = max(16, min(block_n, next_power_of_2(n_total)))
+    n_blocks, co_blocks = cdiv(n_total, block_n), cdiv(co_g, block_co)
     tiles = groups * co_blocks * n_blocks
     # Enough splits of the reduction to fill the GPU; each at least a few steps long.
     sms = _sm_count(input.device.index or 0) if input.device.type == "cuda" else 1
-    splits = max(1, min(triton.cdiv(per_sm * sms, tiles), triton.cdiv(steps, 8)))
-    steps_per_split = triton.cdiv(steps, splits)
-    splits = triton.cdiv(steps, steps_per_split)
+    splits = max(1, min(cdiv(per_sm * sms, tiles), cdiv(steps, 8)))
+    steps_per_split = cdiv(steps, splits)
+    splits = cdiv(steps, steps_per_split)
     partial = torch.empty((splits, plan.in_channels, co_g, *taps), dtype=torch.float32, device=input.device)
     x_rounded = copy_per_w_tap and precision == TF32  # rounded in the copy, not again in the kernel
     if copy_per_w_tap:
@@ -223,10 +224,10 @@ def _window_per_w_tap(input: torch.Tensor, phases, round_to_tf32: bool):
     w_taps = len(phases[2].taps)
     row = _padded_width(width)
     copies = torch.empty((n, w_taps, c, span_d, span_h, row), dtype=input.dtype, device=input.device)
-    block_q = triton.next_power_of_2(row)
+    block_q = next_power_of_2(row)
     block_r = max(1, 4096 // block_q)
     if copies.numel():
-        window_per_w_tap_kernel[(n * w_taps * c, triton.cdiv(span_d * span_h, block_r))](
+        window_per_w_tap_kernel[(n * w_taps * c, cdiv(span_d * span_h, block_r))](
             input, copies, c, *input.shape[2:], span_d, span_h, w_taps, *input.stride(),
             *(p.input_start for p in phases), phases[2].input_dilation, width, row,
             ROUND=round_to_tf32, BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4,
@@ -240,10 +241,10 @@ def compact_lattice(lattice: torch.Tensor, round_to_tf32: bool) -> torch.Tensor:
     the window copy's kernel (one tap, no offset, rows as long as the lattice's)."""
     n, c, qd, qh, qw = lattice.shape
     out = torch.empty((n, c, qd, qh, qw), dtype=lattice.dtype, device=lattice.device)
-    block_q = triton.next_power_of_2(qw)
+    block_q = next_power_of_2(qw)
     block_r = max(1, 4096 // block_q)
     if out.numel():
-        window_per_w_tap_kernel[(n * c, triton.cdiv(qd * qh, block_r))](
+        window_per_w_tap_kernel[(n * c, cdiv(qd * qh, block_r))](
             lattice, out, c, qd, qh, qw, qd, qh, 1, *lattice.stride(), 0, 0, 0, 0, qw, qw,
             ROUND=round_to_tf32, BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4,
         )
@@ -251,4 +252,4 @@ def compact_lattice(lattice: torch.Tensor, round_to_tf32: bool) -> torch.Tensor:
 
 
 def _padded_width(width: int) -> int:
-    return triton.cdiv(width, 16) * 16
+    return cdiv(width, 16) * 16

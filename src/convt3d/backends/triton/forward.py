@@ -29,6 +29,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from .. import output_memory_format
+from . import cdiv, next_power_of_2
 
 NATIVE, TF32, TF32X3 = 0, 1, 2
 
@@ -376,9 +377,9 @@ def _operands(input, weight, precision):
     x_lo = torch.empty_like(x_hi) if precision == TF32X3 else x_hi
     flat = input.flatten(2)  # a view where the strides allow, else a copy
     block_c, block_s, block_w = 32, 64, 1024
-    s_blocks = triton.cdiv(d * h * w, block_s)
-    x_programs = n * triton.cdiv(c, block_c) * s_blocks
-    prepare_operands_kernel[(x_programs + triton.cdiv(w_hi.numel(), block_w),)](
+    s_blocks = cdiv(d * h * w, block_s)
+    x_programs = n * cdiv(c, block_c) * s_blocks
+    prepare_operands_kernel[(x_programs + cdiv(w_hi.numel(), block_w),)](
         flat, x_hi, x_lo, c, d * h * w, s_blocks, x_programs, *flat.stride(),
         weight.contiguous(), w_hi, w_lo, c_in, c_out_g, taps,
         PRECISION=precision, BLOCK_C=block_c, BLOCK_S=block_s, BLOCK_W=block_w)
@@ -430,9 +431,9 @@ def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
     u_h, u_w = -(-oh // s_h), -(-ow // s_w)
     block_q = min(32, _pow2_at_most(u_w))
     block_r = max(1, cfg["BLOCK_M"] // block_q)
-    block_co = max(16, min(cfg["BLOCK_CO"], triton.next_power_of_2(cout_g)))
-    block_ci = max(16, min(cfg["BLOCK_CI"], triton.next_power_of_2(cin_g)))
-    u_h_blocks, u_w_blocks, co_blocks = triton.cdiv(u_h, block_r), triton.cdiv(u_w, block_q), triton.cdiv(cout_g, block_co)
+    block_co = max(16, min(cfg["BLOCK_CO"], next_power_of_2(cout_g)))
+    block_ci = max(16, min(cfg["BLOCK_CI"], next_power_of_2(cin_g)))
+    u_h_blocks, u_w_blocks, co_blocks = cdiv(u_h, block_r), cdiv(u_w, block_q), cdiv(cout_g, block_co)
     items = n * od * s_h * u_h_blocks * u_w_blocks * co_blocks * groups
     if _interpreted():
         programs = min(items, 3)  # few programs, so that the interpreter walks the persistent loop too
@@ -448,7 +449,7 @@ def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
         STEP_D=s_d // math.gcd(s_d, dl_d), STEP_H=s_h // math.gcd(s_h, dl_h), STEP_W=s_w // math.gcd(s_w, dl_w),
         HAS_BIAS=bias is not None, PRECISION=precision, INTERPRETED=_interpreted(),
         BLOCK_R=block_r, BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci,
-        FILL_W=triton.next_power_of_2(s_w * block_q), EVEN_CI=cin_g % block_ci == 0, DIAG=cfg.get("DIAG", 0),
+        FILL_W=next_power_of_2(s_w * block_q), EVEN_CI=cin_g % block_ci == 0, DIAG=cfg.get("DIAG", 0),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
