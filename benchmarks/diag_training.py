@@ -24,13 +24,56 @@ import time
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from convt3d.backends import torch_phase as tp
 from convt3d.backends.triton import backward as triton_backward
+from convt3d.backends.triton.forward import _round_to_tf32
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.workloads import PROBLEM_77
 
 CL = torch.channels_last_3d
+
+
+@triton.jit
+def _lattice_flat(g_ptr, out_ptr, TOTAL, sn, sc, sd, sh, sw, C: tl.constexpr, QD: tl.constexpr, QH: tl.constexpr,
+                  QW: tl.constexpr, ROUND: tl.constexpr, BLOCK: tl.constexpr):
+    """out (N, C, QD, QH, QW contiguous) = the strided lattice g, TF32-rounded if ROUND: flat over out, aligned
+    blocks; the sizes constexpr so that the index divisions are cheap."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    q = offs % QW
+    r = offs // QW
+    h = r % QH
+    r = r // QH
+    d = r % QD
+    r = r // QD
+    c = r % C
+    n = r // C
+    v = tl.load(g_ptr + n.to(tl.int64) * sn + c.to(tl.int64) * sc + (d * sd + h * sh + q * sw), mask=offs < TOTAL)
+    if ROUND:
+        v = _round_to_tf32(v)
+    tl.store(out_ptr + offs, v, mask=offs < TOTAL)
+
+
+@triton.jit
+def _round_in_place(x_ptr, TOTAL, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, _round_to_tf32(tl.load(x_ptr + offs, mask=offs < TOTAL)), mask=offs < TOTAL)
+
+
+def lattice_flat(view, round_to_tf32, block=2048):
+    out = torch.empty(view.shape, device=view.device)
+    n, c, qd, qh, qw = view.shape
+    _lattice_flat[(triton.cdiv(out.numel(), block),)](view, out, out.numel(), *view.stride(), C=c, QD=qd, QH=qh,
+                                                       QW=qw, ROUND=round_to_tf32, BLOCK=block, num_warps=8)
+    return out
+
+
+def lattice_then_round(view, block=4096):
+    out = view.contiguous()
+    _round_in_place[(triton.cdiv(out.numel(), block),)](out, out.numel(), BLOCK=block, num_warps=8)
+    return out
 
 
 def _lattices_cl(grad_output, plan, contiguous=False):
@@ -250,6 +293,32 @@ def main():
         print(f"grad_weight from NCDHW and CL lattice equal: {torch.equal(gw_nc, gw_cl)}; rel err "
               f"{relative_error(gw_nc, w64.grad):.1e}", flush=True)
         row("bwd: partial sum of 38 splits (the default's count)", lambda: splits.sum(0))
+
+    if "lattice" in sections:
+        # Copying grad_output's lattice out TF32-rounded, for the grad_weight kernel's G_ROUNDED path.
+        view = grad[lattice_index]
+        reference = triton_backward.compact_lattice(view, True)
+        for name, fn in (("torch .contiguous() (not rounded)", lambda: view.contiguous()),
+                         ("compact_lattice (window kernel), rounded", lambda: triton_backward.compact_lattice(view, True)),
+                         ("flat, constexpr sizes, rounded, block 2048", lambda: lattice_flat(view, True)),
+                         ("flat, constexpr sizes, rounded, block 1024", lambda: lattice_flat(view, True, 1024)),
+                         ("flat, constexpr sizes, rounded, block 4096", lambda: lattice_flat(view, True, 4096)),
+                         (".contiguous() then rounded in place", lambda: lattice_then_round(view))):
+            same = torch.equal(fn(), reference) if "not rounded" not in name else ""
+            row(f"lattice: {name} {same}", fn)
+        g_rounded = triton_backward.compact_lattice(view, True)
+        for config in ((64, 128, 4, 3, 2, True), (64, 256, 8, 2, 1, True), (64, 256, 8, 2, 2, True),
+                       (64, 256, 8, 3, 1, True), (64, 128, 8, 3, 2, True), (64, 128, 4, 3, 3, True),
+                       (64, 128, 4, 4, 1, True), (32, 256, 4, 3, 2, True)):
+            for rounded in (False, True):
+                lattice = g_rounded if rounded else g_nc
+                try:
+                    triton_backward.phase_grad_weight(lattice, xd, plan, phases, None, config, rounded)
+                except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)
+                    print(f"grad_weight {config}: {type(error).__name__}"[:200])
+                    continue
+                row(f"grad_weight {config}{', lattice rounded' if rounded else ''}",
+                    lambda: triton_backward.phase_grad_weight(lattice, xd, plan, phases, None, config, rounded))
 
     if "host" in sections:
         pieces = {
