@@ -2,82 +2,39 @@
 it, in interleaved rounds so that the machine's drift hits every variant alike; then the pieces each variant
 changes, alone; then the host time of each piece.
 
-    PYTHONPATH=src python3 benchmarks/diag_training.py [--rounds 4] [--iters 50] [--only fwdbwd,pieces,host]
+    PYTHONPATH=src python3 benchmarks/diag_training.py [--rounds 4] [--iters 50] [--only fwdbwd,pieces,lattice,host]
+                                                       [--variants "as is,lattice not rounded"]
 
-Variants (monkeypatches of convt3d.backends.torch_phase, restored after each):
-  lattice CL   grad_output's lattice copied out channels-last: cuDNN's grad_input convolution then reads it without
-               its own layout conversion; the Triton grad_weight reads it in place.
+Variants (monkeypatches of convt3d's backends, restored after each; --variants all for every one):
   fwd CL       the forward's phase convolution given a channels-last input: cuDNN returns a channels-last compact
                result, copied into the NCDHW output, instead of converting input and result itself.
   gi dgrad     grad_input as a stride-1 conv_transpose3d (cuDNN's dgrad kernel, as the forward) instead of conv3d.
-  rounded      grad_output's lattice copied out TF32-rounded by Triton, so that the grad_weight kernel hands its
-               tile to the MMA as loaded.
+  lattice not rounded   grad_output's lattice copied out by torch, unrounded; the grad_weight kernel rounds its
+               tile (before the seventh session's change: now the lattice comes TF32-rounded by Triton).
+  sixth session's grad_weight   the above with the grad_weight config before the seventh session's.
   step P       the grad_weight kernel's reduction step P positions long (P > 32 spans rows of the phase's plane).
   grad_weight first   the backward's order before the seventh session (grad_input is computed first now).
+
+A variant the seventh session measured and dropped from this list: grad_output's lattice copied out channels-last
+(cuDNN's grad_input then skips its layout conversion, 0.271 against 0.329 ms, but the Triton grad_weight reads
+such a lattice at 1.88 ms against 0.37; benchmarks/RESULTS.md).
 """
 
 import argparse
 import contextlib
-import functools
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from convt3d.backends import torch_phase as tp
 from convt3d.backends.triton import backward as triton_backward
-from convt3d.backends.triton.forward import _round_to_tf32
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.workloads import PROBLEM_77
+from convt3d.ops import _cuda_phase_backward
 
 CL = torch.channels_last_3d
-
-
-@triton.jit
-def _lattice_flat(g_ptr, out_ptr, TOTAL, sn, sc, sd, sh, sw, C: tl.constexpr, QD: tl.constexpr, QH: tl.constexpr,
-                  QW: tl.constexpr, ROUND: tl.constexpr, BLOCK: tl.constexpr):
-    """out (N, C, QD, QH, QW contiguous) = the strided lattice g, TF32-rounded if ROUND: flat over out, aligned
-    blocks; the sizes constexpr so that the index divisions are cheap."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    q = offs % QW
-    r = offs // QW
-    h = r % QH
-    r = r // QH
-    d = r % QD
-    r = r // QD
-    c = r % C
-    n = r // C
-    v = tl.load(g_ptr + n.to(tl.int64) * sn + c.to(tl.int64) * sc + (d * sd + h * sh + q * sw), mask=offs < TOTAL)
-    if ROUND:
-        v = _round_to_tf32(v)
-    tl.store(out_ptr + offs, v, mask=offs < TOTAL)
-
-
-@triton.jit
-def _round_in_place(x_ptr, TOTAL, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(x_ptr + offs, _round_to_tf32(tl.load(x_ptr + offs, mask=offs < TOTAL)), mask=offs < TOTAL)
-
-
-def lattice_flat(view, round_to_tf32, block=2048):
-    out = torch.empty(view.shape, device=view.device)
-    n, c, qd, qh, qw = view.shape
-    _lattice_flat[(triton.cdiv(out.numel(), block),)](view, out, out.numel(), *view.stride(), C=c, QD=qd, QH=qh,
-                                                       QW=qw, ROUND=round_to_tf32, BLOCK=block, num_warps=8)
-    return out
-
-
-def lattice_then_round(view, block=4096):
-    out = view.contiguous()
-    _round_in_place[(triton.cdiv(out.numel(), block),)](out, out.numel(), BLOCK=block, num_warps=8)
-    return out
-
-
-def _lattices_cl(grad_output, plan, contiguous=False):
-    return [(phases, grad_output[index].contiguous(memory_format=CL)) for phases, index in tp._backward_phases(plan)]
 
 
 def _grad_input_dgrad(g, weight, plan, phases, dilation):
@@ -111,15 +68,21 @@ def patched(**replacements):
             setattr(*owner(name), value)
 
 
-def _lattices_rounded(grad_output, plan, contiguous=False):
-    return [(phases, triton_backward.compact_lattice(grad_output[index], True))
-            for phases, index in tp._backward_phases(plan)]
+def _copy_lattice_unrounded(view, round_to_tf32):
+    return view.contiguous()
+
+
+def _grad_weight_rounding_itself(g, *args, lattice_rounded=False):
+    return PHASE_GRAD_WEIGHT(g, *args)
+
+
+PHASE_GRAD_WEIGHT = triton_backward.phase_grad_weight
 
 
 def _backward_weight_first(grad_output, input, weight, plan, need_input=True, need_weight=True,
-                           phase_grad_weight=None, contiguous_lattice=False):
+                           phase_grad_weight=None, copy_lattice=None):
     """tp.conv_transpose3d_backward in its order before 2026-11-30 (seventh session): grad_weight first."""
-    lattices = tp._phase_lattices(grad_output, plan, contiguous_lattice)
+    lattices = tp._phase_lattices(grad_output, plan, copy_lattice)
     grad_weight = tp._phase_grad_weights(lattices, input, weight, plan, phase_grad_weight) if need_weight else None
     grad_input = tp._phase_grad_inputs(lattices, weight, plan) if need_input else None
     return grad_input, grad_weight
@@ -127,22 +90,16 @@ def _backward_weight_first(grad_output, input, weight, plan, need_input=True, ne
 
 def variants():
     conv_t = tp._phase_conv_transposed
-    gw = triton_backward.phase_grad_weight
-    rounded = dict(_phase_lattices=_lattices_rounded, gw_phase_grad_weight=functools.partial(gw, lattice_rounded=True))
-    config = triton_backward.CONFIG[:6]
+    unrounded = dict(gw_copy_lattice=_copy_lattice_unrounded, gw_phase_grad_weight=_grad_weight_rounding_itself)
     return {
         "as is": {},
-        "lattice CL": dict(_phase_lattices=_lattices_cl),
         "fwd CL": dict(_phase_conv_transposed=_phase_conv_transposed_cl(conv_t)),
-        "lattice CL + fwd CL": dict(_phase_lattices=_lattices_cl, _phase_conv_transposed=_phase_conv_transposed_cl(conv_t)),
         "gi dgrad": dict(_phase_grad_input=_grad_input_dgrad),
-        "lattice CL + gi dgrad": dict(_phase_lattices=_lattices_cl, _phase_grad_input=_grad_input_dgrad),
-        "grad_weight 4 programs/SM": dict(gw_CONFIG=(64, 128, 4, 3, 4, True)),
         "grad_weight first": dict(conv_transpose3d_backward=_backward_weight_first),
-        "rounded": rounded,
-        "step 64": dict(gw_CONFIG=(*config, 64)),
-        "rounded + step 64": dict(rounded, gw_CONFIG=(*config, 64)),
-        "rounded + step 128": dict(rounded, gw_CONFIG=(*config[:3], 2, *config[4:], 128)),  # 3 stages: no room
+        "lattice not rounded": unrounded,
+        "sixth session's grad_weight": dict(unrounded, gw_CONFIG=(64, 128, 4, 3, 2, True)),
+        "sixth session's config, rounded": dict(gw_CONFIG=(64, 128, 4, 3, 2, True)),
+        "step 64": dict(gw_CONFIG=(*triton_backward.CONFIG, 64)),
     }
 
 
@@ -198,7 +155,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--only", default="fwdbwd,pieces,host")
-    parser.add_argument("--variants", default="as is,grad_weight first,rounded",
+    parser.add_argument("--variants", default="as is,lattice not rounded,sixth session's grad_weight",
                         help="comma-separated names from variants(); 'all' for every one")
     args = parser.parse_args()
     sections = args.only.split(",")
@@ -272,22 +229,6 @@ def main():
                 lambda: tp._phase_grad_input(g, w, plan, phases, dilation).contiguous())
             row(f"bwd: grad_input dgrad from {lname}", lambda: _grad_input_dgrad(g, w, plan, phases, dilation))
             row(f"bwd: Triton grad_weight from {lname}", lambda: triton_backward.phase_grad_weight(g, xd, plan, phases))
-        row("bwd: lattice out by Triton", lambda: triton_backward.compact_lattice(grad[lattice_index], False))
-        row("bwd: lattice out by Triton, TF32-rounded", lambda: triton_backward.compact_lattice(grad[lattice_index], True))
-        g_rounded = triton_backward.compact_lattice(grad[lattice_index], True)
-        for config in ((64, 128, 4, 3, 2, True, 32), (64, 128, 4, 3, 2, True, 64), (64, 128, 4, 2, 1, True, 128),
-                       (64, 128, 4, 4, 2, True, 64), (64, 128, 8, 3, 2, True, 64), (64, 256, 8, 3, 1, True, 64),
-                       (64, 128, 4, 2, 2, True, 128)):
-            for rounded in (False, True):
-                lattice = g_rounded if rounded else g_nc
-                try:
-                    result = triton_backward.phase_grad_weight(lattice, xd, plan, phases, None, config, rounded)
-                    err = relative_error(result, w64.grad)
-                except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)
-                    print(f"grad_weight {config}: {type(error).__name__}: {error}"[:200])
-                    continue
-                row(f"bwd: Triton grad_weight {config}{', lattice rounded' if rounded else ''} (err {err:.1e})",
-                    lambda: triton_backward.phase_grad_weight(lattice, xd, plan, phases, None, config, rounded))
         gw_nc = triton_backward.phase_grad_weight(g_nc, xd, plan, phases)
         gw_cl = triton_backward.phase_grad_weight(g_cl, xd, plan, phases)
         print(f"grad_weight from NCDHW and CL lattice equal: {torch.equal(gw_nc, gw_cl)}; rel err "
@@ -295,29 +236,25 @@ def main():
         row("bwd: partial sum of 38 splits (the default's count)", lambda: splits.sum(0))
 
     if "lattice" in sections:
-        # Copying grad_output's lattice out TF32-rounded, for the grad_weight kernel's G_ROUNDED path.
+        # grad_output's lattice copied out, TF32-rounded or not, and the weight gradient from it, by config.
         view = grad[lattice_index]
-        reference = triton_backward.compact_lattice(view, True)
-        for name, fn in (("torch .contiguous() (not rounded)", lambda: view.contiguous()),
-                         ("compact_lattice (window kernel), rounded", lambda: triton_backward.compact_lattice(view, True)),
-                         ("flat, constexpr sizes, rounded, block 2048", lambda: lattice_flat(view, True)),
-                         ("flat, constexpr sizes, rounded, block 1024", lambda: lattice_flat(view, True, 1024)),
-                         ("flat, constexpr sizes, rounded, block 4096", lambda: lattice_flat(view, True, 4096)),
-                         (".contiguous() then rounded in place", lambda: lattice_then_round(view))):
-            same = torch.equal(fn(), reference) if "not rounded" not in name else ""
-            row(f"lattice: {name} {same}", fn)
-        g_rounded = triton_backward.compact_lattice(view, True)
+        g_rounded = triton_backward.copy_lattice(view, True)
+        for name, fn in (("torch .contiguous()", lambda: view.contiguous()),
+                         ("copy_lattice", lambda: triton_backward.copy_lattice(view, False)),
+                         ("copy_lattice, TF32-rounded", lambda: triton_backward.copy_lattice(view, True))):
+            row(f"lattice: {name}", fn)
         for config in ((64, 128, 4, 3, 2, True), (64, 256, 8, 2, 1, True), (64, 256, 8, 2, 2, True),
                        (64, 256, 8, 3, 1, True), (64, 128, 8, 3, 2, True), (64, 128, 4, 3, 3, True),
                        (64, 128, 4, 4, 1, True), (32, 256, 4, 3, 2, True)):
             for rounded in (False, True):
                 lattice = g_rounded if rounded else g_nc
                 try:
-                    triton_backward.phase_grad_weight(lattice, xd, plan, phases, None, config, rounded)
+                    err = relative_error(triton_backward.phase_grad_weight(lattice, xd, plan, phases, None, config,
+                                                                           rounded), w64.grad)
                 except Exception as error:  # noqa: BLE001 (a config that does not fit: report and go on)
                     print(f"grad_weight {config}: {type(error).__name__}"[:200])
                     continue
-                row(f"grad_weight {config}{', lattice rounded' if rounded else ''}",
+                row(f"grad_weight {config}{', lattice rounded' if rounded else ''} (err {err:.1e})",
                     lambda: triton_backward.phase_grad_weight(lattice, xd, plan, phases, None, config, rounded))
 
     if "host" in sections:
@@ -329,14 +266,12 @@ def main():
             "phase conv (cuDNN)": lambda: tp._phase_conv(xd, w, None, plan, phases),
             "copy part into lattice": lambda: out[lattice_index].copy_(part_nc),
             "lattice out NCDHW": lambda: grad[lattice_index].contiguous(),
-            "lattice out by Triton, rounded": lambda: triton_backward.compact_lattice(grad[lattice_index], True),
+            "lattice out by copy_lattice, rounded": lambda: triton_backward.copy_lattice(grad[lattice_index], True),
             "window copies (Triton)": lambda: triton_backward._window_per_w_tap(xd, phases, True),
             "Triton grad_weight, whole": lambda: triton_backward.phase_grad_weight(g_nc, xd, plan, phases),
             "grad_input conv3d (cuDNN)": lambda: tp._phase_grad_input(g_nc, w, plan, phases, dilation),
             "partial sum": lambda: splits.sum(0),
-            "backward op (both gradients)": lambda: tp.conv_transpose3d_backward(
-                grad, xd, w, plan, True, True, phase_grad_weight=triton_backward.phase_grad_weight,
-                contiguous_lattice=True),
+            "backward op (both gradients)": lambda: _cuda_phase_backward(grad, xd, w, plan, True, True),
             "eager forward, graph built": lambda: eager(x),
             "forward+backward": lambda: ours(x).backward(grad),
             "eager forward+backward": lambda: eager(x).backward(grad),

@@ -11,7 +11,8 @@ from test_triton_forward import CASES, round_to_tf32
 
 triton = pytest.importorskip("triton")
 from convt3d.backends.torch_phase import _phase_input, _phase_lattices, conv_transpose3d_backward  # noqa: E402
-from convt3d.backends.triton.backward import CONFIG, _window_per_w_tap, phase_grad_weight  # noqa: E402
+from convt3d.backends.triton.backward import (  # noqa: E402
+    CONFIG, _window_per_w_tap, copy_lattice, copy_lattice_kernel, phase_grad_weight)
 from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402
 from convt3d.plan import make_plan  # noqa: E402
 
@@ -129,12 +130,40 @@ def test_lattice_rounded_beforehand():
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
     (phase,) = plan.nonempty_phases
     g = torch.randn(plan.output_shape, device=DEVICE)
-    ((_, lattice),) = _phase_lattices(g, plan, contiguous=True)
+    ((_, lattice),) = _phase_lattices(g, plan, lambda view: view.contiguous())
     inside = phase_grad_weight(lattice, x, plan, phase.axes, precision=TF32)
     before = phase_grad_weight(round_to_tf32(lattice), x, plan, phase.axes, precision=TF32, lattice_rounded=True)
     assert torch.equal(inside, before)
     assert not torch.equal(inside, phase_grad_weight(lattice, x, plan, phase.axes, precision=TF32,
                                                      lattice_rounded=True))  # the flag does skip the rounding
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rounded", [False, True], ids=["as_is", "tf32_rounded"])
+@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
+def test_copy_lattice(cfg, rounded, dtype):
+    """Each phase's lattice of grad_output, NCDHW or channels-last, copied out contiguous: equal to torch's copy
+    (TF32-rounded where asked, float32 only)."""
+    x, w, _ = make_tensors(dict(cfg, unbatched=False, bias=False), torch.float32, DEVICE)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    rounded = rounded and dtype == torch.float32
+    for layout in (torch.contiguous_format, torch.channels_last_3d):
+        g = torch.randn(plan.output_shape, device=DEVICE).to(dtype).contiguous(memory_format=layout)
+        for _, view in _phase_lattices(g, plan):
+            ours = copy_lattice(view, round_to_tf32=rounded)
+            assert ours.is_contiguous()
+            assert torch.equal(ours, round_to_tf32(view.contiguous()) if rounded else view.contiguous())
+
+
+def test_copy_lattice_64_bit_offsets():
+    """The kernel's 64-bit index path (taken where a lattice or its reach has 2**31 elements or more), on a small
+    lattice: the same copy."""
+    g = torch.randn(2, 3, 7, 9, 11, device=DEVICE)
+    view = g[:, :, 1::2, 0::3, 2::2]
+    out = torch.empty(view.shape, device=DEVICE)
+    copy_lattice_kernel[(triton.cdiv(out.numel(), 256),)](view, out, out.numel(), *view.stride(), C=3, QD=3, QH=3,
+                                                          QW=5, ROUND=False, OFFSETS_64=True, BLOCK=256)
+    assert torch.equal(out, view.contiguous())
 
 
 @pytest.mark.parametrize("rounded", [False, True], ids=["as_is", "tf32_rounded"])
@@ -154,3 +183,23 @@ def test_window_per_w_tap_copies_the_padded_window(cfg, rounded):
         window = _phase_input(x, plan, phases)
         expected = torch.stack([window[..., k * dilation:k * dilation + width] for k in range(len(phases[2].taps))], 1)
         assert torch.equal(copies, round_to_tf32(expected) if rounded else expected)
+
+
+@pytest.mark.parametrize("allow_tf32", [True, False], ids=["tf32", "tf32_off"])
+def test_the_cuda_phase_backward_as_wired(allow_tf32):
+    """ops._cuda_phase_backward (on the CPU through the interpreter): in TF32 mode grad_output's lattice is copied
+    out rounded and both gradients are those of the rounded operands; with TF32 off, of the operands as they are."""
+    from convt3d.ops import _cuda_phase_backward
+
+    cfg = PLANE_CASES[0]
+    x, w, _ = make_tensors(dict(cfg, unbatched=False, bias=False), torch.float32, DEVICE)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    g = torch.randn(plan.output_shape, device=DEVICE)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=allow_tf32):
+        grad_input, grad_weight = _cuda_phase_backward(g, x, w, plan, True, True)
+    x64, w64 = (round_to_tf32(x) if allow_tf32 else x).double().requires_grad_(), w.double().requires_grad_()
+    F.conv_transpose3d(x64, w64, None, **layer_args(cfg)).backward((round_to_tf32(g) if allow_tf32 else g).double())
+    assert_close_rel(grad_weight, w64.grad, 1e-6)
+    # grad_input by the device's convolution from the rounded lattice: exact float32 on the CPU; on a GPU, cuDNN in
+    # TF32 also rounds the weight, which the reference does not.
+    assert_close_rel(grad_input, x64.grad, 1e-3 if allow_tf32 and DEVICE == "cuda" else 1e-6)

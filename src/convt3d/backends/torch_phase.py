@@ -239,15 +239,15 @@ def _backward_phases(plan: Plan) -> tuple:
 
 
 def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input: bool = True,
-                              need_weight: bool = True, phase_grad_weight=None, contiguous_lattice: bool = False):
+                              need_weight: bool = True, phase_grad_weight=None, copy_lattice=None):
     """(grad_input, grad_weight) by the same decomposition, each None where not needed.
 
     phase_grad_weight(g, input, plan, phases) computes one phase's weight gradient from g, grad_output's lattice
     of that phase: the slice weight[_tap_index(phases)] of grad_weight, (C_in, C_out/g, taps of the phase in
     ascending order), contiguous (the Triton kernel on CUDA); by default aten's convolution_backward on the
-    phase. contiguous_lattice: copy each phase's lattice of grad_output out once, for both gradients (cuDNN and
-    the Triton grad_weight would each copy the strided view otherwise; on the H200, problem 77, both gradients
-    took 1.005 ms with one copy against 1.122 with two).
+    phase. copy_lattice(view), where given, copies each phase's lattice of grad_output out once, for both
+    gradients (cuDNN and the Triton grad_weight would each copy the strided view otherwise; on the H200, problem
+    77, both gradients took 1.005 ms with one copy against 1.122 with two).
 
     Each phase some tap reaches is the stride-1 correlation y_phase = conv3d(x_phase, w_phase) of the forward,
     so its gradients are those of an ordinary convolution on the phase's compact grid of grad_output: no
@@ -256,7 +256,7 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
     get zero). With the default phase_grad_weight it is made of aten operations only, which torch.compile
     traces; the Triton one runs inside the op convt3d::conv_transpose3d_backward (ops.py).
     """
-    lattices = _phase_lattices(grad_output, plan, contiguous_lattice)
+    lattices = _phase_lattices(grad_output, plan, copy_lattice)
     # grad_input first: on a GPU its convolutions are long kernels that the host issues quickly, and they keep the
     # GPU busy while the host prepares and launches the Triton weight gradient (about 150 us of host time on the
     # H200 machine, during which the GPU idled when only the short lattice copy was queued before it).
@@ -265,9 +265,10 @@ def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input
     return grad_input, grad_weight
 
 
-def _phase_lattices(grad_output, plan: Plan, contiguous: bool = False) -> list:
-    """(phases, grad_output's lattice of those phases) for each phase some tap reaches; views, or copies."""
-    return [(phases, grad_output[index].contiguous() if contiguous else grad_output[index])
+def _phase_lattices(grad_output, plan: Plan, copy_lattice=None) -> list:
+    """(phases, grad_output's lattice of those phases) for each phase some tap reaches: views, or copy_lattice's
+    copies of them."""
+    return [(phases, grad_output[index] if copy_lattice is None else copy_lattice(grad_output[index]))
             for phases, index in _backward_phases(plan)]
 
 

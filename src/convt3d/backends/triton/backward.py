@@ -107,13 +107,13 @@ def phase_grad_weight_kernel(
              mask=co_ok[None, :] & nn_ok[:, None])
 
 
-# (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM, a window copy per w tap): the fastest of those
-# measured on the H200 for problem 77 (benchmarks/RESULTS.md, sixth session), in two runs on two machines,
-# copies and all: 0.339 and 0.448 / 0.400 ms, against 0.46 / 0.45 with 4 programs per SM, 0.59 / 0.55 with 1, and
-# 0.57 for the kernel reading the F.pad'ed window (64, 256, 8, 3, 2), whose taps' odd offsets allow only 4-byte
-# loads; with the input copied once per w tap and rounded to TF32 there, the loads are 16-byte and the kernel
-# hands the input tile to the MMA as loaded.
-CONFIG = (64, 128, 4, 3, 2, True)
+# (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM, a window copy per w tap[, reduction step]): the
+# fastest measured on the H200 for problem 77 with both operands TF32-rounded beforehand (benchmarks/RESULTS.md,
+# seventh session), copies and partial sums included: 0.263 ms, against 0.284 for (64, 128, 4, 3, 2), the
+# sixth session's choice (0.321 when it rounds the lattice itself), and 0.33-0.45 for six others. The input
+# copied once per w tap makes its loads 16-byte (in the F.pad'ed window the taps' odd offsets allow 4-byte ones
+# only: 0.57 ms, sixth session). Reduction steps over 32 positions measured slower (sixth session).
+CONFIG = (64, 256, 8, 3, 1, True)
 
 
 def fits(plan: Plan, phases) -> bool:
@@ -236,18 +236,50 @@ def _window_per_w_tap(input: torch.Tensor, phases, round_to_tf32: bool):
     return copies[:, 0], copies.stride(1)
 
 
-def compact_lattice(lattice: torch.Tensor, round_to_tf32: bool) -> torch.Tensor:
-    """lattice (a strided view of grad_output, N, C, QD, QH, QW) copied out contiguous, TF32-rounded if asked, by
-    the window copy's kernel (one tap, no offset, rows as long as the lattice's)."""
+@triton.jit
+def copy_lattice_kernel(
+    g_ptr, out_ptr, TOTAL, sn, sc, sd, sh, sw,
+    C: tl.constexpr, QD: tl.constexpr, QH: tl.constexpr, QW: tl.constexpr,
+    ROUND: tl.constexpr, OFFSETS_64: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """out[n, c, qd, qh, qw] = g[n, c, qd, qh, qw] (any strides), TF32-rounded if ROUND; out contiguous. Flat over
+    out in aligned blocks, so that stores are whole 16-byte vectors; the sizes are constexpr, so that the index
+    divisions compile to multiplications and shifts."""
+    if OFFSETS_64:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    q = offs % QW
+    r = offs // QW
+    h = r % QH
+    r = r // QH
+    d = r % QD
+    r = r // QD
+    c = r % C
+    n = r // C
+    inside = d * sd + h * sh + q * sw  # 64-bit where OFFSETS_64
+    value = tl.load(g_ptr + n.to(tl.int64) * sn + c.to(tl.int64) * sc + inside, mask=offs < TOTAL)
+    if ROUND:
+        value = _round_to_tf32(value)
+    tl.store(out_ptr + offs, value, mask=offs < TOTAL)
+
+
+def copy_lattice(lattice: torch.Tensor, round_to_tf32: bool) -> torch.Tensor:
+    """grad_output's lattice of one phase (a strided view, N, C, QD, QH, QW) copied out contiguous, TF32-rounded if
+    asked, so that the grad_weight kernel hands its tile to the MMA as loaded (lattice_rounded) and cuDNN's
+    grad_input reads the operand it would round anyway. On the H200, problem 77: 0.063 ms against 0.072 for
+    torch's .contiguous(), and the weight gradient 0.284 against 0.321 ms when it need not round (benchmarks/
+    RESULTS.md, seventh session)."""
     n, c, qd, qh, qw = lattice.shape
     out = torch.empty((n, c, qd, qh, qw), dtype=lattice.dtype, device=lattice.device)
-    block_q = next_power_of_2(qw)
-    block_r = max(1, 4096 // block_q)
-    if out.numel():
-        window_per_w_tap_kernel[(n * c, cdiv(qd * qh, block_r))](
-            lattice, out, c, qd, qh, qw, qd, qh, 1, *lattice.stride(), 0, 0, 0, 0, qw, qw,
-            ROUND=round_to_tf32, BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4,
-        )
+    if out.numel() == 0:
+        return out
+    reach = sum((size - 1) * stride for size, stride in zip(lattice.shape[2:], lattice.stride()[2:]))
+    block = 2048
+    copy_lattice_kernel[(cdiv(out.numel(), block),)](
+        lattice, out, out.numel(), *lattice.stride(), C=c, QD=qd, QH=qh, QW=qw, ROUND=round_to_tf32,
+        OFFSETS_64=max(out.numel() + block, reach) >= 2**31, BLOCK=block, num_warps=8,
+    )
     return out
 
 
