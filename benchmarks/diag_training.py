@@ -88,6 +88,28 @@ def _backward_weight_first(grad_output, input, weight, plan, need_input=True, ne
     return grad_input, grad_weight
 
 
+_SIDE_STREAM = []
+
+
+def _backward_two_streams(grad_output, input, weight, plan, need_input=True, need_weight=True,
+                          phase_grad_weight=None, copy_lattice=None):
+    """tp.conv_transpose3d_backward with the weight gradient on a second stream, beside grad_input's cuDNN."""
+    if not _SIDE_STREAM:
+        _SIDE_STREAM.append(torch.cuda.Stream())
+    side, main = _SIDE_STREAM[0], torch.cuda.current_stream()
+    lattices = tp._phase_lattices(grad_output, plan, copy_lattice)
+    side.wait_stream(main)
+    grad_input = tp._phase_grad_inputs(lattices, weight, plan) if need_input else None
+    with torch.cuda.stream(side):
+        grad_weight = tp._phase_grad_weights(lattices, input, weight, plan, phase_grad_weight) if need_weight else None
+    main.wait_stream(side)
+    for t in [input, *(g for _, g in lattices)]:  # made on main, read on side
+        t.record_stream(side)
+    if grad_weight is not None:
+        grad_weight.record_stream(main)  # made on side, used on main
+    return grad_input, grad_weight
+
+
 def variants():
     conv_t = tp._phase_conv_transposed
     unrounded = dict(gw_copy_lattice=_copy_lattice_unrounded, gw_phase_grad_weight=_grad_weight_rounding_itself)
@@ -96,6 +118,7 @@ def variants():
         "fwd CL": dict(_phase_conv_transposed=_phase_conv_transposed_cl(conv_t)),
         "gi dgrad": dict(_phase_grad_input=_grad_input_dgrad),
         "grad_weight first": dict(conv_transpose3d_backward=_backward_weight_first),
+        "grad_weight on a second stream": dict(conv_transpose3d_backward=_backward_two_streams),
         "lattice not rounded": unrounded,
         "sixth session's grad_weight": dict(unrounded, gw_CONFIG=(64, 128, 4, 3, 2, True)),
         "sixth session's config, rounded": dict(gw_CONFIG=(64, 128, 4, 3, 2, True)),
@@ -197,6 +220,38 @@ def main():
             table.append((f"fwd+bwd {name}: synchronised mean of rounds (min-max) | queued",
                           statistics.fmean(rounds[name]),
                           f"({min(rounds[name]):.3f}-{max(rounds[name]):.3f}) | {statistics.fmean(queued[name]):.3f}"))
+
+    if "outliers" in sections:
+        # The bench's timing loop, per call: how the calls spread, and Python's garbage collections among them.
+        import gc
+
+        for name, layer in (("eager", eager), ("convt3d", ours)):
+            for collect in (True, False):
+                samples, collections = [], []
+                gc.callbacks.append(lambda phase, info: collections.append((len(samples), info["generation"]))
+                                    if phase == "start" else None)
+                if not collect:
+                    gc.disable()
+                flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+                for i in range(205):
+                    torch.cuda.synchronize()
+                    flush.fill_(1)
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    layer(x).backward(grad)
+                    end.record()
+                    end.synchronize()
+                    if i >= 5:
+                        samples.append(start.elapsed_time(end))
+                gc.enable()
+                gc.callbacks.pop()
+                ordered = sorted(samples)
+                slow = [i for i, t in enumerate(samples) if t > ordered[len(ordered) // 2] * 1.1]
+                table.append((f"outliers {name}, gc {'on' if collect else 'off'}: mean | median, p90, max, "
+                              f"calls >1.1x median, gc collections (gen) in those calls / all", statistics.fmean(samples),
+                              f"{ordered[100]:.3f}, {ordered[180]:.3f}, {ordered[-1]:.3f}, {len(slow)}, "
+                              f"{sum(1 for c, _ in collections if c in slow)} / {len(collections)}"))
+                print(table[-1], flush=True)
 
     lattice_index = tp._backward_phases(plan)[0][1]
     g_nc = grad[lattice_index].contiguous()
