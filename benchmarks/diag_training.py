@@ -2,8 +2,12 @@
 it, in interleaved rounds so that the machine's drift hits every variant alike; then the pieces each variant
 changes, alone; then the host time of each piece.
 
-    PYTHONPATH=src python3 benchmarks/diag_training.py [--rounds 4] [--iters 50] [--only fwdbwd,pieces,lattice,host]
-                                                       [--variants "as is,lattice not rounded"]
+    PYTHONPATH=src python3 benchmarks/diag_training.py [--rounds 4] [--iters 50]
+        [--only fwdbwd,outliers,pieces,lattice,host] [--variants "as is,lattice not rounded"]
+
+Sections: fwdbwd (the variants below), outliers (the bench's loop call by call, with Python's garbage collector
+on and off), pieces (each piece's cold-L2 time), lattice (grad_output's lattice copied out, and grad_weight
+configs from it), host (host time per piece).
 
 Variants (monkeypatches of convt3d's backends, restored after each; --variants all for every one):
   fwd CL       the forward's phase convolution given a channels-last input: cuDNN returns a channels-last compact
@@ -12,12 +16,14 @@ Variants (monkeypatches of convt3d's backends, restored after each; --variants a
   lattice not rounded   grad_output's lattice copied out by torch, unrounded; the grad_weight kernel rounds its
                tile (before the seventh session's change: now the lattice comes TF32-rounded by Triton).
   sixth session's grad_weight   the above with the grad_weight config before the seventh session's.
-  step P       the grad_weight kernel's reduction step P positions long (P > 32 spans rows of the phase's plane).
+  sixth session's config, rounded   that config with the rounded lattice.
   grad_weight first   the backward's order before the seventh session (grad_input is computed first now).
+  grad_weight on a second stream   beside grad_input's cuDNN convolution.
 
-A variant the seventh session measured and dropped from this list: grad_output's lattice copied out channels-last
+Measured in the seventh session and dropped from this list: grad_output's lattice copied out channels-last
 (cuDNN's grad_input then skips its layout conversion, 0.271 against 0.329 ms, but the Triton grad_weight reads
-such a lattice at 1.88 ms against 0.37; benchmarks/RESULTS.md).
+such a lattice at 1.88 ms against 0.37), and the grad_weight kernel's reduction step spanning rows of the
+phase's plane (64 or 128 positions: slower); benchmarks/RESULTS.md.
 """
 
 import argparse
@@ -122,7 +128,6 @@ def variants():
         "lattice not rounded": unrounded,
         "sixth session's grad_weight": dict(unrounded, gw_CONFIG=(64, 128, 4, 3, 2, True)),
         "sixth session's config, rounded": dict(gw_CONFIG=(64, 128, 4, 3, 2, True)),
-        "step 64": dict(gw_CONFIG=(*triton_backward.CONFIG, 64)),
     }
 
 

@@ -8,13 +8,14 @@ output. So its weight gradient is one GEMM per group,
 
 with M = output channels, N = taps x input channels and a reduction over every position of the compact
 grid (262144 for KernelBench L1/77, against M = 64 and N = 864). The kernel reads a compact copy of
-grad_output's lattice and the phase's input window copied once per w tap (each copy shifted by its tap, so
-that every tile starts aligned and loads 16 bytes at a time), both NCDHW, so that the reduction axis is
-contiguous in both operand tiles, as Hopper's TF32 tensor-core instructions read them. It splits the
-reduction into a fixed number of chunks whose partial sums are added in a fixed order afterwards: no atomics,
-the same result on every run. On the H200, problem 77, copies and partial sums included: 0.34-0.46 ms, against
-0.56-0.57 reading the window itself (4-byte loads) and about 1.0-1.2 ms for aten's strided weight gradient
-(benchmarks/RESULTS.md, sixth and third sessions).
+grad_output's lattice (copy_lattice) and the phase's input window copied once per w tap (each copy shifted by
+its tap, so that every tile starts aligned and loads 16 bytes at a time), both NCDHW, so that the reduction axis
+is contiguous in both operand tiles, as Hopper's TF32 tensor-core instructions read them; in TF32 mode both
+copies are rounded to TF32 as they are made, so that the tiles go from shared memory to the MMA as loaded. It
+splits the reduction into a fixed number of chunks whose partial sums are added in a fixed order afterwards: no
+atomics, the same result on every run. On the H200, problem 77, copies and partial sums included: 0.26-0.28 ms
+(seventh session), against 0.32-0.46 with the lattice rounded in the kernel, 0.56-0.57 reading the window itself
+(4-byte loads) and about 1.0-1.2 ms for aten's strided weight gradient (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -133,25 +134,14 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     Written in that layout by the kernel, so that no copy, flip or scatter follows (each a launch, whose host
     time shows on the GPU machine)."""
     precision = precision_for(input.dtype) if precision is None else precision
-    block_co, block_n, num_warps, num_stages, per_sm, copy_per_w_tap, *block_p = CONFIG if config is None else config
+    block_co, block_n, num_warps, num_stages, per_sm, copy_per_w_tap = CONFIG if config is None else config
     groups = plan.groups
     co_g, ci_g = plan.out_channels // groups, plan.in_channels // groups
     taps = [len(p.taps) for p in phases]
     counts = [p.out_count for p in phases]
     n_total = math.prod(taps) * ci_g
-    # The compact lattice as it comes if dense (NCDHW: the reduction axis qw contiguous, as the MMA reads it;
-    # channels-last: the grad tile goes through registers for its TF32 rounding anyway), and the input's window
-    # or its copies, qw contiguous.
-    dense = lattice.is_contiguous() or lattice.is_contiguous(memory_format=torch.channels_last_3d)
-    compact = lattice if dense else lattice.contiguous()
-    if copy_per_w_tap and compact.is_contiguous() and _padded_width(counts[2]) == counts[2]:
-        # Rows without padding in both operands: a (qh, qw) plane is one contiguous run, taken as one long row
-        # (QH = 1), so that a reduction step may span several rows. The kernel's h offsets of the taps still use
-        # the window's row stride.
-        counts = [counts[0], 1, counts[1] * counts[2]]
     rows = plan.batch * counts[0] * counts[1]
-    # The reduction step: consecutive qw of one row.
-    block_p = block_p[0] if block_p and block_p[0] else (32 if counts[2] > 16 else 16)
+    block_p = 32 if counts[2] > 16 else 16  # the reduction step: consecutive qw of one row
     qw_blocks = cdiv(counts[2], block_p)
     steps = rows * qw_blocks
     block_co = max(16, min(block_co, next_power_of_2(co_g)))
@@ -164,6 +154,11 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     steps_per_split = cdiv(steps, splits)
     splits = cdiv(steps, steps_per_split)
     partial = torch.empty((splits, plan.in_channels, co_g, *taps), dtype=torch.float32, device=input.device)
+    # The compact lattice as it comes if dense (NCDHW: the reduction axis qw contiguous, as the MMA reads it;
+    # channels-last is read right but slowly: 1.88 against 0.37 ms on the H200, seventh session), and the
+    # input's window or its copies, qw contiguous.
+    dense = lattice.is_contiguous() or lattice.is_contiguous(memory_format=torch.channels_last_3d)
+    compact = lattice if dense else lattice.contiguous()
     x_rounded = copy_per_w_tap and precision == TF32  # rounded in the copy, not again in the kernel
     if copy_per_w_tap:
         window, w_tap_stride = _window_per_w_tap(input, phases, round_to_tf32=x_rounded)
