@@ -253,7 +253,8 @@ def main():
                 ordered = sorted(samples)
                 slow = [i for i, t in enumerate(samples) if t > ordered[len(ordered) // 2] * 1.1]
                 table.append((f"outliers {name}, gc {'on' if collect else 'off'}: mean | median, p90, max, "
-                              f"calls >1.1x median, gc collections (gen) in those calls / all", statistics.fmean(samples),
+                              f"calls >1.1x median, gc collections (gen) in those calls / all",
+                              statistics.fmean(samples),
                               f"{ordered[100]:.3f}, {ordered[180]:.3f}, {ordered[-1]:.3f}, {len(slow)}, "
                               f"{sum(1 for c, _ in collections if c in slow)} / {len(collections)}"))
                 print(table[-1], flush=True)
@@ -272,8 +273,9 @@ def main():
         print(f"{name:70s} {ms:.4f}", flush=True)
 
     if "pieces" in sections:
+        gi_conv = tp._phase_grad_input(g_nc, w, plan, phases, dilation).double()
         print(f"forward part CL vs NCDHW equal: {torch.equal(part_nc, part_cl)}; "
-              f"gi dgrad vs conv3d rel diff {relative_error(_grad_input_dgrad(g_nc, w, plan, phases, dilation), tp._phase_grad_input(g_nc, w, plan, phases, dilation).double()):.1e}")
+              f"gi dgrad vs conv3d rel diff {relative_error(_grad_input_dgrad(g_nc, w, plan, phases, dilation), gi_conv):.1e}")
         row("fwd: phase conv NCDHW (as is)", lambda: tp._phase_conv(xd, w, None, plan, phases))
         row("fwd: input to CL", lambda: xd.contiguous(memory_format=CL))
         row("fwd: phase conv, CL input given", lambda: tp._phase_conv_transposed(

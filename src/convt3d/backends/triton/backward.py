@@ -172,7 +172,8 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
         phases[0].input_dilation, phases[1].input_dilation, w_tap_stride, taps[1], taps[2],
         co_g, ci_g, n_total, n_blocks, co_blocks, groups,
         PRECISION=precision, INTERPRETED=_interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
-        X_ROUNDED=x_rounded, G_ROUNDED=lattice_rounded and precision == TF32, num_warps=num_warps, num_stages=num_stages,
+        X_ROUNDED=x_rounded, G_ROUNDED=lattice_rounded and precision == TF32, num_warps=num_warps,
+        num_stages=num_stages,
     )
     grad = partial.sum(0) if splits > 1 else partial[0]  # a fixed order: deterministic
     return grad.to(input.dtype)
