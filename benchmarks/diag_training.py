@@ -274,8 +274,9 @@ def main():
 
     if "pieces" in sections:
         gi_conv = tp._phase_grad_input(g_nc, w, plan, phases, dilation).double()
+        gi_dgrad = _grad_input_dgrad(g_nc, w, plan, phases, dilation)
         print(f"forward part CL vs NCDHW equal: {torch.equal(part_nc, part_cl)}; "
-              f"gi dgrad vs conv3d rel diff {relative_error(_grad_input_dgrad(g_nc, w, plan, phases, dilation), gi_conv):.1e}")
+              f"gi dgrad vs conv3d rel diff {relative_error(gi_dgrad, gi_conv):.1e}")
         row("fwd: phase conv NCDHW (as is)", lambda: tp._phase_conv(xd, w, None, plan, phases))
         row("fwd: input to CL", lambda: xd.contiguous(memory_format=CL))
         row("fwd: phase conv, CL input given", lambda: tp._phase_conv_transposed(
