@@ -108,13 +108,16 @@ def phase_grad_weight_kernel(
              mask=co_ok[None, :] & nn_ok[:, None])
 
 
-# (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM, a window copy per w tap[, reduction step]): the
-# fastest measured on the H200 for problem 77 with both operands TF32-rounded beforehand (benchmarks/RESULTS.md,
-# seventh session), copies and partial sums included: 0.263 ms, against 0.284 for (64, 128, 4, 3, 2), the
-# sixth session's choice (0.321 when it rounds the lattice itself), and 0.33-0.45 for six others. The input
-# copied once per w tap makes its loads 16-byte (in the F.pad'ed window the taps' odd offsets allow 4-byte ones
-# only: 0.57 ms, sixth session). Reduction steps over 32 positions measured slower (sixth session).
+# (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM, a window copy per w tap): in TF32 mode, the fastest
+# measured on the H200 for problem 77 with both operands TF32-rounded beforehand (benchmarks/RESULTS.md, seventh
+# session), copies and partial sums included: 0.263 ms, against 0.284 for (64, 128, 4, 3, 2), the sixth
+# session's choice (0.321 when it rounds the lattice itself), and 0.33-0.45 for six others. The input copied once
+# per w tap makes its loads 16-byte (in the F.pad'ed window the taps' odd offsets allow 4-byte ones only: 0.57
+# ms, sixth session). Reduction steps of 64 or 128 positions, spanning rows, measured slower (seventh session).
 CONFIG = (64, 256, 8, 3, 1, True)
+# 3xTF32 and half precision keep the sixth session's config: measured for 3xTF32 then (0.81-0.88 ms), while the
+# TF32 choice above was not timed in those modes (half precision in neither).
+CONFIG_OTHER_PRECISIONS = (64, 128, 4, 3, 2, True)
 
 
 def fits(plan: Plan, phases) -> bool:
@@ -134,7 +137,9 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     Written in that layout by the kernel, so that no copy, flip or scatter follows (each a launch, whose host
     time shows on the GPU machine)."""
     precision = precision_for(input.dtype) if precision is None else precision
-    block_co, block_n, num_warps, num_stages, per_sm, copy_per_w_tap = CONFIG if config is None else config
+    if config is None:
+        config = CONFIG if precision == TF32 else CONFIG_OTHER_PRECISIONS
+    block_co, block_n, num_warps, num_stages, per_sm, copy_per_w_tap = config
     groups = plan.groups
     co_g, ci_g = plan.out_channels // groups, plan.in_channels // groups
     taps = [len(p.taps) for p in phases]
