@@ -78,6 +78,64 @@ def test_gradcheck_through_the_registered_op(seed):
     assert torch.autograd.gradcheck(f, [t.requires_grad_() for t in (x, w, b)]), cfg
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_torch_func_grad_vjp_and_double_backward_match_eager(seed):
+    """torch.func.grad and vjp through convt3d, and second derivatives (grad of grad, and create_graph=True),
+    against PyTorch's own in float64 on fresh random data."""
+    cfg = dict(random_config(random.Random(2300 + seed), max_size=3), unbatched=False, bias=True)
+    cfg["batch"] = max(cfg["batch"], 1)
+    x, w, b = make_tensors(cfg)
+    args = layer_args(cfg)
+    ours = lambda x, w, b: convt3d.conv_transpose3d(x, w, b, **args)  # noqa: E731
+    eager = lambda x, w, b: F.conv_transpose3d(x, w, b, **args)  # noqa: E731
+
+    def loss(fn):
+        return lambda x, w, b: fn(x, w, b).square().sum()
+
+    for got, expected in zip(torch.func.grad(loss(ours), argnums=(0, 1, 2))(x, w, b),
+                             torch.func.grad(loss(eager), argnums=(0, 1, 2))(x, w, b)):
+        assert_close_rel(got, expected, 1e-12)
+    out, vjp = torch.func.vjp(ours, x, w, b)
+    cotangent = torch.randn_like(out)
+    for got, expected in zip(vjp(cotangent), torch.func.vjp(eager, x, w, b)[1](cotangent)):
+        assert_close_rel(got, expected, 1e-12)
+
+    def second(fn):
+        return torch.func.grad(lambda x: torch.func.grad(loss(fn), argnums=1)(x, w, b).square().sum())(x)
+
+    assert_close_rel(second(ours), second(eager), 1e-10)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    results = []
+    for fn in (ours, eager):
+        (grad_w,) = torch.autograd.grad(loss(fn)(xr, wr, b), wr, create_graph=True)
+        results.append(torch.autograd.grad(grad_w.square().sum(), xr)[0])
+    assert_close_rel(*results, 1e-10)
+
+
+def test_backward_that_is_recorded_avoids_the_cuda_phase_path(monkeypatch):
+    """The CUDA phase backward (Triton kernels, not differentiable) serves plain backward passes only; under
+    create_graph=True the differentiable path runs. Here on the CPU, with the CUDA path's choice forced on."""
+    from convt3d import ops
+    from convt3d.backends.torch_phase import conv_transpose3d_backward
+
+    calls = []
+
+    def phase_backward(grad_output, input, weight, plan, need_input, need_weight):
+        calls.append(torch.is_grad_enabled())
+        return conv_transpose3d_backward(grad_output, input, weight, plan, need_input, need_weight)
+
+    monkeypatch.setattr(ops, "_cuda_phase_backward_serves", lambda input, plan: True)
+    monkeypatch.setattr(ops, "_cuda_phase_backward", phase_backward)
+    x = torch.randn(1, 2, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 3, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    y = convt3d.conv_transpose3d(x, w, None, stride=2, padding=1, dilation=2, backend="torch")
+    plain = torch.autograd.grad(y.sum(), (x, w), retain_graph=True)
+    recorded = torch.autograd.grad(y.sum(), (x, w), create_graph=True)
+    assert calls == [False]  # the plain pass only
+    for a, b in zip(plain, recorded):
+        assert_close_rel(a, b.detach(), 1e-12)
+
+
 def test_float32_gradients_match_eager():
     torch.manual_seed(0)
     x = torch.randn(2, 4, 5, 4, 6, requires_grad=True)

@@ -6,8 +6,10 @@ propagation. The backward uses the phase decomposition (stride-1 convolutions on
 on CUDA, for layers where no tap reaches most of the output, grad_input by cuDNN on each phase and
 grad_weight by a Triton kernel, inside the op convt3d::conv_transpose3d_backward so that
 torch.compile traces it as one call; other CUDA layers take cuDNN's strided convolution_backward;
-off CUDA, aten ops only. Eager calls that need autograd go through a plain autograd.Function with the same
-forward and gradients: the op's Python dispatch is for torch.compile.
+off CUDA, aten ops only; where the backward is itself differentiated (create_graph=True, torch.func), the
+differentiable aten path everywhere. Eager calls that need autograd go through a plain autograd.Function with the
+same forward and gradients (under torch.func's transforms, its setup_context twin): the op's Python dispatch is for
+torch.compile.
 """
 
 from __future__ import annotations
@@ -145,7 +147,9 @@ def _gradients(grad_output, input, weight, plan: Plan, needs, has_bias: bool, th
     """(grad_input, grad_weight, grad_bias), None where not needed. through_op: call the CUDA phase backward
     through its registered op (so that torch.compile traces it as one call) rather than directly."""
     need_input, need_weight, need_bias = needs
-    if (need_input or need_weight) and _cuda_phase_backward_serves(input, plan):
+    # The CUDA phase backward's Triton kernels are not differentiable: where the backward itself is recorded
+    # (create_graph=True, and torch.func's transforms), the differentiable aten path below serves instead.
+    if (need_input or need_weight) and not torch.is_grad_enabled() and _cuda_phase_backward_serves(input, plan):
         # On the H200, problem 77, one run (f39c428): 1.33 ms for both gradients against aten's 1.87; 1.07 ms
         # since cb73314 (benchmarks/RESULTS.md).
         if through_op:
@@ -195,6 +199,28 @@ class _EagerConvTranspose3d(torch.autograd.Function):
         return (*grads, None, None)
 
 
+class _TransformableConvTranspose3d(torch.autograd.Function):
+    """The same, with the context kept apart from the forward (setup_context), as torch.func's transforms require
+    (grad, vjp, jacrev; not vmap, whose per-sample calls the batch's plan does not describe). Used only under
+    those transforms: torch binds this style's arguments by signature on every call, some 30 us of host time."""
+
+    @staticmethod
+    def forward(input, weight, bias, plan, backend):
+        return _forward(input, weight, bias, plan, backend)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        input, weight, bias, plan, _ = inputs
+        ctx.save_for_backward(input, weight)
+        ctx.plan, ctx.has_bias = plan, bias is not None
+
+    backward = staticmethod(_EagerConvTranspose3d.backward)
+
+
+# torch's own test for an active torch.func transform (present since torch 2.0; absent: never active).
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
 def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: Plan, backend: str):
     """Run a validated batched call: through the registered op where torch.compile traces it, through a plain
     autograd Function where only autograd needs it, else directly (the op's dispatch costs tens of microseconds,
@@ -207,5 +233,6 @@ def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     needs_grad = torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     if needs_grad:
-        return _EagerConvTranspose3d.apply(input, weight, bias, plan, backend)
+        function = _TransformableConvTranspose3d if _transforms_active() else _EagerConvTranspose3d
+        return function.apply(input, weight, bias, plan, backend)
     return _forward(input, weight, bias, plan, backend)
