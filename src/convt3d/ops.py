@@ -201,8 +201,9 @@ class _EagerConvTranspose3d(torch.autograd.Function):
 
 class _TransformableConvTranspose3d(torch.autograd.Function):
     """The same, with the context kept apart from the forward (setup_context), as torch.func's transforms require
-    (grad, vjp, jacrev; not vmap, whose per-sample calls the batch's plan does not describe). Used only under
-    those transforms: torch binds this style's arguments by signature on every call, some 30 us of host time."""
+    (grad, vjp; not vmap, nor jacrev and the others built on it: the backward's per-phase convolutions do not
+    batch). Used only under those transforms: torch binds this style's arguments by signature on every call, about
+    33 us of host time (benchmarks/cpu_function_styles.py)."""
 
     @staticmethod
     def forward(input, weight, bias, plan, backend):
