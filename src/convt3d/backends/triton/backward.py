@@ -270,7 +270,8 @@ def copy_lattice(lattice: torch.Tensor, round_to_tf32: bool) -> torch.Tensor:
     asked, so that the grad_weight kernel hands its tile to the MMA as loaded (lattice_rounded) and cuDNN's
     grad_input reads the operand it would round anyway. On the H200, problem 77: 0.063 ms against 0.072 for
     torch's .contiguous(), and the weight gradient 0.284 against 0.321 ms when it need not round (benchmarks/
-    RESULTS.md, seventh session)."""
+    RESULTS.md, seventh session). The kernel compiles once per lattice shape (C, QD, QH, QW are constexpr; the
+    batch is not)."""
     n, c, qd, qh, qw = lattice.shape
     out = torch.empty((n, c, qd, qh, qw), dtype=lattice.dtype, device=lattice.device)
     if out.numel() == 0:
