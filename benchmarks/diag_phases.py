@@ -56,11 +56,7 @@ def main():
     parser.add_argument("--only", default="p77,fill,grad_weight,fwdbwd,sweep")
     args = parser.parse_args()
     sections = args.only.split(",")
-    plan = PROBLEM_77.plan()
-    (phase,) = plan.nonempty_phases
-    phases = phase.axes
-    x = torch.rand(PROBLEM_77.input_shape, device="cuda")
-    w = torch.randn(PROBLEM_77.weight_shape(), device="cuda") * 0.05
+    plan, phases, x, w = PROBLEM_77.phase_case("cuda")
     g = torch.randn(plan.output_shape, device="cuda")
     ref = F.conv_transpose3d(x.double(), w.double(), None, plan.stride, plan.padding, plan.output_padding,
                              plan.groups, plan.dilation)

@@ -22,11 +22,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=100)
     args = parser.parse_args()
-    plan = PROBLEM_77.plan()
-    (phase,) = plan.nonempty_phases
-    phases = phase.axes
-    x = torch.rand(PROBLEM_77.input_shape, device="cuda")
-    w = torch.randn(PROBLEM_77.weight_shape(), device="cuda") * 0.05
+    plan, phases, x, w = PROBLEM_77.phase_case("cuda")
     grad = torch.rand(plan.output_shape, device="cuda")
     ((_, lattice),) = tp._backward_phases(plan)
     dilation = tuple(p.input_dilation for p in phases)

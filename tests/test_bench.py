@@ -50,6 +50,24 @@ def test_training_case_pairs_eager_and_convt3d_with_the_same_weights():
     assert tuple(grad.shape) == layer.plan().output_shape and not grad.requires_grad
 
 
+def test_phase_case_gives_the_one_phase_and_fresh_operands():
+    """The TINY layer has problem 77's geometry (one phase that taps reach): the phase's output grid is the
+    compact convolution of the case's input and weight, which are fresh random draws."""
+    import torch.nn.functional as F
+
+    from convt3d.backends import torch_phase
+
+    layer = parse_config(TINY)
+    plan, phases, x, w = layer.phase_case("cpu")
+    assert plan == layer.plan() and tuple(x.shape) == tuple(layer.input_shape)
+    assert tuple(w.shape) == layer.weight_shape() and w.abs().max() > 0
+    ((expected_phases, index),) = torch_phase._backward_phases(plan)
+    assert phases == expected_phases
+    y = F.conv_transpose3d(x, w, None, plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation)
+    torch.testing.assert_close(torch_phase._phase_conv(x, w, None, plan, phases), y[index])
+    assert not torch.equal(x, layer.phase_case("cpu")[2])
+
+
 def test_time_interleaved_alternates_and_counts():
     calls = []
     times = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=2)

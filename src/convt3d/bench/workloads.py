@@ -55,6 +55,16 @@ class Layer:
             output_padding=self.output_padding, groups=self.groups, bias=self.bias, dilation=self.dilation,
         )
 
+    def phase_case(self, device) -> tuple:
+        """For timing the phase path's pieces on a layer whose taps reach one phase (problem 77): (the plan, that
+        phase's axis phases, a fresh random input, a fresh random weight scaled by 0.05)."""
+        plan = self.plan()
+        (phase,) = plan.nonempty_phases
+        dtype = DTYPES[self.dtype]
+        x = torch.rand(self.input_shape, device=device, dtype=dtype)
+        w = torch.randn(self.weight_shape(), device=device, dtype=dtype) * 0.05
+        return plan, phase.axes, x, w
+
     def training_case(self, device) -> tuple:
         """For forward+backward timings: (the nn module, convt3d's with the same weights, a fresh random input
         that requires grad, a fresh random gradient of the output)."""
