@@ -10,6 +10,8 @@ on and off), pieces (each piece's cold-L2 time), lattice (grad_output's lattice 
 configs from it), host (host time per piece).
 
 Variants (monkeypatches of convt3d's backends, restored after each; --variants all for every one):
+  fill and copy   the forward's output filled whole, then the phase's result copied over it (before the eighth
+               session), instead of write_phase_output's one pass.
   fwd CL       the forward's phase convolution given a channels-last input: cuDNN returns a channels-last compact
                result, copied into the NCDHW output, instead of converting input and result itself.
   gi dgrad     grad_input as a stride-1 conv_transpose3d (cuDNN's dgrad kernel, as the forward) instead of conv3d.
@@ -34,8 +36,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from convt3d import functional
 from convt3d.backends import torch_phase as tp
 from convt3d.backends.triton import backward as triton_backward
+from convt3d.backends.triton import phase_output
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.workloads import PROBLEM_77
 from convt3d.ops import _cuda_phase_backward
@@ -60,9 +64,11 @@ def _phase_conv_transposed_cl(original):
 
 @contextlib.contextmanager
 def patched(**replacements):
-    """Replace attributes of torch_phase (or of the Triton backward: names starting with "gw_")."""
+    """Replace attributes of torch_phase (or of the Triton backward: names starting with "gw_"; of the output
+    writer: "po_"; of convt3d.functional: "fn_")."""
     def owner(name):
-        return (triton_backward, name[3:]) if name.startswith("gw_") else (tp, name)
+        prefixes = {"gw_": triton_backward, "po_": phase_output, "fn_": functional}
+        return (prefixes[name[:3]], name[3:]) if name[:3] in prefixes else (tp, name)
 
     saved = {name: getattr(*owner(name)) for name in replacements}
     for name, value in replacements.items():
@@ -121,6 +127,7 @@ def variants():
     unrounded = dict(gw_copy_lattice=_copy_lattice_unrounded, gw_phase_grad_weight=_grad_weight_rounding_itself)
     return {
         "as is": {},
+        "fill and copy": dict(fn__output_writer=lambda *args: None),
         "fwd CL": dict(_phase_conv_transposed=_phase_conv_transposed_cl(conv_t)),
         "gi dgrad": dict(_phase_grad_input=_grad_input_dgrad),
         "grad_weight first": dict(conv_transpose3d_backward=_backward_weight_first),
@@ -284,6 +291,22 @@ def main():
         row("fwd: copy NCDHW part into lattice", lambda: out[lattice_index].copy_(part_nc))
         row("fwd: copy CL part into lattice", lambda: out[lattice_index].copy_(part_cl))
         row("fwd: zero_ output", lambda: out.zero_())
+        row("fwd: zero_ + copy NCDHW part into lattice (before)", lambda: out.zero_() or out[lattice_index].copy_(
+            part_nc))
+        out.zero_()
+        out[lattice_index].copy_(part_nc)
+        before = out.clone()
+        for config in ((1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8), (16384, 8)):
+            with patched(po_CONFIG=config):
+                for lname, part in (("NCDHW", part_nc), ("CL", part_cl)):
+                    out.fill_(float("nan"))
+                    phase_output.write_phase_output(out, part, None, plan, phases)
+                    same = torch.equal(out, before)
+                    row(f"fwd: write_phase_output {config} from {lname} part (equal to before: {same})",
+                        lambda: phase_output.write_phase_output(out, part, None, plan, phases))
+        for name, patches in (("as is", {}), ("fill and copy", variants()["fill and copy"])):
+            with patched(**patches):
+                row(f"fwd: whole forward, {name}", lambda: ours(xd))
         row("bwd: lattice out NCDHW", lambda: grad[lattice_index].contiguous())
         row("bwd: lattice out CL", lambda: grad[lattice_index].contiguous(memory_format=CL))
         for lname, g in (("NCDHW", g_nc), ("CL", g_cl)):

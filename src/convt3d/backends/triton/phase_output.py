@@ -1,0 +1,88 @@
+"""The whole output of a layer where one phase holds every tap, written once from that phase's compact result.
+
+Where a single phase receives taps (KernelBench L1/77: stride 2, dilation 2, so only odd outputs along each
+axis), every other output is the bias or zero. The phase path computes the phase as a compact stride-1
+convolution y (N, C_out, QD, QH, QW); this kernel then writes
+
+    out[n, c, o] = y[n, c, q]   where o = start + stride*q along every axis, 0 <= q < count,
+                 = bias[c] (or 0) elsewhere,
+
+flat over the contiguous output in aligned blocks, so that every store is a whole 16-byte vector and every
+memory sector of the output is written once. Before it, a fill of the whole output and a strided copy of the
+phase over it wrote the phase's sectors twice, each time in part.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...plan import Plan
+from . import cdiv
+
+
+@triton.jit
+def _phase_index(o, START: tl.constexpr, STRIDE: tl.constexpr, COUNT: tl.constexpr):
+    """(q, whether output index o lies on the phase's lattice o = START + STRIDE*q, 0 <= q < COUNT); q is 0 off
+    the lattice, so that no lane forms an address outside y."""
+    j = o - START
+    on = (j >= 0) & (j % STRIDE == 0) & (j < STRIDE * COUNT)
+    return tl.where(on, j // STRIDE, 0), on
+
+
+@triton.jit
+def phase_output_kernel(
+    y_ptr, bias_ptr, out_ptr, TOTAL, syn, syc, syd, syh, syw,
+    C: tl.constexpr, D: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
+    START_D: tl.constexpr, START_H: tl.constexpr, START_W: tl.constexpr,
+    STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    QD: tl.constexpr, QH: tl.constexpr, QW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, OFFSETS_64: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """out (N, C, D, H, W) contiguous as in the module docstring; y any strides. The sizes and the lattice are
+    constexpr, so that the index divisions compile to multiplications and shifts."""
+    if OFFSETS_64:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < TOTAL
+    w = offs % W
+    r = offs // W
+    h = r % H
+    r = r // H
+    d = r % D
+    r = r // D
+    c = r % C
+    n = r // C
+    qd, on_d = _phase_index(d, START_D, STRIDE_D, QD)
+    qh, on_h = _phase_index(h, START_H, STRIDE_H, QH)
+    qw, on_w = _phase_index(w, START_W, STRIDE_W, QW)
+    on = inside & on_d & on_h & on_w
+    y_offs = n.to(tl.int64) * syn + c.to(tl.int64) * syc + (qd * syd + qh * syh + qw * syw)
+    value = tl.load(y_ptr + y_offs, mask=on, other=0.0)
+    if HAS_BIAS:
+        value = tl.where(on, value, tl.load(bias_ptr + c, mask=inside, other=0.0))
+    tl.store(out_ptr + offs, value.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+# (elements per program, warps): not yet measured; each thread stores whole 16-byte vectors in either.
+CONFIG = (4096, 4)
+
+
+def write_phase_output(out: torch.Tensor, y: torch.Tensor, bias, plan: Plan, phases) -> None:
+    """Write the whole of out (contiguous, plan.output_shape) from y, the compact result of `phases`, the plan's
+    only phase that some tap reaches (its bias included), and bias (or zero) everywhere else."""
+    total = out.numel()
+    if total == 0:
+        return
+    block, num_warps = CONFIG
+    reach = sum((size - 1) * stride for size, stride in zip(y.shape, y.stride()))
+    phase_output_kernel[(cdiv(total, block),)](
+        y, out if bias is None else bias, out, total, *y.stride(),
+        C=plan.out_channels, D=plan.output_spatial[0], H=plan.output_spatial[1], W=plan.output_spatial[2],
+        START_D=phases[0].out_start, START_H=phases[1].out_start, START_W=phases[2].out_start,
+        STRIDE_D=plan.stride[0], STRIDE_H=plan.stride[1], STRIDE_W=plan.stride[2],
+        QD=phases[0].out_count, QH=phases[1].out_count, QW=phases[2].out_count,
+        HAS_BIAS=bias is not None, OFFSETS_64=max(total + block, reach) >= 2**31, BLOCK=block, num_warps=num_warps,
+    )
