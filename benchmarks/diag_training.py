@@ -291,12 +291,16 @@ def main():
         row("fwd: copy NCDHW part into lattice", lambda: out[lattice_index].copy_(part_nc))
         row("fwd: copy CL part into lattice", lambda: out[lattice_index].copy_(part_cl))
         row("fwd: zero_ output", lambda: out.zero_())
-        row("fwd: zero_ + copy NCDHW part into lattice (before)", lambda: out.zero_() or out[lattice_index].copy_(
-            part_nc))
+        def fill_and_copy():
+            out.zero_()
+            out[lattice_index].copy_(part_nc)
+
+        row("fwd: zero_ + copy NCDHW part into lattice (before)", fill_and_copy)
         out.zero_()
         out[lattice_index].copy_(part_nc)
         before = out.clone()
-        for config in ((1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8), (16384, 8)):
+        for config in (("flat", 4096, 4), (32, 32, 4), (16, 32, 4), (64, 32, 4), (64, 32, 8), (32, 64, 4),
+                       (32, 128, 4), (128, 32, 8)):
             with patched(po_CONFIG=config):
                 for lname, part in (("NCDHW", part_nc), ("CL", part_cl)):
                     out.fill_(float("nan"))

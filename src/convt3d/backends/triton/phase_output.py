@@ -33,6 +33,48 @@ def _phase_index(o, START: tl.constexpr, STRIDE: tl.constexpr, COUNT: tl.constex
 
 @triton.jit
 def phase_output_kernel(
+    y_ptr, bias_ptr, out_ptr, ROWS, syn, syc, syd, syh, syw,
+    C: tl.constexpr, D: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
+    START_D: tl.constexpr, START_H: tl.constexpr, START_W: tl.constexpr,
+    STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
+    QD: tl.constexpr, QH: tl.constexpr, QW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, OFFSETS_64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+):
+    """out (N, C, D, H, W) contiguous as in the module docstring; y any strides. A program writes BLOCK_R whole
+    rows (n, c, d, h) of the output, BLOCK_W columns at a time: the index arithmetic is per row and per column,
+    not per element (decomposing a flat index per element made the kernel bound by integer arithmetic). The sizes
+    and the lattice are constexpr, so that the divisions compile to multiplications and shifts."""
+    if OFFSETS_64:
+        r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    else:
+        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = r < ROWS
+    h = r % H
+    t = r // H
+    d = t % D
+    t = t // D
+    c = t % C
+    n = t // C
+    qd, on_d = _phase_index(d, START_D, STRIDE_D, QD)
+    qh, on_h = _phase_index(h, START_H, STRIDE_H, QH)
+    row_on = row_ok & on_d & on_h
+    y_rows = y_ptr + (n.to(tl.int64) * syn + c.to(tl.int64) * syc + (qd * syd + qh * syh))
+    out_rows = out_ptr + r * W
+    if HAS_BIAS:
+        b = tl.load(bias_ptr + c, mask=row_ok, other=0.0)
+    for w0 in tl.static_range(0, W, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        qw, on_w = _phase_index(w, START_W, STRIDE_W, QW)
+        on = row_on[:, None] & on_w[None, :]
+        value = tl.load(y_rows[:, None] + (qw * syw)[None, :], mask=on, other=0.0)
+        if HAS_BIAS:
+            value = tl.where(on, value, b[:, None])
+        tl.store(out_rows[:, None] + w[None, :], value.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & (w < W)[None, :])
+
+
+@triton.jit
+def phase_output_flat_kernel(
     y_ptr, bias_ptr, out_ptr, TOTAL, syn, syc, syd, syh, syw,
     C: tl.constexpr, D: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
     START_D: tl.constexpr, START_H: tl.constexpr, START_W: tl.constexpr,
@@ -66,8 +108,8 @@ def phase_output_kernel(
     tl.store(out_ptr + offs, value.to(out_ptr.dtype.element_ty), mask=inside)
 
 
-# (elements per program, warps): not yet measured; each thread stores whole 16-byte vectors in either.
-CONFIG = (4096, 4)
+# (rows per program, columns per step, warps), or ("flat", elements per program, warps) for the flat kernel.
+CONFIG = (32, 32, 4)
 
 
 def write_phase_output(out: torch.Tensor, y: torch.Tensor, bias, plan: Plan, phases) -> None:
@@ -76,13 +118,21 @@ def write_phase_output(out: torch.Tensor, y: torch.Tensor, bias, plan: Plan, pha
     total = out.numel()
     if total == 0:
         return
-    block, num_warps = CONFIG
     reach = sum((size - 1) * stride for size, stride in zip(y.shape, y.stride()))
-    phase_output_kernel[(cdiv(total, block),)](
-        y, out if bias is None else bias, out, total, *y.stride(),
+    lattice = dict(
         C=plan.out_channels, D=plan.output_spatial[0], H=plan.output_spatial[1], W=plan.output_spatial[2],
         START_D=phases[0].out_start, START_H=phases[1].out_start, START_W=phases[2].out_start,
         STRIDE_D=plan.stride[0], STRIDE_H=plan.stride[1], STRIDE_W=plan.stride[2],
-        QD=phases[0].out_count, QH=phases[1].out_count, QW=phases[2].out_count,
-        HAS_BIAS=bias is not None, OFFSETS_64=max(total + block, reach) >= 2**31, BLOCK=block, num_warps=num_warps,
-    )
+        QD=phases[0].out_count, QH=phases[1].out_count, QW=phases[2].out_count, HAS_BIAS=bias is not None)
+    if CONFIG[0] == "flat":
+        _, block, num_warps = CONFIG
+        phase_output_flat_kernel[(cdiv(total, block),)](
+            y, out if bias is None else bias, out, total, *y.stride(), **lattice,
+            OFFSETS_64=max(total + block, reach) >= 2**31, BLOCK=block, num_warps=num_warps)
+        return
+    block_r, block_w, num_warps = CONFIG
+    rows = total // plan.output_spatial[2]
+    phase_output_kernel[(cdiv(rows, block_r),)](
+        y, out if bias is None else bias, out, rows, *y.stride(), **lattice,
+        OFFSETS_64=max(total + block_r * plan.output_spatial[2], reach) >= 2**31, BLOCK_R=block_r,
+        BLOCK_W=block_w, num_warps=num_warps)
