@@ -299,8 +299,8 @@ def main():
         out.zero_()
         out[lattice_index].copy_(part_nc)
         before = out.clone()
-        for config in (("flat", 4096, 4), (32, 32, 4), (16, 32, 4), (64, 32, 4), (64, 32, 8), (32, 64, 4),
-                       (32, 128, 4), (128, 32, 8)):
+        for config in ((32, 64, 4, True), (32, 64, 4, False), (16, 64, 4, True), (64, 64, 4, True),
+                       (64, 64, 8, True), (32, 32, 4, True), (128, 64, 8, True), (8, 64, 2, True)):
             with patched(po_CONFIG=config):
                 for lname, part in (("NCDHW", part_nc), ("CL", part_cl)):
                     out.fill_(float("nan"))

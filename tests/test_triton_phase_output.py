@@ -92,7 +92,7 @@ def test_64_bit_offsets():
         y, b, out, rows, *y.stride(), C=3, D=plan.output_spatial[0], H=plan.output_spatial[1],
         W=plan.output_spatial[2], START_D=phases[0].out_start, START_H=phases[1].out_start,
         START_W=phases[2].out_start, STRIDE_D=2, STRIDE_H=3, STRIDE_W=2, QD=phases[0].out_count,
-        QH=phases[1].out_count, QW=phases[2].out_count, HAS_BIAS=True, OFFSETS_64=True, BLOCK_R=4,
+        QH=phases[1].out_count, QW=phases[2].out_count, HAS_BIAS=True, OFFSETS_64=True, BLOCK_R=4, SKIP_EMPTY=True,
         BLOCK_W=4)
     assert torch.equal(out, expected)
 

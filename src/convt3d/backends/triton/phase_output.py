@@ -32,6 +32,41 @@ def _phase_index(o, START: tl.constexpr, STRIDE: tl.constexpr, COUNT: tl.constex
 
 
 @triton.jit
+def _write_columns(y_rows, out_rows, row_on, row_ok, bias, W0: tl.constexpr, WIDTH: tl.constexpr,
+                   START_W: tl.constexpr, STRIDE_W: tl.constexpr, QW: tl.constexpr, syw, HAS_BIAS: tl.constexpr,
+                   LOAD: tl.constexpr):
+    """Columns [W0, W0 + WIDTH) of the rows: y where both the row and the column lie on the lattice, else the
+    bias. LOAD False: no row of the block lies on the lattice."""
+    w = W0 + tl.arange(0, WIDTH)
+    out_ptrs = out_rows[:, None] + w[None, :]
+    if LOAD:
+        qw, on_w = _phase_index(w, START_W, STRIDE_W, QW)
+        on = row_on[:, None] & on_w[None, :]
+        value = tl.load(y_rows[:, None] + (qw * syw)[None, :], mask=on, other=0.0)
+        if HAS_BIAS:
+            value = tl.where(on, value, bias[:, None])
+        tl.store(out_ptrs, value.to(out_rows.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(out_ptrs, tl.broadcast_to(bias[:, None], (bias.shape[0], WIDTH)).to(out_rows.dtype.element_ty),
+                 mask=row_ok[:, None])
+
+
+@triton.jit
+def _write_rows(y_rows, out_rows, row_on, row_ok, bias, W: tl.constexpr, START_W: tl.constexpr,
+                STRIDE_W: tl.constexpr, QW: tl.constexpr, syw, HAS_BIAS: tl.constexpr, BLOCK_W: tl.constexpr,
+                LOAD: tl.constexpr):
+    """Whole rows of W columns, in pieces of BLOCK_W columns and then the remainder's powers of two (65 = 64 + 1),
+    so that no lane idles past the row's end."""
+    for k in tl.static_range(W // BLOCK_W):
+        _write_columns(y_rows, out_rows, row_on, row_ok, bias, k * BLOCK_W, BLOCK_W, START_W, STRIDE_W, QW, syw,
+                       HAS_BIAS, LOAD)
+    for bit in tl.static_range(BLOCK_W.bit_length() - 1, -1, -1):
+        if (W % BLOCK_W >> bit) & 1:
+            _write_columns(y_rows, out_rows, row_on, row_ok, bias, W - W % (1 << (bit + 1)), 1 << bit, START_W,
+                           STRIDE_W, QW, syw, HAS_BIAS, LOAD)
+
+
+@triton.jit
 def phase_output_kernel(
     y_ptr, bias_ptr, out_ptr, ROWS, syn, syc, syd, syh, syw,
     C: tl.constexpr, D: tl.constexpr, H: tl.constexpr, W: tl.constexpr,
@@ -39,11 +74,12 @@ def phase_output_kernel(
     STRIDE_D: tl.constexpr, STRIDE_H: tl.constexpr, STRIDE_W: tl.constexpr,
     QD: tl.constexpr, QH: tl.constexpr, QW: tl.constexpr,
     HAS_BIAS: tl.constexpr, OFFSETS_64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr,
+    SKIP_EMPTY: tl.constexpr,
 ):
     """out (N, C, D, H, W) contiguous as in the module docstring; y any strides. A program writes BLOCK_R whole
-    rows (n, c, d, h) of the output, BLOCK_W columns at a time: the index arithmetic is per row and per column,
-    not per element (decomposing a flat index per element made the kernel bound by integer arithmetic). The sizes
-    and the lattice are constexpr, so that the divisions compile to multiplications and shifts."""
+    rows (n, c, d, h) of the output: the index arithmetic is per row and per column, not per element (decomposing
+    a flat index per element made the kernel bound by integer arithmetic). The sizes and the lattice are
+    constexpr, so that the divisions compile to multiplications and shifts."""
     if OFFSETS_64:
         r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     else:
@@ -61,16 +97,18 @@ def phase_output_kernel(
     y_rows = y_ptr + (n.to(tl.int64) * syn + c.to(tl.int64) * syc + (qd * syd + qh * syh))
     out_rows = out_ptr + r * W
     if HAS_BIAS:
-        b = tl.load(bias_ptr + c, mask=row_ok, other=0.0)
-    for w0 in tl.static_range(0, W, BLOCK_W):
-        w = w0 + tl.arange(0, BLOCK_W)
-        qw, on_w = _phase_index(w, START_W, STRIDE_W, QW)
-        on = row_on[:, None] & on_w[None, :]
-        value = tl.load(y_rows[:, None] + (qw * syw)[None, :], mask=on, other=0.0)
-        if HAS_BIAS:
-            value = tl.where(on, value, b[:, None])
-        tl.store(out_rows[:, None] + w[None, :], value.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & (w < W)[None, :])
+        bias = tl.load(bias_ptr + c, mask=row_ok, other=0.0)
+    else:
+        bias = tl.zeros((BLOCK_R,), dtype=out_ptr.dtype.element_ty)
+    if SKIP_EMPTY:
+        if tl.max(row_on.to(tl.int32), axis=0) > 0:
+            _write_rows(y_rows, out_rows, row_on, row_ok, bias, W, START_W, STRIDE_W, QW, syw, HAS_BIAS, BLOCK_W,
+                        True)
+        else:
+            _write_rows(y_rows, out_rows, row_on, row_ok, bias, W, START_W, STRIDE_W, QW, syw, HAS_BIAS, BLOCK_W,
+                        False)
+    else:
+        _write_rows(y_rows, out_rows, row_on, row_ok, bias, W, START_W, STRIDE_W, QW, syw, HAS_BIAS, BLOCK_W, True)
 
 
 @triton.jit
@@ -108,8 +146,9 @@ def phase_output_flat_kernel(
     tl.store(out_ptr + offs, value.to(out_ptr.dtype.element_ty), mask=inside)
 
 
-# (rows per program, columns per step, warps), or ("flat", elements per program, warps) for the flat kernel.
-CONFIG = (32, 32, 4)
+# (rows per program, columns per step, warps, skip loads in blocks of no lattice row), or ("flat", elements per
+# program, warps) for the flat kernel.
+CONFIG = (32, 64, 4, True)
 
 
 def write_phase_output(out: torch.Tensor, y: torch.Tensor, bias, plan: Plan, phases) -> None:
@@ -130,9 +169,9 @@ def write_phase_output(out: torch.Tensor, y: torch.Tensor, bias, plan: Plan, pha
             y, out if bias is None else bias, out, total, *y.stride(), **lattice,
             OFFSETS_64=max(total + block, reach) >= 2**31, BLOCK=block, num_warps=num_warps)
         return
-    block_r, block_w, num_warps = CONFIG
+    block_r, block_w, num_warps, skip_empty = CONFIG
     rows = total // plan.output_spatial[2]
     phase_output_kernel[(cdiv(rows, block_r),)](
         y, out if bias is None else bias, out, rows, *y.stride(), **lattice,
         OFFSETS_64=max(total + block_r * plan.output_spatial[2], reach) >= 2**31, BLOCK_R=block_r,
-        BLOCK_W=block_w, num_warps=num_warps)
+        BLOCK_W=block_w, SKIP_EMPTY=skip_empty, num_warps=num_warps)
