@@ -12,6 +12,8 @@ configs from it), host (host time per piece).
 Variants (monkeypatches of convt3d's backends, restored after each; --variants all for every one):
   fill and copy   the forward's output filled whole, then the phase's result copied over it (before the eighth
                session), instead of write_phase_output's one pass.
+  rows split   the output's rows off the lattice written before the phase's convolution, its lattice rows
+               whole after it (two Triton passes), instead of write_phase_output's one pass after it.
   fill on a second stream   the forward's fill beside the phase's convolution, on a second stream.
   fwd CL       the forward's phase convolution given a channels-last input: cuDNN returns a channels-last compact
                result, copied into the NCDHW output, instead of converting input and result itself.
@@ -144,6 +146,17 @@ def _forward_fill_beside(input, weight, bias, plan, write_output=None):
     return out
 
 
+def _forward_rows_split(input, weight, bias, plan, write_output=None):
+    """The output's rows off the lattice written (Triton) before the phase's convolution, the lattice's rows
+    written whole after it: the GPU busy while the host prepares cuDNN's call, every element written once."""
+    out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device)
+    phases = tp._only_phase(plan)
+    phase_output.write_phase_output(out, None, bias, plan, phases, kind=phase_output.ROWS_OFF_LATTICE)
+    y = tp._phase_conv(input, weight, bias, plan, phases)
+    phase_output.write_phase_output(out, y, bias, plan, phases, kind=phase_output.LATTICE_ROWS)
+    return out
+
+
 def variants():
     conv_t = tp._phase_conv_transposed
     unrounded = dict(gw_copy_lattice=_copy_lattice_unrounded, gw_phase_grad_weight=_grad_weight_rounding_itself)
@@ -151,6 +164,7 @@ def variants():
         "as is": {},
         "fill and copy": dict(fn__output_writer=lambda *args: None),
         "fill on a second stream": dict(conv_transpose3d=_forward_fill_beside),
+        "rows split": dict(conv_transpose3d=_forward_rows_split),
         "fwd CL": dict(_phase_conv_transposed=_phase_conv_transposed_cl(conv_t)),
         "gi dgrad": dict(_phase_grad_input=_grad_input_dgrad),
         "grad_weight first": dict(conv_transpose3d_backward=_backward_weight_first),
@@ -322,7 +336,11 @@ def main():
         out.zero_()
         out[lattice_index].copy_(part_nc)
         before = out.clone()
-        for config in ((16, 64, 4, True), (8, 64, 2, True)):
+        def split(part):
+            phase_output.write_phase_output(out, None, None, plan, phases, kind=phase_output.ROWS_OFF_LATTICE)
+            phase_output.write_phase_output(out, part, None, plan, phases, kind=phase_output.LATTICE_ROWS)
+
+        for config in ((8, 64, 4), (16, 64, 4), (4, 64, 2), (16, 64, 8), (32, 64, 8), (8, 32, 4)):
             with patched(po_CONFIG=config):
                 for lname, part in (("NCDHW", part_nc), ("CL", part_cl)):
                     out.fill_(float("nan"))
@@ -330,8 +348,16 @@ def main():
                     same = torch.equal(out, before)
                     row(f"fwd: write_phase_output {config} from {lname} part (equal to before: {same})",
                         lambda: phase_output.write_phase_output(out, part, None, plan, phases))
+                out.fill_(float("nan"))
+                split(part_nc)
+                same = torch.equal(out, before)
+                row(f"fwd: rows off the lattice {config}", lambda: phase_output.write_phase_output(
+                    out, None, None, plan, phases, kind=phase_output.ROWS_OFF_LATTICE))
+                row(f"fwd: lattice rows {config}", lambda: phase_output.write_phase_output(
+                    out, part_nc, None, plan, phases, kind=phase_output.LATTICE_ROWS))
+                row(f"fwd: both passes {config} (equal to before: {same})", lambda: split(part_nc))
         reference = ours(xd)
-        for name in ("as is", "fill and copy", "fill on a second stream"):
+        for name in ("as is", "fill and copy", "fill on a second stream", "rows split"):
             patches = variants()[name]
             with patched(**patches):
                 same = torch.equal(ours(xd), reference)

@@ -12,7 +12,7 @@ with --system-site-packages and `pip install triton==3.6.0`); builds differ (six
     python3 scripts/compile_sm90.py forward [BLOCK_M BLOCK_CO BLOCK_CI num_warps num_stages precision diag maxnreg]
     python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N warps stages precision copies lattice_cl BLOCK_P
                                                  g_rounded] [--layouts]
-    python3 scripts/compile_sm90.py phase_output [BLOCK_R BLOCK_W warps skip_empty] [--layouts]
+    python3 scripts/compile_sm90.py phase_output [BLOCK_R BLOCK_W warps kind] [--layouts]
 """
 
 import subprocess
@@ -59,10 +59,10 @@ def grad_weight(block_co=64, block_n=256, warps=8, stages=3, precision=1, copy_p
     return _compile(phase_grad_weight_kernel, constexprs, divisible, dict(num_warps=warps, num_stages=stages))
 
 
-def phase_output(block_r=32, block_w=64, warps=4, skip_empty=1):
+def phase_output(block_r=8, block_w=64, warps=4, kind=0):
     constexprs = dict(C=64, D=33, H=65, W=65, START_D=1, START_H=1, START_W=1, STRIDE_D=2, STRIDE_H=2, STRIDE_W=2,
-                      QD=16, QH=32, QW=32, HAS_BIAS=False, OFFSETS_64=False, BLOCK_R=block_r, BLOCK_W=block_w,
-                      SKIP_EMPTY=bool(skip_empty), syw=1)
+                      QD=16, QH=32, QW=32, HAS_BIAS=False, BLOCK_R=block_r, BLOCK_W=block_w,
+                      KIND=kind, syw=1)
     divisible = [n for n in phase_output_kernel.arg_names if n not in constexprs]
     return _compile(phase_output_kernel, constexprs, divisible, dict(num_warps=warps))
 

@@ -10,7 +10,8 @@ from conftest import assert_close_rel, layer_args, make_tensors
 
 triton = pytest.importorskip("triton")
 from convt3d.backends import torch_phase  # noqa: E402
-from convt3d.backends.triton.phase_output import phase_output_kernel, write_phase_output  # noqa: E402
+from convt3d.backends.triton.phase_output import (  # noqa: E402
+    LATTICE_ROWS, ROWS_OFF_LATTICE, write_phase_output)
 from convt3d.plan import make_plan  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -76,24 +77,20 @@ def test_problem_77_small(bias):
     assert_close_rel(out, reference, 1e-12)
 
 
-def test_64_bit_offsets():
-    """The kernel's 64-bit index path (taken where the output or the compact result's reach has 2**31 elements or
-    more), on a small layer: the same output."""
-    cfg = dict(batch=2, in_channels=2, out_channels=3, groups=1, kernel_size=(2, 3, 2), stride=(2, 3, 2),
-               padding=(1, 0, 2), dilation=(2, 3, 4), output_padding=(1, 2, 0), spatial=(3, 2, 4), bias=True,
-               unbatched=False)
-    expected, _, x, w, b, plan = written(cfg, torch.float32)
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_off_the_lattice_then_the_lattice_rows(seed):
+    """The output written in two passes, the rows off the lattice (before y exists) and then the lattice's rows
+    whole: the same output as one pass, every element written once (over NaN: the first pass leaves the lattice's
+    rows unwritten)."""
+    expected, _, x, w, b, plan = written(one_phase_config(random.Random(seed)), torch.float32)
     phases = torch_phase._only_phase(plan)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         y = torch_phase._phase_conv(x, w, b, plan, phases)
     out = torch.full(plan.output_shape, float("nan"), device=DEVICE)
-    rows = out.numel() // plan.output_spatial[2]
-    phase_output_kernel[(triton.cdiv(rows, 4),)](
-        y, b, out, rows, *y.stride(), C=3, D=plan.output_spatial[0], H=plan.output_spatial[1],
-        W=plan.output_spatial[2], START_D=phases[0].out_start, START_H=phases[1].out_start,
-        START_W=phases[2].out_start, STRIDE_D=2, STRIDE_H=3, STRIDE_W=2, QD=phases[0].out_count,
-        QH=phases[1].out_count, QW=phases[2].out_count, HAS_BIAS=True, OFFSETS_64=True, BLOCK_R=4, SKIP_EMPTY=True,
-        BLOCK_W=4)
+    write_phase_output(out, None, b, plan, phases, kind=ROWS_OFF_LATTICE)
+    index = (slice(None), slice(None), *(slice(p.out_start, None, s) for p, s in zip(phases[:2], plan.stride[:2])))
+    assert out[index][:, :, :phases[0].out_count, :phases[1].out_count].isnan().all()
+    write_phase_output(out, y, b, plan, phases, kind=LATTICE_ROWS)
     assert torch.equal(out, expected)
 
 
