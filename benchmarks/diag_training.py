@@ -10,11 +10,6 @@ on and off), pieces (each piece's cold-L2 time), lattice (grad_output's lattice 
 configs from it), host (host time per piece).
 
 Variants (monkeypatches of convt3d's backends, restored after each; --variants all for every one):
-  fill and copy   the forward's output filled whole, then the phase's result copied over it (before the eighth
-               session), instead of write_phase_output's one pass.
-  rows split   the output's rows off the lattice written before the phase's convolution, its lattice rows
-               whole after it (two Triton passes), instead of write_phase_output's one pass after it.
-  fill on a second stream   the forward's fill beside the phase's convolution, on a second stream.
   fwd CL       the forward's phase convolution given a channels-last input: cuDNN returns a channels-last compact
                result, copied into the NCDHW output, instead of converting input and result itself.
   gi dgrad     grad_input as a stride-1 conv_transpose3d (cuDNN's dgrad kernel, as the forward) instead of conv3d.
@@ -39,10 +34,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from convt3d import functional
 from convt3d.backends import torch_phase as tp
 from convt3d.backends.triton import backward as triton_backward
-from convt3d.backends.triton import phase_output
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.workloads import PROBLEM_77
 from convt3d.ops import _cuda_phase_backward
@@ -67,11 +60,9 @@ def _phase_conv_transposed_cl(original):
 
 @contextlib.contextmanager
 def patched(**replacements):
-    """Replace attributes of torch_phase (or of the Triton backward: names starting with "gw_"; of the output
-    writer: "po_"; of convt3d.functional: "fn_")."""
+    """Replace attributes of torch_phase (or of the Triton backward: names starting with "gw_")."""
     def owner(name):
-        prefixes = {"gw_": triton_backward, "po_": phase_output, "fn_": functional}
-        return (prefixes[name[:3]], name[3:]) if name[:3] in prefixes else (tp, name)
+        return (triton_backward, name[3:]) if name.startswith("gw_") else (tp, name)
 
     saved = {name: getattr(*owner(name)) for name in replacements}
     for name, value in replacements.items():
@@ -125,46 +116,11 @@ def _backward_two_streams(grad_output, input, weight, plan, need_input=True, nee
     return grad_input, grad_weight
 
 
-_FILL_STREAM = []
-
-
-def _forward_fill_beside(input, weight, bias, plan, write_output=None):
-    """tp.conv_transpose3d's fill-and-copy path with the fill on a second stream, beside the phase's cuDNN
-    convolution (the fill is bound by memory writes, the convolution mostly not), joined before the copy."""
-    if not _FILL_STREAM:
-        _FILL_STREAM.append(torch.cuda.Stream())
-    side, main = _FILL_STREAM[0], torch.cuda.current_stream()
-    out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device)
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        tp._fill(out, bias)
-    regions = tp._regions(plan, True)
-    parts = [(index, tp._phase_conv(input, weight, bias, plan, phases)) for index, phases in regions]
-    main.wait_stream(side)
-    for index, part in parts:
-        out[index].copy_(part)
-    return out
-
-
-def _forward_rows_split(input, weight, bias, plan, write_output=None):
-    """The output's rows off the lattice written (Triton) before the phase's convolution, the lattice's rows
-    written whole after it: the GPU busy while the host prepares cuDNN's call, every element written once."""
-    out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device)
-    phases = tp._only_phase(plan)
-    phase_output.write_phase_output(out, None, bias, plan, phases, kind=phase_output.ROWS_OFF_LATTICE)
-    y = tp._phase_conv(input, weight, bias, plan, phases)
-    phase_output.write_phase_output(out, y, bias, plan, phases, kind=phase_output.LATTICE_ROWS)
-    return out
-
-
 def variants():
     conv_t = tp._phase_conv_transposed
     unrounded = dict(gw_copy_lattice=_copy_lattice_unrounded, gw_phase_grad_weight=_grad_weight_rounding_itself)
     return {
         "as is": {},
-        "fill and copy": dict(fn__output_writer=lambda *args: None),
-        "fill on a second stream": dict(conv_transpose3d=_forward_fill_beside),
-        "rows split": dict(conv_transpose3d=_forward_rows_split),
         "fwd CL": dict(_phase_conv_transposed=_phase_conv_transposed_cl(conv_t)),
         "gi dgrad": dict(_phase_grad_input=_grad_input_dgrad),
         "grad_weight first": dict(conv_transpose3d_backward=_backward_weight_first),
@@ -328,40 +284,6 @@ def main():
         row("fwd: copy NCDHW part into lattice", lambda: out[lattice_index].copy_(part_nc))
         row("fwd: copy CL part into lattice", lambda: out[lattice_index].copy_(part_cl))
         row("fwd: zero_ output", lambda: out.zero_())
-        def fill_and_copy():
-            out.zero_()
-            out[lattice_index].copy_(part_nc)
-
-        row("fwd: zero_ + copy NCDHW part into lattice (before)", fill_and_copy)
-        out.zero_()
-        out[lattice_index].copy_(part_nc)
-        before = out.clone()
-        def split(part):
-            phase_output.write_phase_output(out, None, None, plan, phases, kind=phase_output.ROWS_OFF_LATTICE)
-            phase_output.write_phase_output(out, part, None, plan, phases, kind=phase_output.LATTICE_ROWS)
-
-        for config in ((8, 64, 4), (16, 64, 4), (4, 64, 2), (16, 64, 8), (32, 64, 8), (8, 32, 4)):
-            with patched(po_CONFIG=config):
-                for lname, part in (("NCDHW", part_nc), ("CL", part_cl)):
-                    out.fill_(float("nan"))
-                    phase_output.write_phase_output(out, part, None, plan, phases)
-                    same = torch.equal(out, before)
-                    row(f"fwd: write_phase_output {config} from {lname} part (equal to before: {same})",
-                        lambda: phase_output.write_phase_output(out, part, None, plan, phases))
-                out.fill_(float("nan"))
-                split(part_nc)
-                same = torch.equal(out, before)
-                row(f"fwd: rows off the lattice {config}", lambda: phase_output.write_phase_output(
-                    out, None, None, plan, phases, kind=phase_output.ROWS_OFF_LATTICE))
-                row(f"fwd: lattice rows {config}", lambda: phase_output.write_phase_output(
-                    out, part_nc, None, plan, phases, kind=phase_output.LATTICE_ROWS))
-                row(f"fwd: both passes {config} (equal to before: {same})", lambda: split(part_nc))
-        reference = ours(xd)
-        for name in ("as is", "fill and copy", "fill on a second stream", "rows split"):
-            patches = variants()[name]
-            with patched(**patches):
-                same = torch.equal(ours(xd), reference)
-                row(f"fwd: whole forward, {name} (equal: {same})", lambda: ours(xd))
         row("bwd: lattice out NCDHW", lambda: grad[lattice_index].contiguous())
         row("bwd: lattice out CL", lambda: grad[lattice_index].contiguous(memory_format=CL))
         for lname, g in (("NCDHW", g_nc), ("CL", g_cl)):

@@ -12,7 +12,6 @@ with --system-site-packages and `pip install triton==3.6.0`); builds differ (six
     python3 scripts/compile_sm90.py forward [BLOCK_M BLOCK_CO BLOCK_CI num_warps num_stages precision diag maxnreg]
     python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N warps stages precision copies lattice_cl BLOCK_P
                                                  g_rounded] [--layouts]
-    python3 scripts/compile_sm90.py phase_output [BLOCK_R BLOCK_W warps kind] [--layouts]
 """
 
 import subprocess
@@ -26,7 +25,6 @@ from triton.compiler.compiler import ASTSource
 
 from convt3d.backends.triton.backward import phase_grad_weight_kernel
 from convt3d.backends.triton.forward import conv_transpose3d_kernel
-from convt3d.backends.triton.phase_output import phase_output_kernel
 
 # Problem 77, specialised as a real launch specialises it: the pointers and the arguments divisible by 16 marked
 # so, the strides equal to 1 made constants.
@@ -59,14 +57,6 @@ def grad_weight(block_co=64, block_n=256, warps=8, stages=3, precision=1, copy_p
     return _compile(phase_grad_weight_kernel, constexprs, divisible, dict(num_warps=warps, num_stages=stages))
 
 
-def phase_output(block_r=8, block_w=64, warps=4, kind=0):
-    constexprs = dict(C=64, D=33, H=65, W=65, START_D=1, START_H=1, START_W=1, STRIDE_D=2, STRIDE_H=2, STRIDE_W=2,
-                      QD=16, QH=32, QW=32, HAS_BIAS=False, BLOCK_R=block_r, BLOCK_W=block_w,
-                      KIND=kind, syw=1)
-    divisible = [n for n in phase_output_kernel.arg_names if n not in constexprs]
-    return _compile(phase_output_kernel, constexprs, divisible, dict(num_warps=warps))
-
-
 def _compile(fn, constexprs, divisible, options):
     sig = {name: "*fp32" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
     sig.update({name: "constexpr" for name in constexprs})
@@ -95,7 +85,7 @@ def report(kernel, layouts=False):
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--layouts"]
-    kernels = {"forward": forward, "grad_weight": grad_weight, "phase_output": phase_output}
+    kernels = {"forward": forward, "grad_weight": grad_weight}
     if not args or args[0] not in kernels:
         sys.exit(__doc__)
     report(kernels[args[0]](*map(int, args[1:])), layouts="--layouts" in sys.argv)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 
@@ -189,30 +188,14 @@ def _fastest(candidates, input, weight, bias, plan) -> str:
 
 def run_backend(backend: str, input, weight, bias, plan: Plan) -> torch.Tensor:
     if backend == "torch":
-        from .backends.torch_phase import conv_transpose3d
-
-        writer = _output_writer(input.device.type, input.dtype)
-        return conv_transpose3d(input, weight, bias, plan, write_output=writer)
-    if backend == "triton":
+        from .backends.torch_phase import conv_transpose3d as run
+    elif backend == "triton":
         from .backends.triton import conv_transpose3d as run
     else:
         return torch.nn.functional.conv_transpose3d(
             input, weight, bias, plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation
         )
     return run(input, weight, bias, plan)
-
-
-@functools.lru_cache(maxsize=None)
-def _output_writer(device_type: str, dtype: torch.dtype):
-    """The phase path's writer of a whole output from its one phase (torch_phase.conv_transpose3d's write_output):
-    the Triton kernel for real dtypes on CUDA where Triton is installed, else none."""
-    from .backends.triton import triton_available
-
-    if device_type != "cuda" or dtype.is_complex or not triton_available():
-        return None
-    from .backends.triton.phase_output import write_phase_output
-
-    return write_phase_output
 
 
 def conv_transpose3d(

@@ -169,17 +169,9 @@ def _transposed_window(plan: Plan, phases: tuple[AxisPhase, ...]):
 FILL_WHOLE_OUTPUT = collections.defaultdict(lambda: True, cpu=False)
 
 
-def conv_transpose3d(input, weight, bias, plan: Plan, write_output=None) -> torch.Tensor:
-    """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors.
-
-    write_output(out, y, bias, plan, phases), where given, writes the whole of a contiguous output from y, the
-    compact result of `phases`, on layers where that is the only phase some tap reaches (problem 77): the Triton
-    kernel on CUDA, which writes every output element once instead of a fill and a strided copy over it."""
+def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
+    """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors."""
     out = _empty_output(plan.output_shape, input.dtype, input.device, output_memory_format(input, weight))
-    only_phase = _only_phase(plan) if write_output is not None else None
-    if only_phase is not None and out.is_contiguous():
-        write_output(out, _phase_conv(input, weight, bias, plan, only_phase), bias, plan, only_phase)
-        return out
     # On a GPU one contiguous fill of the whole output, then the phases' results over it, beat filling only the
     # empty regions (strided writes that share memory sectors with the phases' writes): on the H200,
     # problem 77 took 1.30 ms with region fills. On the CPU the region fills were the faster. Triton kernels
@@ -201,14 +193,6 @@ def conv_transpose3d(input, weight, bias, plan: Plan, write_output=None) -> torc
 @functools.lru_cache(maxsize=256)
 def _has_empty_region(plan: Plan) -> bool:
     return any(not p.reads_input(a.in_size) for a in plan.axes for p in a.phases if p.out_count)
-
-
-@functools.lru_cache(maxsize=256)
-def _only_phase(plan: Plan):
-    """The phases (one per axis) of the only phase some tap reaches, on a layer whose other outputs are all
-    empty; else None."""
-    reached = [phases for _, phases in _regions(plan, True) if phases is not None]
-    return reached[0] if len(reached) == 1 and _has_empty_region(plan) else None
 
 
 @functools.lru_cache(maxsize=256)
