@@ -10,6 +10,8 @@ on and off), pieces (each piece's cold-L2 time), lattice (grad_output's lattice 
 configs from it), host (host time per piece).
 
 Variants (monkeypatches of convt3d's backends, restored after each; --variants all for every one):
+  Triton's JIT launcher   the backward's three Triton kernels launched through Triton's JIT launcher every call,
+               not through the compiled kernel it returned (backends/triton/launch.py).
   fwd CL       the forward's phase convolution given a channels-last input: cuDNN returns a channels-last compact
                result, copied into the NCDHW output, instead of converting input and result itself.
   gi dgrad     grad_input as a stride-1 conv_transpose3d (cuDNN's dgrad kernel, as the forward) instead of conv3d.
@@ -116,11 +118,25 @@ def _backward_two_streams(grad_output, input, weight, plan, need_input=True, nee
     return grad_input, grad_weight
 
 
+class _JitLaunch:
+    """A kernel launched through Triton's JIT launcher every time (before the eighth session's Launcher)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return self.kernel[grid]
+
+
 def variants():
     conv_t = tp._phase_conv_transposed
     unrounded = dict(gw_copy_lattice=_copy_lattice_unrounded, gw_phase_grad_weight=_grad_weight_rounding_itself)
     return {
         "as is": {},
+        "Triton's JIT launcher": dict(
+            gw__launch_phase_grad_weight=_JitLaunch(triton_backward.phase_grad_weight_kernel),
+            gw__launch_window_per_w_tap=_JitLaunch(triton_backward.window_per_w_tap_kernel),
+            gw__launch_copy_lattice=_JitLaunch(triton_backward.copy_lattice_kernel)),
         "fwd CL": dict(_phase_conv_transposed=_phase_conv_transposed_cl(conv_t)),
         "gi dgrad": dict(_phase_grad_input=_grad_input_dgrad),
         "grad_weight first": dict(conv_transpose3d_backward=_backward_weight_first),
@@ -145,7 +161,7 @@ def _launch_pieces(g, x, plan, phases):
                 return kernel[grid](*args, **kwargs)
             return launch
 
-    with patched(gw_phase_grad_weight_kernel=Capture()):
+    with patched(gw__launch_phase_grad_weight=Capture()):
         triton_backward.phase_grad_weight(g, x, plan, phases)
     grid, args, kwargs = captured["grid"], captured["args"], captured["kwargs"]
     compiled = kernel[grid](*args, **kwargs)
@@ -162,6 +178,8 @@ def _launch_pieces(g, x, plan, phases):
     return {"_sm_count": lambda: _sm_count(0), "precision_for": lambda: precision_for(torch.float32),
             "torch.empty(partial sums)": lambda: torch.empty((38, 32, 64, 3, 3, 3), device="cuda"),
             "grad_weight kernel launch (JIT)": lambda: kernel[grid](*args, **kwargs),
+            "grad_weight kernel launch (convt3d's Launcher)": lambda: triton_backward._launch_phase_grad_weight[grid](
+                *args, **kwargs),
             "grad_weight kernel launch (compiled kernel)": lambda: runner(*ordered)}
 
 

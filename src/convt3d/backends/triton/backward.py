@@ -29,6 +29,7 @@ import triton.language as tl
 from ...plan import Plan
 from ..torch_phase import _phase_input
 from . import cdiv, next_power_of_2
+from .launch import Launcher
 from .forward import TF32, _interpreted, _round_to_tf32, _sm_count, precision_for
 
 
@@ -108,6 +109,9 @@ def phase_grad_weight_kernel(
              mask=co_ok[None, :] & nn_ok[:, None])
 
 
+_launch_phase_grad_weight = Launcher(phase_grad_weight_kernel)
+
+
 # (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM, a window copy per w tap): in TF32 mode, the fastest
 # measured on the H200 for problem 77 with both operands TF32-rounded beforehand (benchmarks/RESULTS.md, seventh
 # session), copies and partial sums included: 0.263 ms, against 0.284 for (64, 128, 4, 3, 2), the sixth
@@ -170,7 +174,7 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     else:
         window = _phase_input(input, plan, phases).contiguous()
         w_tap_stride = phases[2].input_dilation * window.stride(4)
-    phase_grad_weight_kernel[(tiles, splits)](
+    _launch_phase_grad_weight[(tiles, splits)](
         compact, window, partial,
         steps, steps_per_split, qw_blocks, *counts,
         *compact.stride(), *window.stride(),
@@ -214,6 +218,9 @@ def window_per_w_tap_kernel(
     tl.store(out + r[:, None] * ROW + q[None, :], value, mask=(r < WD * WH)[:, None] & (q < ROW)[None, :])
 
 
+_launch_window_per_w_tap = Launcher(window_per_w_tap_kernel)
+
+
 def _window_per_w_tap(input: torch.Tensor, phases, round_to_tf32: bool):
     """(copies[:, 0], stride between copies): copies[n, kw, c, d, h, q] = the phase's input window at
     (n, c, d, h, q + kw*dilation) (zero where the window pads the input), each row padded to a multiple of 16
@@ -228,7 +235,7 @@ def _window_per_w_tap(input: torch.Tensor, phases, round_to_tf32: bool):
     block_q = next_power_of_2(row)
     block_r = max(1, 4096 // block_q)
     if copies.numel():
-        window_per_w_tap_kernel[(n * w_taps * c, cdiv(span_d * span_h, block_r))](
+        _launch_window_per_w_tap[(n * w_taps * c, cdiv(span_d * span_h, block_r))](
             input, copies, c, *input.shape[2:], span_d, span_h, w_taps, *input.stride(),
             *(p.input_start for p in phases), phases[2].input_dilation, width, row,
             ROUND=round_to_tf32, BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4,
@@ -265,6 +272,9 @@ def copy_lattice_kernel(
     tl.store(out_ptr + offs, value, mask=offs < TOTAL)
 
 
+_launch_copy_lattice = Launcher(copy_lattice_kernel)
+
+
 def copy_lattice(lattice: torch.Tensor, round_to_tf32: bool) -> torch.Tensor:
     """grad_output's lattice of one phase (a strided view, N, C, QD, QH, QW) copied out contiguous, TF32-rounded if
     asked, so that the grad_weight kernel hands its tile to the MMA as loaded (lattice_rounded) and cuDNN's
@@ -278,7 +288,7 @@ def copy_lattice(lattice: torch.Tensor, round_to_tf32: bool) -> torch.Tensor:
         return out
     reach = sum((size - 1) * stride for size, stride in zip(lattice.shape[2:], lattice.stride()[2:]))
     block = 2048
-    copy_lattice_kernel[(cdiv(out.numel(), block),)](
+    _launch_copy_lattice[(cdiv(out.numel(), block),)](
         lattice, out, out.numel(), *lattice.stride(), C=c, QD=qd, QH=qh, QW=qw, ROUND=round_to_tf32,
         OFFSETS_64=max(out.numel() + block, reach) >= 2**31, BLOCK=block, num_warps=8,
     )

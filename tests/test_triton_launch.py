@@ -1,0 +1,87 @@
+"""The launcher that reuses a Triton kernel's compiled form (backends/triton/launch.py), with a stand-in kernel:
+on the CPU no compiled kernel exists (the interpreter runs kernels as Python); the GPU tests of the backward run
+the real one."""
+
+import pytest
+import torch
+
+from convt3d.backends.triton.launch import Launcher
+
+
+class FakeKernel:
+    """Records launches as Triton's JIT function would take them; each returns a new compiled stand-in."""
+
+    arg_names = ["x_ptr", "n", "stride", "BLOCK", "ROUND"]
+
+    def __init__(self):
+        self.jit_launches, self.compiled_launches = [], []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.jit_launches.append((grid, args, kwargs))
+            return FakeCompiled(self, len(self.jit_launches))
+        return launch
+
+
+class FakeCompiled:
+    def __init__(self, kernel, number):
+        self.kernel, self.number = kernel, number
+
+    def __getitem__(self, grid):
+        return lambda *args: self.kernel.compiled_launches.append((self.number, grid, args))
+
+
+@pytest.fixture
+def compiled_mode(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+def test_a_repeated_specialisation_reuses_the_compiled_kernel(compiled_mode):
+    kernel = FakeKernel()
+    launch = Launcher(kernel)
+    x, y = torch.empty(64), torch.empty(64)
+    launch[(3,)](x, 100, 5, BLOCK=64, ROUND=True, num_warps=4)
+    launch[(7, 2)](y, 200, 7, BLOCK=64, ROUND=True, num_warps=4)  # same classes: aligned, neither 1 nor /16
+    assert len(kernel.jit_launches) == 1
+    # all three grid sizes, and every argument in the kernel's order, constexprs included (not launch options)
+    assert kernel.compiled_launches == [(1, (7, 2, 1), (y, 200, 7, 64, True))]
+
+
+@pytest.mark.parametrize("change", ["int 1", "int multiple of 16", "int over 32 bits", "unaligned tensor", "dtype",
+                                    "constexpr", "launch option", "device"])
+def test_a_new_specialisation_goes_through_triton(compiled_mode, monkeypatch, change):
+    """Each property that Triton specialises on (or that could change the compiled code) sends the call through
+    Triton's launcher, which compiles or finds the kernel for it."""
+    kernel = FakeKernel()
+    launch = Launcher(kernel)
+    x = torch.empty(64)
+    args, kwargs = [x, 100, 5], dict(BLOCK=64, ROUND=True, num_warps=4)
+    launch[(1,)](*args, **kwargs)
+    if change == "int 1":
+        args[2] = 1
+    elif change == "int multiple of 16":
+        args[1] = 32
+    elif change == "int over 32 bits":
+        args[1] = 2**31 + 3
+    elif change == "unaligned tensor":
+        args[0] = x[1:]
+    elif change == "dtype":
+        args[0] = x.double()
+    elif change == "constexpr":
+        kwargs["BLOCK"] = 128
+    elif change == "launch option":
+        kwargs["num_warps"] = 8
+    else:
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    launch[(1,)](*args, **kwargs)
+    assert len(kernel.jit_launches) == 2 and not kernel.compiled_launches
+
+
+def test_the_interpreter_always_runs_the_kernel(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel = FakeKernel()
+    launch = Launcher(kernel)
+    for _ in range(3):
+        launch[(1,)](torch.empty(4), 100, 5, BLOCK=64, ROUND=False)
+    assert len(kernel.jit_launches) == 3 and not kernel.compiled_launches
