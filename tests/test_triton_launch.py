@@ -11,6 +11,7 @@ from convt3d.backends.triton.launch import Launcher
 class FakeKernel:
     """Records launches as Triton's JIT function would take them; each returns a new compiled stand-in."""
 
+    __name__ = "fake_kernel"
     arg_names = ["x_ptr", "n", "stride", "BLOCK", "ROUND"]
 
     def __init__(self):
@@ -37,22 +38,22 @@ def compiled_mode(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
 
-def test_a_repeated_specialisation_reuses_the_compiled_kernel(compiled_mode):
+def test_the_same_arguments_reuse_the_compiled_kernel(compiled_mode):
     kernel = FakeKernel()
     launch = Launcher(kernel)
     x, y = torch.empty(64), torch.empty(64)
     launch[(3,)](x, 100, 5, BLOCK=64, ROUND=True, num_warps=4)
-    launch[(7, 2)](y, 200, 7, BLOCK=64, ROUND=True, num_warps=4)  # same classes: aligned, neither 1 nor /16
+    launch[(7, 2)](y, 100, 5, BLOCK=64, ROUND=True, num_warps=4)  # another aligned float32 tensor, another grid
     assert len(kernel.jit_launches) == 1
     # all three grid sizes, and every argument in the kernel's order, constexprs included (not launch options)
-    assert kernel.compiled_launches == [(1, (7, 2, 1), (y, 200, 7, 64, True))]
+    assert kernel.compiled_launches == [(1, (7, 2, 1), (y, 100, 5, 64, True))]
 
 
-@pytest.mark.parametrize("change", ["int 1", "int multiple of 16", "int over 32 bits", "unaligned tensor", "dtype",
-                                    "constexpr", "launch option", "device"])
-def test_a_new_specialisation_goes_through_triton(compiled_mode, monkeypatch, change):
-    """Each property that Triton specialises on (or that could change the compiled code) sends the call through
-    Triton's launcher, which compiles or finds the kernel for it."""
+@pytest.mark.parametrize("change", ["int 1", "int multiple of 16", "int over 32 bits", "another int",
+                                    "unaligned tensor", "dtype", "constexpr", "launch option", "device"])
+def test_anything_else_goes_through_triton(compiled_mode, monkeypatch, change):
+    """Each property that Triton specialises on, and every other value, sends the call through Triton's launcher,
+    which compiles or finds the kernel for it; so does another current device."""
     kernel = FakeKernel()
     launch = Launcher(kernel)
     x = torch.empty(64)
@@ -63,7 +64,9 @@ def test_a_new_specialisation_goes_through_triton(compiled_mode, monkeypatch, ch
     elif change == "int multiple of 16":
         args[1] = 32
     elif change == "int over 32 bits":
-        args[1] = 2**31 + 3
+        args[1] = 2**31 + 100
+    elif change == "another int":
+        args[1] = 101
     elif change == "unaligned tensor":
         args[0] = x[1:]
     elif change == "dtype":
@@ -76,6 +79,23 @@ def test_a_new_specialisation_goes_through_triton(compiled_mode, monkeypatch, ch
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     launch[(1,)](*args, **kwargs)
     assert len(kernel.jit_launches) == 2 and not kernel.compiled_launches
+
+
+def test_keys_are_bounded(compiled_mode, monkeypatch):
+    from convt3d.backends.triton import launch as launch_module
+
+    monkeypatch.setattr(launch_module, "MAX_KEYS", 4)
+    launch = Launcher(FakeKernel())
+    for n in range(10):
+        launch[(1,)](torch.empty(4), n, 5, BLOCK=64, ROUND=True)
+    assert len(launch._compiled) <= 4
+
+
+def test_arguments_it_cannot_key_by_value_are_refused(compiled_mode):
+    with pytest.raises(TypeError, match="must be ints"):
+        Launcher(FakeKernel())[(1,)](torch.empty(4), True, 5, BLOCK=64, ROUND=True)
+    with pytest.raises(ValueError, match="pointer arguments must come first"):
+        Launcher(type("Kernel", (FakeKernel,), {"arg_names": ["n", "x_ptr"], "__name__": "k"})())
 
 
 def test_the_interpreter_always_runs_the_kernel(monkeypatch):
