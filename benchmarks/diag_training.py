@@ -25,7 +25,9 @@ Variants (monkeypatches of convt3d's backends, restored after each; --variants a
 Measured in the seventh session and dropped from this list: grad_output's lattice copied out channels-last
 (cuDNN's grad_input then skips its layout conversion, 0.271 against 0.329 ms, but the Triton grad_weight reads
 such a lattice at 1.88 ms against 0.37), and the grad_weight kernel's reduction step spanning rows of the
-phase's plane (64 or 128 positions: slower); benchmarks/RESULTS.md.
+phase's plane (64 or 128 positions: slower); benchmarks/RESULTS.md. In the eighth: a Triton kernel writing the
+forward's whole output once instead of the fill and the strided copy (its variants and pieces are in commits
+847d53d..46ce143), and the fill on a second stream beside the phase's convolution: both slower overall.
 """
 
 import argparse
