@@ -29,8 +29,8 @@ import triton.language as tl
 from ...plan import Plan
 from ..torch_phase import _phase_input
 from . import cdiv, next_power_of_2
-from .launch import Launcher
 from .forward import TF32, _interpreted, _round_to_tf32, _sm_count, precision_for
+from .launch import Launcher
 
 
 @triton.jit

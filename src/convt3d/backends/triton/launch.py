@@ -1,15 +1,15 @@
-"""Launch a Triton kernel again through the compiled kernel that its first launch with the same arguments'
-properties returned, skipping Triton's JIT launcher.
+"""Launch a Triton kernel again through the compiled kernel that its first launch with the same arguments' properties
+returned, skipping Triton's JIT launcher.
 
 Triton's JIT launcher binds and specialises every argument and builds its cache key on every call. On the H200
-machine the weight gradient kernel's launch (about 40 arguments) took 41.6 us of host time through it, 27.1
-through this launcher and 10.7 calling the compiled kernel directly (benchmarks/RESULTS.md, eighth session):
-host time that shows wherever the host, not the GPU, sets the pace. The key here is finer than Triton's specialisation (Triton 3.x specialises each tensor on its dtype and
-16-byte alignment, each integer on being 1, a multiple of 16 and within 32 bits): the pointers' dtypes and
-alignments, every other argument by value, the constexprs and launch options by value, and the current device.
-So a compiled kernel serves only calls that Triton would have sent to the same one. Under TRITON_INTERPRET=1 every
-call goes through the kernel itself. A key made of each argument's class instead (isinstance on each) cost more
-host time than Triton's own launcher: 44.3 us (eighth session).
+machine the weight gradient kernel's launch (about 40 arguments) took 41.6 us of host time through it, 27.1 through
+this launcher and 10.7 calling the compiled kernel directly (benchmarks/RESULTS.md, eighth session): host time that
+shows wherever the host, not the GPU, sets the pace. The key here is finer than Triton's specialisation (Triton 3.x
+specialises each tensor on its dtype and 16-byte alignment, each integer on being 1, a multiple of 16 and within 32
+bits): the pointers' dtypes and alignments, every other argument by value, the constexprs and launch options by
+value, and the current device. So a compiled kernel serves only calls that Triton would have sent to the same one.
+Under TRITON_INTERPRET=1 every call goes through the kernel itself. A key made of each argument's class instead
+(isinstance on each) cost more host time than Triton's own launcher: 44.3 us (eighth session).
 """
 
 from __future__ import annotations
