@@ -6,15 +6,12 @@ changes, alone; then the host time of each piece.
         [--only fwdbwd,outliers,pieces,lattice,host] [--variants "as is,lattice not rounded"]
 
 Sections: fwdbwd (the variants below), outliers (the bench's loop call by call, with Python's garbage collector
-on and off), pieces (each piece's cold-L2 time), cudnn (the phases' convolutions with cuDNN's algorithm search
-or its heuristics), lattice (grad_output's lattice copied out, and grad_weight configs from it), host (host time
-per piece).
+on and off), pieces (each piece's cold-L2 time), lattice (grad_output's lattice copied out, and grad_weight
+configs from it), host (host time per piece).
 
 Variants (monkeypatches of convt3d's backends, restored after each; --variants all for every one):
   Triton's JIT launcher   the backward's three Triton kernels launched through Triton's JIT launcher every call,
                not through the compiled kernel it returned (backends/triton/launch.py).
-  cuDNN heuristics   the phases' cuDNN convolutions (forward, grad_input) with the algorithm cuDNN's heuristics
-               choose, not the fastest its search finds (before the eighth session).
   fwd CL       the forward's phase convolution given a channels-last input: cuDNN returns a channels-last compact
                result, copied into the NCDHW output, instead of converting input and result itself.
   gi dgrad     grad_input as a stride-1 conv_transpose3d (cuDNN's dgrad kernel, as the forward) instead of conv3d.
@@ -34,7 +31,6 @@ forward's whole output once instead of the fill and the strided copy (its varian
 """
 
 import argparse
-import collections
 import contextlib
 import statistics
 import time
@@ -143,7 +139,6 @@ def variants():
             gw__launch_phase_grad_weight=_JitLaunch(triton_backward.phase_grad_weight_kernel),
             gw__launch_window_per_w_tap=_JitLaunch(triton_backward.window_per_w_tap_kernel),
             gw__launch_copy_lattice=_JitLaunch(triton_backward.copy_lattice_kernel)),
-        "cuDNN heuristics": dict(CUDNN_SEARCH=collections.defaultdict(lambda: False)),
         "fwd CL": dict(_phase_conv_transposed=_phase_conv_transposed_cl(conv_t)),
         "gi dgrad": dict(_phase_grad_input=_grad_input_dgrad),
         "grad_weight first": dict(conv_transpose3d_backward=_backward_weight_first),
@@ -322,16 +317,6 @@ def main():
         print(f"grad_weight from NCDHW and CL lattice equal: {torch.equal(gw_nc, gw_cl)}; rel err "
               f"{relative_error(gw_nc, w64.grad):.1e}", flush=True)
         row("bwd: partial sum of 38 splits (the default's count)", lambda: splits.sum(0))
-
-    if "cudnn" in sections:
-        # The phases' convolutions with cuDNN's algorithm search (as is) or its heuristics' choice.
-        for name, fn in (("fwd: phase conv", lambda: tp._phase_conv(xd, w, None, plan, phases)),
-                         ("bwd: grad_input conv3d", lambda: tp._phase_grad_input(g_nc, w, plan, phases, dilation))):
-            with patched(**variants()["cuDNN heuristics"]):
-                chosen = fn().double()
-                row(f"{name}, cuDNN's heuristics", fn)
-            searched = fn().double()
-            row(f"{name}, cuDNN's search (rel. diff {relative_error(searched, chosen):.1e})", fn)
 
     if "lattice" in sections:
         # grad_output's lattice copied out, TF32-rounded or not, and the weight gradient from it, by config.

@@ -69,24 +69,3 @@ def test_phase_conv_as_transposed_convolution_applies_to_problem_77():
     out = torch_phase._phase_conv_transposed(x, w, None, plan, phase.axes)
     assert out is not None
     assert_close_rel(out, torch_phase._phase_conv(x, w, None, plan, phase.axes), 1e-10)
-
-
-def test_cudnn_search_is_on_for_the_phase_convolutions_only(monkeypatch):
-    """_searched turns cuDNN's algorithm search on for its own call where CUDNN_SEARCH says so, and leaves the
-    caller's setting as it was; it leaves the search alone where the caller turned it on already."""
-    seen = []
-
-    def conv(*args):
-        seen.append(torch.backends.cudnn.benchmark)
-        return args
-
-    x = torch.empty(1)
-    with torch.backends.cudnn.flags(enabled=True, benchmark=False):
-        torch_phase._searched(conv, x)  # not for the CPU by default
-        monkeypatch.setitem(torch_phase.CUDNN_SEARCH, "cpu", True)
-        assert torch_phase._searched(conv, x, 1) == (x, 1)
-        assert not torch.backends.cudnn.benchmark
-    with torch.backends.cudnn.flags(enabled=True, benchmark=True):
-        torch_phase._searched(conv, x)
-        assert torch.backends.cudnn.benchmark
-    assert seen == [False, True, True]

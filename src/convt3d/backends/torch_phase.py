@@ -123,25 +123,6 @@ CONV_CHANNELS_LAST = collections.defaultdict(lambda: False, cpu=True)
 PHASE_CONV_TRANSPOSED = collections.defaultdict(lambda: False, cuda=True)
 
 
-# Per device type: let cuDNN search for the fastest algorithm of each phase's convolution (its benchmark mode, on
-# for these calls only: the caller's setting is left as it was), instead of taking its heuristics' choice.
-# Measured on the H200: see benchmarks/RESULTS.md, eighth session.
-CUDNN_SEARCH = collections.defaultdict(lambda: False, cuda=True)
-
-
-def _searched(conv, input, *args):
-    """conv(input, *args), with cuDNN's algorithm search on where CUDNN_SEARCH says so; not while a CUDA graph is
-    being captured (a search would run and synchronise inside it) nor where the caller has turned it on already."""
-    if (not CUDNN_SEARCH[input.device.type] or torch.backends.cudnn.benchmark
-            or (input.is_cuda and torch.cuda.is_current_stream_capturing())):
-        return conv(input, *args)
-    torch.backends.cudnn.benchmark = True
-    try:
-        return conv(input, *args)
-    finally:
-        torch.backends.cudnn.benchmark = False
-
-
 def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tensor:
     if (PHASE_CONV_TRANSPOSED[input.device.type] and input.dtype == torch.float32
             and torch.backends.cudnn.allow_tf32):
@@ -153,7 +134,7 @@ def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) 
     if CONV_CHANNELS_LAST[x.device.type]:
         x = x.contiguous(memory_format=torch.channels_last_3d)
         w = w.contiguous(memory_format=torch.channels_last_3d)
-    return _searched(F.conv3d, x, w, bias, 1, padding, tuple(p.input_dilation for p in phases), plan.groups)
+    return F.conv3d(x, w, bias, 1, padding, tuple(p.input_dilation for p in phases), plan.groups)
 
 
 def _phase_conv_transposed(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]):
@@ -166,8 +147,8 @@ def _phase_conv_transposed(input, weight, bias, plan: Plan, phases: tuple[AxisPh
     if window is None:
         return None
     padding, output_padding, dilation = window
-    return _searched(F.conv_transpose3d, input, weight[_tap_index(phases)], bias, 1, padding, output_padding,
-                     plan.groups, dilation)
+    return F.conv_transpose3d(input, weight[_tap_index(phases)], bias, 1, padding, output_padding, plan.groups,
+                              dilation)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -364,4 +345,4 @@ def _phase_grad_input(g, weight, plan: Plan, phases, dilation) -> torch.Tensor:
     if CONV_CHANNELS_LAST[g.device.type]:
         g = g.contiguous(memory_format=torch.channels_last_3d)
         w = w.contiguous(memory_format=torch.channels_last_3d)
-    return _searched(F.conv3d, g, w, None, 1, conv_padding, dilation, plan.groups)
+    return F.conv3d(g, w, None, 1, conv_padding, dilation, plan.groups)
