@@ -22,6 +22,11 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def interpreted() -> bool:
+    """Whether Triton kernels run in its interpreter (TRITON_INTERPRET=1: on the CPU, as CI tests them)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -34,7 +39,7 @@ def unsupported_reason(input: torch.Tensor, plan: Plan):
     """None when the Triton kernel can serve this call, else a short reason."""
     if not triton_available():
         return "triton is not installed"
-    if input.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if input.device.type != "cuda" and not interpreted():
         return f"device {input.device.type} needs TRITON_INTERPRET=1"
     if input.dtype not in SUPPORTED_DTYPES:
         return f"dtype {input.dtype} (supported: float32, float16, bfloat16)"

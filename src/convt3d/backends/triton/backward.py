@@ -28,8 +28,8 @@ import triton.language as tl
 
 from ...plan import Plan
 from ..torch_phase import _phase_input
-from . import cdiv, next_power_of_2
-from .forward import TF32, _interpreted, _round_to_tf32, _sm_count, precision_for
+from . import cdiv, interpreted, next_power_of_2
+from .forward import TF32, _round_to_tf32, _sm_count, precision_for
 from .launch import Launcher
 
 
@@ -180,7 +180,7 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
         *compact.stride(), *window.stride(),
         phases[0].input_dilation, phases[1].input_dilation, w_tap_stride, taps[1], taps[2],
         co_g, ci_g, n_total, n_blocks, co_blocks, groups,
-        PRECISION=precision, INTERPRETED=_interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
+        PRECISION=precision, INTERPRETED=interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
         X_ROUNDED=x_rounded, G_ROUNDED=lattice_rounded and precision == TF32, num_warps=num_warps,
         num_stages=num_stages,
     )

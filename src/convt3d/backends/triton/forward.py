@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import triton
@@ -29,7 +28,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from .. import output_memory_format
-from . import cdiv, next_power_of_2
+from . import cdiv, interpreted, next_power_of_2
 
 NATIVE, TF32, TF32X3 = 0, 1, 2
 
@@ -328,15 +327,11 @@ def conv_transpose3d_kernel(
                              tile.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok2[None, :])
 
 
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _configs():
     # Measured on the H200 (problem 77, benchmarks/RESULTS.md) and left out: a persistent grid (2 programs per
     # multiprocessor: 2.2x slower), registers capped at 128 or 168 so that programs share a multiprocessor
     # (2.0-2.6x slower: spills), 64-row tiles (1.7x slower).
-    if _interpreted():
+    if interpreted():
         return [dict(BLOCK_M=32, BLOCK_CO=16, BLOCK_CI=16, num_warps=4, num_stages=1, PER_SM=1)]
     return [
         dict(BLOCK_M=m, BLOCK_CO=co, BLOCK_CI=ci, num_warps=w, num_stages=s, PER_SM=0)
@@ -435,7 +430,7 @@ def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
     block_ci = max(16, min(cfg["BLOCK_CI"], next_power_of_2(cin_g)))
     u_h_blocks, u_w_blocks, co_blocks = cdiv(u_h, block_r), cdiv(u_w, block_q), cdiv(cout_g, block_co)
     items = n * od * s_h * u_h_blocks * u_w_blocks * co_blocks * groups
-    if _interpreted():
+    if interpreted():
         programs = min(items, 3)  # few programs, so that the interpreter walks the persistent loop too
     else:
         # PER_SM 0: one program per item; else a persistent grid of PER_SM programs per multiprocessor.
@@ -447,7 +442,7 @@ def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
         u_h_blocks, u_w_blocks, co_blocks, groups, items,
         S_D=s_d, S_H=s_h, S_W=s_w, P_D=p_d, P_H=p_h, P_W=p_w, DIL_D=dl_d, DIL_H=dl_h, DIL_W=dl_w,
         STEP_D=s_d // math.gcd(s_d, dl_d), STEP_H=s_h // math.gcd(s_h, dl_h), STEP_W=s_w // math.gcd(s_w, dl_w),
-        HAS_BIAS=bias is not None, PRECISION=precision, INTERPRETED=_interpreted(),
+        HAS_BIAS=bias is not None, PRECISION=precision, INTERPRETED=interpreted(),
         BLOCK_R=block_r, BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci,
         FILL_W=next_power_of_2(s_w * block_q), EVEN_CI=cin_g % block_ci == 0, DIAG=cfg.get("DIAG", 0),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],

@@ -14,9 +14,9 @@ Under TRITON_INTERPRET=1 every call goes through the kernel itself. A key made o
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from . import interpreted
 
 # Distinct keys kept per kernel before starting over (each layer shape and batch size makes its own).
 MAX_KEYS = 64
@@ -39,7 +39,7 @@ class Launcher:
         return lambda *args, **kwargs: self._launch(grid, args, kwargs)
 
     def _launch(self, grid, args, kwargs):
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        if interpreted():
             return self.kernel[grid](*args, **kwargs)
         pointers = args[:self.pointers]
         key = (torch.cuda.current_device(), tuple((t.dtype, t.data_ptr() % 16 == 0) for t in pointers),
