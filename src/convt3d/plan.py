@@ -57,6 +57,14 @@ class AxisPhase:
     input_start: int
     input_dilation: int
 
+    def __hash__(self) -> int:
+        # Computed once: per-phase caches are looked up on every call, and the generated hash walks every field.
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.residue, self.out_start, self.out_count, self.taps, self.input_start, self.input_dilation))
+
     @property
     def input_span(self) -> int:
         """Number of input positions the correlation window covers (padding included)."""
@@ -156,11 +164,11 @@ class Plan:
         # shows on a GPU (benchmarks/RESULTS.md, fifth session).
         return hash(self.key)
 
-    @property
+    @functools.cached_property
     def output_spatial(self) -> tuple[int, int, int]:
         return tuple(a.out_size for a in self.axes)  # type: ignore[return-value]
 
-    @property
+    @functools.cached_property
     def output_shape(self) -> tuple[int, ...]:
         return (self.batch, self.out_channels, *self.output_spatial)
 
