@@ -10,9 +10,11 @@ from conftest import assert_close_rel, layer_args, make_tensors, random_config
 from test_triton_forward import CASES, round_to_tf32
 
 triton = pytest.importorskip("triton")
-from convt3d.backends.torch_phase import _phase_input, _phase_lattices, conv_transpose3d_backward  # noqa: E402
+from convt3d.backends import torch_phase  # noqa: E402
+from convt3d.backends.torch_phase import _phase_input, conv_transpose3d_backward  # noqa: E402
+from convt3d.backends.triton import backward  # noqa: E402
 from convt3d.backends.triton.backward import (  # noqa: E402
-    CONFIG, _window_per_w_tap, copy_lattice, copy_lattice_kernel, phase_grad_weight)
+    CONFIG, _window_per_w_tap, copy_lattice, phase_grad_weight, phase_operands)
 from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402
 from convt3d.plan import make_plan  # noqa: E402
 
@@ -29,12 +31,12 @@ def weight_grads(cfg, dtype, precision, round_operands=False, copy_per_w_tap=Non
     args = layer_args(cfg)
     plan = make_plan(tuple(x.shape), tuple(w.shape), **args)
     g = torch.randn(plan.output_shape, device=DEVICE).to(dtype)
-    def grad_weight(g, *a):
+    def grad_weight(grad_output, index, input, weight, plan, phases, need_input, need_weight):
+        g = grad_output[index]
         g = g if lattice_format is None else g.contiguous(memory_format=lattice_format)
-        return phase_grad_weight(g, *a, precision=precision, config=config)
+        return None, phase_grad_weight(g, input, plan, phases, precision=precision, config=config)
 
-    _, ours = conv_transpose3d_backward(g, x, w, plan, need_input=False, need_weight=True,
-                                        phase_grad_weight=grad_weight)
+    _, ours = conv_transpose3d_backward(g, x, w, plan, need_input=False, need_weight=True, phase_backward=grad_weight)
     x64 = (round_to_tf32(x) if round_operands else x).double()
     g64 = (round_to_tf32(g) if round_operands else g).double()
     w64 = w.double().requires_grad_()
@@ -112,7 +114,8 @@ def test_lattice_rounded_beforehand():
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
     (phase,) = plan.nonempty_phases
     g = torch.randn(plan.output_shape, device=DEVICE)
-    ((_, lattice),) = _phase_lattices(g, plan, lambda view: view.contiguous())
+    ((_, index),) = torch_phase._backward_phases(plan)
+    lattice = g[index].contiguous()
     inside = phase_grad_weight(lattice, x, plan, phase.axes, precision=TF32)
     before = phase_grad_weight(round_to_tf32(lattice), x, plan, phase.axes, precision=TF32, lattice_rounded=True)
     assert torch.equal(inside, before)
@@ -131,21 +134,36 @@ def test_copy_lattice(cfg, rounded, dtype):
     rounded = rounded and dtype == torch.float32
     for layout in (torch.contiguous_format, torch.channels_last_3d):
         g = torch.randn(plan.output_shape, device=DEVICE).to(dtype).contiguous(memory_format=layout)
-        for _, view in _phase_lattices(g, plan):
+        for _, index in torch_phase._backward_phases(plan):
+            view = g[index]
             ours = copy_lattice(view, round_to_tf32=rounded)
             assert ours.is_contiguous()
             assert torch.equal(ours, round_to_tf32(view.contiguous()) if rounded else view.contiguous())
 
 
-def test_copy_lattice_64_bit_offsets():
+def test_copy_lattice_64_bit_offsets(monkeypatch):
     """The kernel's 64-bit index path (taken where a lattice or its reach has 2**31 elements or more), on a small
     lattice: the same copy."""
+    monkeypatch.setattr(backward, "OFFSETS_64_FROM", 0)
     g = torch.randn(2, 3, 7, 9, 11, device=DEVICE)
     view = g[:, :, 1::2, 0::3, 2::2]
-    out = torch.empty(view.shape, device=DEVICE)
-    copy_lattice_kernel[(triton.cdiv(out.numel(), 256),)](view, out, out.numel(), *view.stride(), C=3, QD=3, QH=3,
-                                                          QW=5, ROUND=False, OFFSETS_64=True, BLOCK=256)
-    assert torch.equal(out, view.contiguous())
+    assert torch.equal(copy_lattice(view, round_to_tf32=False), view.contiguous())
+
+
+@pytest.mark.parametrize("precision", [TF32, TF32X3], ids=["tf32", "tf32x3"])
+@pytest.mark.parametrize("cfg", CASES[:4], ids=range(4))
+def test_phase_operands_in_one_launch(cfg, precision):
+    """The lattice (read in place from grad_output, NCDHW or channels-last) and the windows from one launch: equal
+    to each copied alone, TF32-rounded in TF32 mode."""
+    x, w, _ = make_tensors(dict(cfg, unbatched=False, bias=False), torch.float32, DEVICE)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    rounded = precision == TF32
+    for layout in (torch.contiguous_format, torch.channels_last_3d):
+        g = torch.randn(plan.output_shape, device=DEVICE).contiguous(memory_format=layout)
+        for phases, index in torch_phase._backward_phases(plan):
+            lattice, windows = phase_operands(g, x, plan, phases, precision)
+            assert torch.equal(lattice, copy_lattice(g[index], round_to_tf32=rounded))
+            assert torch.equal(windows, _window_per_w_tap(x, phases, round_to_tf32=rounded))
 
 
 @pytest.mark.parametrize("rounded", [False, True], ids=["as_is", "tf32_rounded"])
@@ -158,10 +176,8 @@ def test_window_per_w_tap_copies_the_padded_window(cfg, rounded):
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
     for phase in plan.nonempty_phases:
         phases = phase.axes
-        first, between = _window_per_w_tap(x, phases, round_to_tf32=rounded)
         width, dilation = phases[2].out_count, phases[2].input_dilation
-        copies = first.as_strided((first.shape[0], len(phases[2].taps), *first.shape[1:4], width),
-                                  (first.stride(0), between, *first.stride()[1:4], 1))
+        copies = _window_per_w_tap(x, phases, round_to_tf32=rounded)[..., :width]
         window = _phase_input(x, plan, phases)
         expected = torch.stack([window[..., k * dilation:k * dilation + width] for k in range(len(phases[2].taps))], 1)
         assert torch.equal(copies, round_to_tf32(expected) if rounded else expected)

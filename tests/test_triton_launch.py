@@ -29,36 +29,45 @@ class FakeCompiled:
         self.kernel, self.number = kernel, number
 
     def __getitem__(self, grid):
-        return lambda *args: self.kernel.compiled_launches.append((self.number, grid, args))
+        def run(*args, stream):
+            self.kernel.compiled_launches.append((self.number, grid, args, stream))
+        return run
+
+
+OPTIONS = (("BLOCK", 64), ("ROUND", True), ("num_warps", 4))
 
 
 @pytest.fixture
 def compiled_mode(monkeypatch):
+    from convt3d.backends.triton import launch as launch_module
+
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(launch_module, "_current_stream", lambda device: 1000 + device)
 
 
 def test_the_same_arguments_reuse_the_compiled_kernel(compiled_mode):
     kernel = FakeKernel()
     launch = Launcher(kernel)
     x, y = torch.empty(64), torch.empty(64)
-    launch[(3,)](x, 100, 5, BLOCK=64, ROUND=True, num_warps=4)
-    launch[(7, 2)](y, 100, 5, BLOCK=64, ROUND=True, num_warps=4)  # another aligned float32 tensor, another grid
-    assert len(kernel.jit_launches) == 1
-    # all three grid sizes, and every argument in the kernel's order, constexprs included (not launch options)
-    assert kernel.compiled_launches == [(1, (7, 2, 1), (y, 100, 5, 64, True))]
+    launch.launch((7, 2), (x,), (100, 5), OPTIONS)
+    launch.launch((7, 2), (y,), (100, 5), OPTIONS)  # another aligned float32 tensor
+    assert kernel.jit_launches == [((7, 2), (x, 100, 5), dict(OPTIONS))]
+    # the compiled kernel's runner for all three grid sizes, every argument in the kernel's order, constexprs
+    # included (not launch options), and the current device's stream
+    assert kernel.compiled_launches == [(1, (7, 2, 1), (y, 100, 5, 64, True), 1000)]
 
 
 @pytest.mark.parametrize("change", ["int 1", "int multiple of 16", "int over 32 bits", "another int",
-                                    "unaligned tensor", "dtype", "constexpr", "launch option", "device"])
+                                    "unaligned tensor", "dtype", "constexpr", "launch option", "grid", "device"])
 def test_anything_else_goes_through_triton(compiled_mode, monkeypatch, change):
     """Each property that Triton specialises on, and every other value, sends the call through Triton's launcher,
     which compiles or finds the kernel for it; so does another current device."""
     kernel = FakeKernel()
     launch = Launcher(kernel)
     x = torch.empty(64)
-    args, kwargs = [x, 100, 5], dict(BLOCK=64, ROUND=True, num_warps=4)
-    launch[(1,)](*args, **kwargs)
+    args, kwargs, grid = [x, 100, 5], dict(OPTIONS), (1,)
+    launch.launch(grid, (x,), (100, 5), OPTIONS)
     if change == "int 1":
         args[2] = 1
     elif change == "int multiple of 16":
@@ -75,9 +84,11 @@ def test_anything_else_goes_through_triton(compiled_mode, monkeypatch, change):
         kwargs["BLOCK"] = 128
     elif change == "launch option":
         kwargs["num_warps"] = 8
+    elif change == "grid":
+        grid = (2,)
     else:
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    launch[(1,)](*args, **kwargs)
+    launch.launch(grid, tuple(args[:1]), tuple(args[1:]), tuple(kwargs.items()))
     assert len(kernel.jit_launches) == 2 and not kernel.compiled_launches
 
 
@@ -87,13 +98,15 @@ def test_keys_are_bounded(compiled_mode, monkeypatch):
     monkeypatch.setattr(launch_module, "MAX_KEYS", 4)
     launch = Launcher(FakeKernel())
     for n in range(10):
-        launch[(1,)](torch.empty(4), n, 5, BLOCK=64, ROUND=True)
+        launch.launch((1,), (torch.empty(4),), (n, 5), OPTIONS)
     assert len(launch._compiled) <= 4
 
 
 def test_arguments_it_cannot_key_by_value_are_refused(compiled_mode):
-    with pytest.raises(TypeError, match="must be ints"):
-        Launcher(FakeKernel())[(1,)](torch.empty(4), True, 5, BLOCK=64, ROUND=True)
+    with pytest.raises(TypeError, match="then ints"):
+        Launcher(FakeKernel()).launch((1,), (torch.empty(4),), (True, 5), OPTIONS)
+    with pytest.raises(TypeError, match="1 pointers"):
+        Launcher(FakeKernel()).launch((1,), (), (torch.empty(4), 1, 5), OPTIONS)
     with pytest.raises(ValueError, match="pointer arguments must come first"):
         Launcher(type("Kernel", (FakeKernel,), {"arg_names": ["n", "x_ptr"], "__name__": "k"})())
 
@@ -103,5 +116,5 @@ def test_the_interpreter_always_runs_the_kernel(monkeypatch):
     kernel = FakeKernel()
     launch = Launcher(kernel)
     for _ in range(3):
-        launch[(1,)](torch.empty(4), 100, 5, BLOCK=64, ROUND=False)
+        launch.launch((1,), (torch.empty(4),), (100, 5), OPTIONS)
     assert len(kernel.jit_launches) == 3 and not kernel.compiled_launches

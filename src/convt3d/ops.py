@@ -114,19 +114,9 @@ def conv_transpose3d_backward_op(
 
 def _cuda_phase_backward(grad_output, input, weight, plan: Plan, need_input: bool, need_weight: bool):
     from .backends.torch_phase import conv_transpose3d_backward
-    from .backends.triton.backward import copy_lattice, phase_grad_weight
-    from .backends.triton.forward import TF32, precision_for
+    from .backends.triton.backward import phase_backward
 
-    # grad_input by cuDNN: on the H200 (problem 77) 0.55 ms against 0.74-0.93 for a Triton implicit GEMM on the
-    # phase's channels-last padded lattice (commit b8c8054, removed since; benchmarks/RESULTS.md). grad_weight
-    # on a second stream beside it measured within run-to-run spread (sixth session), so one stream.
-    # In TF32 mode grad_output's lattices are copied out rounded to TF32 (to nearest, as both gradients' tensor
-    # cores read them), once for both gradients.
-    rounded = precision_for(input.dtype) == TF32
-    return conv_transpose3d_backward(
-        grad_output, input, weight, plan, need_input, need_weight,
-        phase_grad_weight=lambda g, *args: phase_grad_weight(g, *args, lattice_rounded=rounded),
-        copy_lattice=lambda view: copy_lattice(view, round_to_tf32=rounded))
+    return conv_transpose3d_backward(grad_output, input, weight, plan, need_input, need_weight, phase_backward)
 
 
 @conv_transpose3d_backward_op.register_fake

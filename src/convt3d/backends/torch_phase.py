@@ -75,9 +75,15 @@ def _fill(target: torch.Tensor, bias) -> None:
 
 def _taps(weight: torch.Tensor, phases, descending: bool = True) -> torch.Tensor:
     """weight restricted to the taps of each axis phase, flipped (descending) or not: slices and one flip (index
-    tensors would each cost a host-to-device copy on CUDA)."""
-    w = weight[_tap_index(phases)]
+    tensors would each cost a host-to-device copy on CUDA); the weight itself where the phases have every tap
+    ascending (a view op costs host time too)."""
+    w = weight if _every_tap(phases, weight.shape[2:]) else weight[_tap_index(phases)]
     return w.flip(2, 3, 4) if descending else w
+
+
+@functools.lru_cache(maxsize=1024)
+def _every_tap(phases, kernel_size) -> bool:
+    return all(len(p.taps) == k for p, k in zip(phases, kernel_size))
 
 
 def _phase_weight(weight: torch.Tensor, phases: tuple[AxisPhase, ...], groups: int) -> torch.Tensor:
@@ -147,8 +153,8 @@ def _phase_conv_transposed(input, weight, bias, plan: Plan, phases: tuple[AxisPh
     if window is None:
         return None
     padding, output_padding, dilation = window
-    return F.conv_transpose3d(input, weight[_tap_index(phases)], bias, 1, padding, output_padding, plan.groups,
-                              dilation)
+    return F.conv_transpose3d(input, _taps(weight, phases, descending=False), bias, 1, padding, output_padding,
+                              plan.groups, dilation)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -239,73 +245,62 @@ def _backward_phases(plan: Plan) -> tuple:
 
 
 def conv_transpose3d_backward(grad_output, input, weight, plan: Plan, need_input: bool = True,
-                              need_weight: bool = True, phase_grad_weight=None, copy_lattice=None):
+                              need_weight: bool = True, phase_backward=None):
     """(grad_input, grad_weight) by the same decomposition, each None where not needed.
-
-    phase_grad_weight(g, input, plan, phases) computes one phase's weight gradient from g, grad_output's lattice
-    of that phase: the slice weight[_tap_index(phases)] of grad_weight, (C_in, C_out/g, taps of the phase in
-    ascending order), contiguous (the Triton kernel on CUDA); by default aten's convolution_backward on the
-    phase. copy_lattice(view), where given, copies each phase's lattice of grad_output out once, for both
-    gradients (cuDNN and the Triton grad_weight would each copy the strided view otherwise; on the H200, problem
-    77, both gradients took 1.005 ms with one copy against 1.122 with two).
 
     Each phase some tap reaches is the stride-1 correlation y_phase = conv3d(x_phase, w_phase) of the forward,
     so its gradients are those of an ordinary convolution on the phase's compact grid of grad_output: no
     strided convolution over the positions no tap reaches. grad_input is the sum over phases; every kernel tap
     belongs to exactly one phase, so grad_weight is assembled from disjoint slices (taps that reach no phase
-    get zero). With the default phase_grad_weight it is made of aten operations only, which torch.compile
-    traces; the Triton one runs inside the op convt3d::conv_transpose3d_backward (ops.py).
+    get zero).
+
+    phase_backward(grad_output, index, input, weight, plan, phases, need_input, need_weight) gives one phase's
+    parts from grad_output[index], grad_output's lattice of that phase: (its part of grad_input, or None; its slice
+    weight[_tap_index(phases)] of grad_weight, (C_in, C_out/g, the phase's taps in ascending order), or None).
+    By default aten operations only (aten_phase_backward), which torch.compile traces; on CUDA the Triton one
+    (backends/triton/backward.py), inside the op convt3d::conv_transpose3d_backward (ops.py). Phase by phase, so
+    that each phase's copies are freed before the next phase's are made.
     """
-    lattices = _phase_lattices(grad_output, plan, copy_lattice)
-    # grad_input first: on a GPU its convolutions are long kernels that the host issues quickly, and they keep the
-    # GPU busy while the host prepares and launches the Triton weight gradient (about 150 us of host time on the
-    # H200 machine, during which the GPU idled when only the short lattice copy was queued before it).
-    grad_input = _phase_grad_inputs(lattices, weight, plan) if need_input else None
-    grad_weight = _phase_grad_weights(lattices, input, weight, plan, phase_grad_weight) if need_weight else None
-    return grad_input, grad_weight
+    phase_backward = aten_phase_backward if phase_backward is None else phase_backward
+    grad_input, weight_parts = None, []
+    for phases, index in _backward_phases(plan):
+        part_input, part_weight = phase_backward(grad_output, index, input, weight, plan, phases, need_input,
+                                                 need_weight)
+        if part_input is not None:
+            grad_input = part_input if grad_input is None else grad_input.add_(part_input)
+        if part_weight is not None:
+            weight_parts.append((_tap_index(phases), part_weight))
+    if need_input and grad_input is None:  # no tap reaches any input: the output does not depend on it
+        grad_input = weight.new_zeros((plan.batch, plan.in_channels, *plan.input_spatial))
+    return grad_input, (_assemble_grad_weight(weight, weight_parts) if need_weight else None)
 
 
-def _phase_lattices(grad_output, plan: Plan, copy_lattice=None) -> list:
-    """(phases, grad_output's lattice of those phases) for each phase some tap reaches: views, or copy_lattice's
-    copies of them."""
-    return [(phases, grad_output[index] if copy_lattice is None else copy_lattice(grad_output[index]))
-            for phases, index in _backward_phases(plan)]
-
-
-def _phase_grad_weights(lattices, input, weight, plan: Plan, phase_grad_weight=None) -> torch.Tensor:
-    """grad_weight from _phase_lattices' result; phase_grad_weight as in conv_transpose3d_backward."""
-    weight_parts = []  # (index of the weight's taps, that slice of grad_weight)
-    for phases, g in lattices:
-        if phase_grad_weight is not None:
-            weight_parts.append((_tap_index(phases), phase_grad_weight(g, input, plan, phases)))
-            continue
+def aten_phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_input: bool, need_weight: bool):
+    """One phase's parts of the gradients (as conv_transpose3d_backward's phase_backward) by aten operations."""
+    lattice = grad_output[index]
+    part_input = phase_grad_input(lattice, weight, plan, phases) if need_input else None
+    part_weight = None
+    if need_weight:
         x, padding = _padded_operand(input, _input_pads(plan, phases))
         dilation = [p.input_dilation for p in phases]
         _, part, _ = torch.ops.aten.convolution_backward(
-            g, x, _phase_weight(weight, phases, plan.groups), None, [1, 1, 1], list(padding), dilation,
+            lattice, x, _phase_weight(weight, phases, plan.groups), None, [1, 1, 1], list(padding), dilation,
             False, [0, 0, 0], plan.groups, [False, True, False])
         # (groups * C_out/g, C_in/g, taps...) in flipped tap order -> the weight's (C_in, C_out/g, taps...).
         cout_g = plan.out_channels // plan.groups
         part = part.reshape(plan.groups, cout_g, -1, *part.shape[2:]).transpose(1, 2)
-        weight_parts.append((_tap_index(phases), part.reshape(plan.in_channels, cout_g, *part.shape[3:]).flip(
-            2, 3, 4)))
+        part_weight = part.reshape(plan.in_channels, cout_g, *part.shape[3:]).flip(2, 3, 4)
+    return part_input, part_weight
+
+
+def _assemble_grad_weight(weight, weight_parts) -> torch.Tensor:
+    """grad_weight from (index of the weight's taps, that slice of grad_weight) for each phase some tap reaches."""
     if len(weight_parts) == 1 and weight_parts[0][1].shape == weight.shape:
         return weight_parts[0][1]  # one phase has every tap (problem 77): no fill, no copy
     grad_weight = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     for index, part in weight_parts:  # disjoint slices; taps that reach no phase keep zero
         grad_weight[index] = part
     return grad_weight
-
-
-def _phase_grad_inputs(lattices, weight, plan: Plan) -> torch.Tensor:
-    """grad_input from _phase_lattices' result: the sum of each phase's part."""
-    grad_input = None
-    for phases, g in lattices:
-        part = _phase_grad_input(g, weight, plan, phases, tuple(p.input_dilation for p in phases))
-        grad_input = part if grad_input is None else grad_input.add_(part)
-    if grad_input is None:  # no tap reaches any input: the output does not depend on it
-        grad_input = weight.new_zeros((plan.batch, plan.in_channels, *plan.input_spatial))
-    return grad_input
 
 
 @functools.lru_cache(maxsize=1024)
@@ -336,13 +331,26 @@ def _input_pads(plan: Plan, phases) -> tuple[tuple[int, int], ...]:
     return tuple(_pads(p, a.in_size) for p, a in zip(phases, plan.axes))
 
 
-def _phase_grad_input(g, weight, plan: Plan, phases, dilation) -> torch.Tensor:
-    """One phase's part of grad_input: output j of the phase reads input input_start + j + k*dilation for its
-    k-th (flipped) tap, so input i receives grad_output j = i - input_start - k*dilation: a correlation of the
-    padded compact grid with the taps in ascending order."""
+def phase_grad_input(g, weight, plan: Plan, phases) -> torch.Tensor:
+    """One phase's part of grad_input from g, grad_output's lattice of the phase: output j of the phase reads input
+    input_start + j + k*dilation for its k-th (flipped) tap, so input i receives grad_output j = i - input_start -
+    k*dilation: a correlation of the padded compact grid with the taps in ascending order."""
     w = _taps(weight, phases, descending=False)
-    g, conv_padding = _padded_operand(g, _grad_input_pads(plan, phases))
+    pads, padding, dilation = _grad_input_conv(plan, phases)
+    if pads is not None:
+        g = _pad(g, pads)
     if CONV_CHANNELS_LAST[g.device.type]:
         g = g.contiguous(memory_format=torch.channels_last_3d)
         w = w.contiguous(memory_format=torch.channels_last_3d)
-    return F.conv3d(g, w, None, 1, conv_padding, dilation, plan.groups)
+    return F.conv3d(g, w, None, 1, padding, dilation, plan.groups)
+
+
+@functools.lru_cache(maxsize=1024)
+def _grad_input_conv(plan: Plan, phases):
+    """(pads of a copy of the lattice or None, conv3d's padding, its dilation) for phase_grad_input: the padding
+    inside the convolution where it is symmetric (as _padded_operand)."""
+    pads = _grad_input_pads(plan, phases)
+    dilation = tuple(p.input_dilation for p in phases)
+    if all(left == right >= 0 for left, right in pads):
+        return None, tuple(left for left, _ in pads), dilation
+    return pads, (0, 0, 0), dilation

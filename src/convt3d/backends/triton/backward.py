@@ -20,6 +20,7 @@ atomics, the same result on every run. On the H200, problem 77, copies and parti
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -27,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from ..torch_phase import _phase_input
+from ..torch_phase import _phase_input, phase_grad_input
 from . import cdiv, interpreted, next_power_of_2
 from .forward import TF32, _round_to_tf32, _sm_count, precision_for
 from .launch import Launcher
@@ -135,34 +136,19 @@ def fits(plan: Plan, phases) -> bool:
 
 
 def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, phases,
-                      precision: int | None = None, config=None, lattice_rounded: bool = False) -> torch.Tensor:
+                      precision: int | None = None, config=None, lattice_rounded: bool = False,
+                      windows=None) -> torch.Tensor:
     """Weight gradient of one phase's correlation from `lattice`, grad_output's outputs of that phase (a view):
     the phase's slice of grad_weight, (C_in, C_out/g, taps of each axis phase in ascending order), contiguous.
     Written in that layout by the kernel, so that no copy, flip or scatter follows (each a launch, whose host
-    time shows on the GPU machine)."""
+    time shows on the GPU machine). windows: the input's copies per w tap as phase_operands makes them (made here
+    where None)."""
     precision = precision_for(input.dtype) if precision is None else precision
     if config is None:
         config = CONFIG if precision == TF32 else CONFIG_OTHER_PRECISIONS
-    block_co, block_n, num_warps, num_stages, per_sm, copy_per_w_tap = config
-    groups = plan.groups
-    co_g, ci_g = plan.out_channels // groups, plan.in_channels // groups
-    taps = [len(p.taps) for p in phases]
-    counts = [p.out_count for p in phases]
-    n_total = math.prod(taps) * ci_g
-    rows = plan.batch * counts[0] * counts[1]
-    block_p = 32 if counts[2] > 16 else 16  # the reduction step: consecutive qw of one row
-    qw_blocks = cdiv(counts[2], block_p)
-    steps = rows * qw_blocks
-    block_co = max(16, min(block_co, next_power_of_2(co_g)))
-    block_n = max(16, min(block_n, next_power_of_2(n_total)))
-    n_blocks, co_blocks = cdiv(n_total, block_n), cdiv(co_g, block_co)
-    tiles = groups * co_blocks * n_blocks
-    # Enough splits of the reduction to fill the GPU; each at least a few steps long.
-    sms = _sm_count(input.device.index or 0) if input.device.type == "cuda" else 1
-    splits = max(1, min(cdiv(per_sm * sms, tiles), cdiv(steps, 8)))
-    steps_per_split = cdiv(steps, splits)
-    splits = cdiv(steps, steps_per_split)
-    partial = torch.empty((splits, plan.in_channels, co_g, *taps), dtype=torch.float32, device=input.device)
+    copy_per_w_tap = config[5]
+    if windows is not None and not copy_per_w_tap:
+        raise ValueError("windows given, but the config reads the input's window itself (copy_per_w_tap False)")
     # The compact lattice as it comes if dense (NCDHW: the reduction axis qw contiguous, as the MMA reads it;
     # channels-last is read right but slowly: 1.88 against 0.37 ms on the H200, seventh session), and the
     # input's window or its copies, qw contiguous.
@@ -170,40 +156,75 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     compact = lattice if dense else lattice.contiguous()
     x_rounded = copy_per_w_tap and precision == TF32  # rounded in the copy, not again in the kernel
     if copy_per_w_tap:
-        window, w_tap_stride = _window_per_w_tap(input, phases, round_to_tf32=x_rounded)
+        window = _copy(None, 0, None, None, input, phases, False, x_rounded)[1] if windows is None else windows
+        # (N, w taps, C, D, H, row): the kernel reads the first copy and reaches tap kw at kw * stride(1).
+        n_stride, w_tap_stride, *x_strides = window.stride()
+        x_strides = (n_stride, *x_strides)
     else:
         window = _phase_input(input, plan, phases).contiguous()
-        w_tap_stride = phases[2].input_dilation * window.stride(4)
-    _launch_phase_grad_weight[(tiles, splits)](
-        compact, window, partial,
-        steps, steps_per_split, qw_blocks, *counts,
-        *compact.stride(), *window.stride(),
-        phases[0].input_dilation, phases[1].input_dilation, w_tap_stride, taps[1], taps[2],
-        co_g, ci_g, n_total, n_blocks, co_blocks, groups,
-        PRECISION=precision, INTERPRETED=interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
-        X_ROUNDED=x_rounded, G_ROUNDED=lattice_rounded and precision == TF32, num_warps=num_warps,
-        num_stages=num_stages,
-    )
+        x_strides, w_tap_stride = window.stride(), phases[2].input_dilation * window.stride(4)
+    sms = _sm_count(input.device.index or 0) if input.device.type == "cuda" else 1
+    grid, splits, partial_shape, sizes, options = _grad_weight_launch(
+        plan, phases, precision, config, sms, x_rounded, lattice_rounded and precision == TF32)
+    partial = torch.empty(partial_shape, dtype=torch.float32, device=input.device)
+    _launch_phase_grad_weight.launch(
+        grid, (compact, window, partial),
+        (*sizes[:6], *compact.stride(), *x_strides, *sizes[6:8], w_tap_stride, *sizes[8:]), options)
     grad = partial.sum(0) if splits > 1 else partial[0]  # a fixed order: deterministic
-    return grad.to(input.dtype)
+    return grad if grad.dtype == input.dtype else grad.to(input.dtype)
+
+
+def reduction_step(width: int) -> int:
+    """Positions per reduction step: consecutive qw of one row of the phase's compact grid, `width` long."""
+    return 32 if width > 16 else 16
+
+
+@functools.lru_cache(maxsize=256)
+def _grad_weight_launch(plan: Plan, phases, precision: int, config, sms: int, x_rounded: bool, g_rounded: bool):
+    """(grid, splits, the partial sums' shape, the kernel's size arguments in its order (strides aside), its
+    constexprs and launch options) for one phase: once per layer, since every microsecond of the host's shows."""
+    block_co, block_n, num_warps, num_stages, per_sm, _ = config
+    groups = plan.groups
+    co_g, ci_g = plan.out_channels // groups, plan.in_channels // groups
+    taps = [len(p.taps) for p in phases]
+    counts = [p.out_count for p in phases]
+    n_total = math.prod(taps) * ci_g
+    rows = plan.batch * counts[0] * counts[1]
+    block_p = reduction_step(counts[2])
+    qw_blocks = cdiv(counts[2], block_p)
+    steps = rows * qw_blocks
+    block_co = max(16, min(block_co, next_power_of_2(co_g)))
+    block_n = max(16, min(block_n, next_power_of_2(n_total)))
+    n_blocks, co_blocks = cdiv(n_total, block_n), cdiv(co_g, block_co)
+    tiles = groups * co_blocks * n_blocks
+    # Enough splits of the reduction to fill the GPU; each at least a few steps long.
+    splits = max(1, min(cdiv(per_sm * sms, tiles), cdiv(steps, 8)))
+    steps_per_split = cdiv(steps, splits)
+    splits = cdiv(steps, steps_per_split)
+    sizes = (steps, steps_per_split, qw_blocks, *counts, phases[0].input_dilation, phases[1].input_dilation,
+             taps[1], taps[2], co_g, ci_g, n_total, n_blocks, co_blocks, groups)
+    options = dict(PRECISION=precision, INTERPRETED=interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p,
+                   BLOCK_N=block_n, X_ROUNDED=x_rounded, G_ROUNDED=g_rounded, num_warps=num_warps,
+                   num_stages=num_stages)
+    return (tiles, splits), splits, (splits, plan.in_channels, co_g, *taps), sizes, tuple(options.items())
 
 
 @triton.jit
-def window_per_w_tap_kernel(
-    x_ptr, out_ptr, C, D, H, W, WD, WH, TW,
+def _copy_window_block(
+    x_ptr, out_ptr, program, ROW_BLOCKS, C, D, H, W, WD, WH, TW,
     sxn, sxc, sxd, sxh, sxw,
     START_D, START_H, START_W, DIL_W, WIDTH, ROW,
     ROUND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):
     """out[n, kw, c, d, h, q] = x[n, c, START_D + d, START_H + h, START_W + kw*DIL_W + q] (zero outside x, and
-    for q >= WIDTH), TF32-rounded if ROUND; out contiguous with rows of ROW elements. Program (volume, block):
+    for q >= WIDTH), TF32-rounded if ROUND; out contiguous with rows of ROW elements. Program = (volume, block):
     volume = (n*TW + kw)*C + c, decomposed once per program; rows d*WH + h of the block, once per row (divisions
     per element, or 64-bit ones per row, made an earlier version 4x slower than F.pad)."""
-    volume = tl.program_id(0)
+    volume = program // ROW_BLOCKS
     c = volume % C
     kw = volume // C % TW
     n = volume // C // TW
-    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r = program % ROW_BLOCKS * BLOCK_R + tl.arange(0, BLOCK_R)
     q = tl.arange(0, BLOCK_Q)
     h = r % WH + START_H
     d = r // WH + START_D
@@ -218,45 +239,20 @@ def window_per_w_tap_kernel(
     tl.store(out + r[:, None] * ROW + q[None, :], value, mask=(r < WD * WH)[:, None] & (q < ROW)[None, :])
 
 
-_launch_window_per_w_tap = Launcher(window_per_w_tap_kernel)
-
-
-def _window_per_w_tap(input: torch.Tensor, phases, round_to_tf32: bool):
-    """(copies[:, 0], stride between copies): copies[n, kw, c, d, h, q] = the phase's input window at
-    (n, c, d, h, q + kw*dilation) (zero where the window pads the input), each row padded to a multiple of 16
-    elements (zero; never read). Every w tap's tile then starts where a row does, 64-byte aligned, so the
-    grad_weight kernel loads the input 16 bytes at a time; in the window itself the taps' offsets (odd on
-    problem 77) allow only 4-byte loads. One pass from the input: no padded copy first."""
-    n, c = input.shape[:2]
-    (span_d, span_h, _), width = (p.input_span for p in phases), phases[2].out_count
-    w_taps = len(phases[2].taps)
-    row = _padded_width(width)
-    copies = torch.empty((n, w_taps, c, span_d, span_h, row), dtype=input.dtype, device=input.device)
-    block_q = next_power_of_2(row)
-    block_r = max(1, 4096 // block_q)
-    if copies.numel():
-        _launch_window_per_w_tap[(n * w_taps * c, cdiv(span_d * span_h, block_r))](
-            input, copies, c, *input.shape[2:], span_d, span_h, w_taps, *input.stride(),
-            *(p.input_start for p in phases), phases[2].input_dilation, width, row,
-            ROUND=round_to_tf32, BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=4,
-        )
-    # The kernel reaches the other copies from the first through the stride (the view keeps them alive).
-    return copies[:, 0], copies.stride(1)
-
-
 @triton.jit
-def copy_lattice_kernel(
-    g_ptr, out_ptr, TOTAL, sn, sc, sd, sh, sw,
+def _copy_lattice_block(
+    g_ptr, out_ptr, program, TOTAL, G_OFFSET, sn, sc, sd, sh, sw,
     C: tl.constexpr, QD: tl.constexpr, QH: tl.constexpr, QW: tl.constexpr,
     ROUND: tl.constexpr, OFFSETS_64: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """out[n, c, qd, qh, qw] = g[n, c, qd, qh, qw] (any strides), TF32-rounded if ROUND; out contiguous. Flat over
+    """out[n, c, qd, qh, qw] = g[G_OFFSET + n*sn + c*sc + qd*sd + qh*sh + qw*sw], TF32-rounded if ROUND; out
+    contiguous. Flat over
     out in aligned blocks, so that stores are whole 16-byte vectors; the sizes are constexpr, so that the index
     divisions compile to multiplications and shifts."""
     if OFFSETS_64:
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        offs = program.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     else:
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        offs = program * BLOCK + tl.arange(0, BLOCK)
     q = offs % QW
     r = offs // QW
     h = r % QH
@@ -266,33 +262,147 @@ def copy_lattice_kernel(
     c = r % C
     n = r // C
     inside = d * sd + h * sh + q * sw  # 64-bit where OFFSETS_64
-    value = tl.load(g_ptr + n.to(tl.int64) * sn + c.to(tl.int64) * sc + inside, mask=offs < TOTAL)
+    value = tl.load(g_ptr + G_OFFSET + n.to(tl.int64) * sn + c.to(tl.int64) * sc + inside, mask=offs < TOTAL)
     if ROUND:
         value = _round_to_tf32(value)
     tl.store(out_ptr + offs, value, mask=offs < TOTAL)
 
 
-_launch_copy_lattice = Launcher(copy_lattice_kernel)
+@triton.jit
+def copy_operands_kernel(
+    g_ptr, lattice_ptr, x_ptr, windows_ptr,
+    LATTICE_PROGRAMS, LATTICE_TOTAL, G_OFFSET, sgn, sgc, sgd, sgh, sgw,
+    ROW_BLOCKS, XC, D, H, W, WD, WH, TW, sxn, sxc, sxd, sxh, sxw, START_D, START_H, START_W, DIL_W, WIDTH, ROW,
+    C: tl.constexpr, QD: tl.constexpr, QH: tl.constexpr, QW: tl.constexpr, ROUND_LATTICE: tl.constexpr,
+    OFFSETS_64: tl.constexpr, BLOCK: tl.constexpr,
+    ROUND_WINDOWS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
+):
+    """The weight gradient's two operands in one launch: programs below LATTICE_PROGRAMS copy grad_output's lattice
+    of the phase (_copy_lattice_block), the others the phase's input window once per w tap (_copy_window_block).
+    One launch instead of two saves a launch's host time, which shows on the GPU machine, and gives the GPU both
+    copies' work at once while the host prepares cuDNN's grad_input."""
+    program = tl.program_id(0)
+    if program < LATTICE_PROGRAMS:
+        _copy_lattice_block(g_ptr, lattice_ptr, program, LATTICE_TOTAL, G_OFFSET, sgn, sgc, sgd, sgh, sgw, C, QD, QH, QW,
+                            ROUND_LATTICE, OFFSETS_64, BLOCK)
+    else:
+        _copy_window_block(x_ptr, windows_ptr, program - LATTICE_PROGRAMS, ROW_BLOCKS, XC, D, H, W, WD, WH, TW,
+                           sxn, sxc, sxd, sxh, sxw, START_D, START_H, START_W, DIL_W, WIDTH, ROW, ROUND_WINDOWS,
+                           BLOCK_R, BLOCK_Q)
+
+
+_launch_copy_operands = Launcher(copy_operands_kernel)
+
+LATTICE_BLOCK = 2048
+# The lattice copy indexes in 64 bits where the lattice, or its reach in grad_output, has this many elements.
+OFFSETS_64_FROM = 2**31
+
+
+def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_input: bool, need_weight: bool):
+    """One phase's parts of the gradients on CUDA (torch_phase.conv_transpose3d_backward's phase_backward): one launch
+    copies grad_output's lattice and the input's windows out, then cuDNN's grad_input, then the Triton grad_weight.
+
+    grad_input by cuDNN: on the H200 (problem 77) 0.55 ms against 0.74-0.93 for a Triton implicit GEMM on the
+    phase's channels-last padded lattice (commit b8c8054, removed since; benchmarks/RESULTS.md). It comes first:
+    its convolution is a long kernel that keeps the GPU busy while the host prepares the Triton weight gradient;
+    on a second stream beside it the weight gradient measured within run-to-run spread (sixth session)."""
+    precision = precision_for(input.dtype)
+    lattice, windows = phase_operands(grad_output, input if need_weight else None, plan, phases, precision)
+    part_input = phase_grad_input(lattice, weight, plan, phases) if need_input else None
+    part_weight = phase_grad_weight(lattice, input, plan, phases, precision, lattice_rounded=precision == TF32,
+                                    windows=windows) if need_weight else None
+    return part_input, part_weight
+
+
+def phase_operands(grad_output, input, plan: Plan, phases, precision: int):
+    """(lattice, windows) in one launch, both TF32-rounded in TF32 mode (as the tensor cores of both gradients read
+    them); windows None where input is None.
+
+    lattice: grad_output's lattice of the phase copied out contiguous, so that the grad_weight kernel hands its
+    tile to the MMA as loaded (lattice_rounded) and cuDNN's grad_input reads the operand it would round anyway.
+    On the H200, problem 77: 0.063 ms against 0.072 for torch's .contiguous(), and the weight gradient 0.284
+    against 0.321 ms when it need not round (benchmarks/RESULTS.md, seventh session).
+
+    windows: copies[n, kw, c, d, h, q] = the phase's input window at (n, c, d, h, q + kw*dilation) (zero where
+    the window pads the input), each row padded to a multiple of 16 elements (zero; never read). Every w tap's
+    tile then starts where a row does, 64-byte aligned, so the grad_weight kernel loads the input 16 bytes at a
+    time; in the window itself the taps' offsets (odd on problem 77) allow only 4-byte loads.
+
+    The lattice is read in place from grad_output (its offset and strides computed, not sliced: a view is an
+    operation whose host time shows on the GPU machine)."""
+    rounded = precision == TF32
+    offset, shape, strides = _lattice_geometry(plan, phases, grad_output.stride())
+    return _copy(grad_output, offset, shape, strides, input, phases, rounded, rounded)
 
 
 def copy_lattice(lattice: torch.Tensor, round_to_tf32: bool) -> torch.Tensor:
-    """grad_output's lattice of one phase (a strided view, N, C, QD, QH, QW) copied out contiguous, TF32-rounded if
-    asked, so that the grad_weight kernel hands its tile to the MMA as loaded (lattice_rounded) and cuDNN's
-    grad_input reads the operand it would round anyway. On the H200, problem 77: 0.063 ms against 0.072 for
-    torch's .contiguous(), and the weight gradient 0.284 against 0.321 ms when it need not round (benchmarks/
-    RESULTS.md, seventh session). The kernel compiles once per lattice shape (C, QD, QH, QW are constexpr; the
-    batch is not)."""
-    n, c, qd, qh, qw = lattice.shape
-    out = torch.empty((n, c, qd, qh, qw), dtype=lattice.dtype, device=lattice.device)
-    if out.numel() == 0:
-        return out
-    reach = sum((size - 1) * stride for size, stride in zip(lattice.shape[2:], lattice.stride()[2:]))
-    block = 2048
-    _launch_copy_lattice[(cdiv(out.numel(), block),)](
-        lattice, out, out.numel(), *lattice.stride(), C=c, QD=qd, QH=qh, QW=qw, ROUND=round_to_tf32,
-        OFFSETS_64=max(out.numel() + block, reach) >= 2**31, BLOCK=block, num_warps=8,
-    )
-    return out
+    """A lattice (any strided view N, C, QD, QH, QW) copied out contiguous, as phase_operands does."""
+    return _copy(lattice, 0, tuple(lattice.shape), lattice.stride(), None, None, round_to_tf32, False)[0]
+
+
+def _window_per_w_tap(input: torch.Tensor, phases, round_to_tf32: bool) -> torch.Tensor:
+    """The input's windows alone, as phase_operands makes them: (N, w taps, C, D, H, row)."""
+    return _copy(None, 0, None, None, input, phases, False, round_to_tf32)[1]
+
+
+@functools.lru_cache(maxsize=1024)
+def _lattice_geometry(plan: Plan, phases, strides):
+    """(offset, shape, strides) in grad_output (of these strides) of the phases' lattice."""
+    offset = sum(p.out_start * stride for p, stride in zip(phases, strides[2:]))
+    shape = (plan.batch, plan.out_channels, *(p.out_count for p in phases))
+    return offset, shape, (*strides[:2], *(a.stride * stride for a, stride in zip(plan.axes, strides[2:])))
+
+
+def _copy(source, offset, lattice_shape, lattice_strides, input, phases, round_lattice, round_windows):
+    """(lattice or None, windows or None) by copy_operands_kernel: the lattice of source at offset, of the given
+    shape and strides (lattice_shape None: none), and the windows of input (None: none)."""
+    grid, scalars, options, windows_shape = _copy_launch(
+        offset, lattice_shape, lattice_strides, None if input is None else (tuple(input.shape), input.stride()),
+        phases, round_lattice, round_windows)
+    lattice = windows = None
+    if lattice_shape is not None:
+        lattice = torch.empty(lattice_shape, dtype=source.dtype, device=source.device)
+    if input is not None:
+        windows = torch.empty(windows_shape, dtype=input.dtype, device=input.device)
+    if grid[0]:
+        anything = lattice if lattice is not None else windows  # (a pointer for the part without programs)
+        _launch_copy_operands.launch(grid, (anything if source is None else source, anything if lattice is None else
+                                            lattice, anything if input is None else input, anything if windows is None
+                                            else windows), scalars, options)
+    return lattice, windows
+
+
+@functools.lru_cache(maxsize=1024)
+def _copy_launch(offset, lattice_shape, lattice_strides, input_geometry, phases, round_lattice, round_windows):
+    """(grid, scalar arguments, constexprs and launch options, the windows' shape) of copy_operands_kernel, once
+    per layer."""
+    lattice_programs, lattice_scalars = 0, (0,) * 7
+    lattice_constexprs = dict(C=1, QD=1, QH=1, QW=1, OFFSETS_64=False)
+    if lattice_shape is not None:
+        total = math.prod(lattice_shape)
+        lattice_programs = cdiv(total, LATTICE_BLOCK)
+        reach = offset + sum((size - 1) * stride for size, stride in zip(lattice_shape[2:], lattice_strides[2:]))
+        lattice_scalars = (total, offset, *lattice_strides)
+        lattice_constexprs = dict(zip(("C", "QD", "QH", "QW"), lattice_shape[1:]),
+                                  OFFSETS_64=max(total + LATTICE_BLOCK, reach) >= OFFSETS_64_FROM)
+    window_programs, window_scalars, windows_shape = 0, (0,) * 19, None
+    block_r = block_q = 1
+    if input_geometry is not None:
+        (n, c, *spatial), strides = input_geometry
+        (span_d, span_h, _), width = (p.input_span for p in phases), phases[2].out_count
+        w_taps = len(phases[2].taps)
+        row = _padded_width(width)
+        windows_shape = (n, w_taps, c, span_d, span_h, row)
+        block_q = next_power_of_2(row)
+        block_r = max(1, 4096 // block_q)
+        row_blocks = cdiv(span_d * span_h, block_r)
+        window_programs = n * w_taps * c * row_blocks if math.prod(windows_shape) else 0
+        window_scalars = (row_blocks, c, *spatial, span_d, span_h, w_taps, *strides,
+                          *(p.input_start for p in phases), phases[2].input_dilation, width, row)
+    options = dict(lattice_constexprs, ROUND_LATTICE=round_lattice, BLOCK=LATTICE_BLOCK, ROUND_WINDOWS=round_windows,
+                   BLOCK_R=block_r, BLOCK_Q=block_q, num_warps=8)
+    return ((lattice_programs + window_programs,), (lattice_programs, *lattice_scalars, *window_scalars),
+            tuple(options.items()), windows_shape)
 
 
 def _padded_width(width: int) -> int:
