@@ -1,0 +1,199 @@
+"""Where problem 77's forward+backward waits: host or GPU (GPU machine).
+
+    PYTHONPATH=src python3 benchmarks/diag_timeline.py [--calls 100] [--only timeline,graph,cprofile]
+
+timeline: the bench's loop (synchronise, flush the L2, start event, call, end event), with host timestamps after the
+    forward and the backward return and an event recorded after the forward: per call the host's time in each and
+    the GPU's time to the end of each (the GPU time to an event is the later of the host's arrival there and the
+    GPU's own work before it).
+graph: the same forward+backward captured in a CUDA graph and replayed after each flush: the GPU's time for the
+    same kernels with no host in between (cold L2), the least any host-side change could reach.
+steps: the bench's loop with a host timestamp where each step of convt3d's forward and backward ends (wrappers
+    around its functions): the host's time per step, medians over the calls.
+reduction: the weight gradient's reduction step (positions of a row per step; problem 77's rows have 33, so a step
+    of 32 leaves the second step of each row nearly empty): the Triton weight gradient alone (cold L2) and the
+    forward+backward timeline, per step size.
+cprofile: Python's profiler over synchronised calls, functions by own time (inflated by the profiler itself).
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import torch
+
+from convt3d import ops
+from convt3d.backends import torch_phase
+from convt3d.backends.triton import backward as triton_backward
+from convt3d.bench.protocol import FLUSH_BYTES, relative_error, time_cuda
+from convt3d.bench.workloads import PROBLEM_77
+
+
+def timeline(layer, x, grad, calls):
+    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    rows = []
+    for i in range(calls + 5):
+        start, after_forward, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        torch.cuda.synchronize()
+        flush.fill_(1)
+        start.record()
+        t0 = time.perf_counter()
+        out = layer(x)
+        t1 = time.perf_counter()
+        after_forward.record()
+        out.backward(grad)
+        t2 = time.perf_counter()
+        end.record()
+        end.synchronize()
+        if i >= 5:
+            rows.append(((t1 - t0) * 1e3, (t2 - t1) * 1e3, start.elapsed_time(after_forward),
+                         start.elapsed_time(end)))
+    return [statistics.median(column) for column in zip(*rows)], statistics.fmean(r[3] for r in rows)
+
+
+def graph_replay(layer, x, grad, calls):
+    params = [p for p in layer.parameters()]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            torch.autograd.grad(layer(x), (x, *params), grad)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.autograd.grad(layer(x), (x, *params), grad)
+    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    samples = []
+    for i in range(calls + 5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        flush.fill_(1)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        if i >= 5:
+            samples.append(start.elapsed_time(end))
+    return statistics.fmean(samples)
+
+
+STEPS = ((torch_phase, "_empty_output"), (torch_phase, "_fill"), (torch_phase, "_phase_conv"),
+         (triton_backward, "phase_operands"), (triton_backward, "phase_grad_input"),
+         (triton_backward, "phase_grad_weight"), (ops, "_cuda_phase_backward"))
+
+
+def steps(layer, x, grad, calls):
+    """Median host ms from the call's start to each step's end (a step that runs twice: its last end)."""
+    marks = {}
+    originals = [(module, name, getattr(module, name)) for module, name in STEPS]
+
+    def wrap(name, fn):
+        def timed(*args, **kwargs):
+            result = fn(*args, **kwargs)
+            marks[name] = time.perf_counter()
+            return result
+        return timed
+
+    backward = ops._EagerConvTranspose3d.backward
+
+    def timed_backward(ctx, grad_output):
+        marks["engine: backward entered"] = time.perf_counter()
+        result = backward(ctx, grad_output)
+        marks["engine: backward left"] = time.perf_counter()
+        return result
+
+    for module, name, fn in originals:
+        setattr(module, name, wrap(name, fn))
+    ops._EagerConvTranspose3d.backward = staticmethod(timed_backward)
+    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    rows = []
+    try:
+        for i in range(calls + 5):
+            torch.cuda.synchronize()
+            flush.fill_(1)
+            marks.clear()
+            t0 = time.perf_counter()
+            out = layer(x)
+            marks["forward returned"] = time.perf_counter()
+            out.backward(grad)
+            marks["backward returned"] = time.perf_counter()
+            if i >= 5:
+                rows.append({name: (t - t0) * 1e3 for name, t in marks.items()})
+    finally:
+        for module, name, fn in originals:
+            setattr(module, name, fn)
+        ops._EagerConvTranspose3d.backward = staticmethod(backward)
+    names = sorted(rows[0], key=lambda n: statistics.median(r[n] for r in rows))
+    return [(name, statistics.median(r[name] for r in rows)) for name in names]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--only", default="timeline,graph,steps,cprofile")
+    args = parser.parse_args()
+    sections = args.only.split(",")
+    eager, ours, x, grad = PROBLEM_77.training_case("cuda")
+    table = []
+    if "timeline" in sections:
+        for name, layer in (("eager", eager), ("convt3d", ours)):
+            (host_f, host_b, gpu_f, gpu_all), mean = timeline(layer, x, grad, args.calls)
+            table.append(f"timeline {name}: medians host forward {host_f:.3f}, host backward {host_b:.3f}, "
+                         f"GPU to forward's end {gpu_f:.3f}, GPU to the end {gpu_all:.3f}; mean {mean:.3f} ms")
+            print(table[-1], flush=True)
+    if "graph" in sections:
+        for name, layer in (("eager", eager), ("convt3d", ours)):
+            table.append(f"graph replay {name}: {graph_replay(layer, x, grad, args.calls):.3f} ms")
+            print(table[-1], flush=True)
+    if "steps" in sections:
+        previous = 0.0
+        for name, ms in steps(ours, x, grad, args.calls):
+            table.append(f"steps: {name:28s} ends at {ms:.3f} ms (+{ms - previous:.3f})")
+            previous = ms
+            print(table[-1], flush=True)
+    if "reduction" in sections:
+        plan = PROBLEM_77.plan()
+        ((phases, _),) = torch_phase._backward_phases(plan)
+        xd, w = x.detach(), ours.weight.detach()
+        precision = triton_backward.precision_for(torch.float32)
+        lattice, windows = triton_backward.phase_operands(grad, xd, plan, phases, precision)
+        x64, w64 = xd.double(), w.double().requires_grad_()
+        torch.nn.functional.conv_transpose3d(x64, w64, None, plan.stride, plan.padding, plan.output_padding,
+                                             plan.groups, plan.dilation).backward(grad.double())
+        original = triton_backward.reduction_step
+        try:
+            for step in (32, 16, 8, 32, 16, 8):
+                triton_backward.reduction_step = lambda width, step=step: step
+                triton_backward._grad_weight_launch.cache_clear()
+                def piece():
+                    return triton_backward.phase_grad_weight(lattice, xd, plan, phases, precision,
+                                                             lattice_rounded=True, windows=windows)
+                error = relative_error(piece(), w64.grad)
+                ms = time_cuda(piece).mean_ms
+                (_, _, _, gpu_all), mean = timeline(ours, x, grad, args.calls)
+                table.append(f"reduction step {step}: grad_weight {ms:.4f} ms (rel. err. {error:.1e}); "
+                             f"forward+backward mean {mean:.3f} ms")
+                print(table[-1], flush=True)
+        finally:
+            triton_backward.reduction_step = original
+            triton_backward._grad_weight_launch.cache_clear()
+    if "cprofile" in sections:
+        profile = cProfile.Profile()
+        for i in range(args.calls // 2 + 5):
+            torch.cuda.synchronize()
+            if i >= 5:
+                profile.enable()
+            ours(x).backward(grad)
+            if i >= 5:
+                profile.disable()
+        stream = io.StringIO()
+        pstats.Stats(profile, stream=stream).sort_stats("tottime").print_stats(30)
+        print(stream.getvalue())
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    main()
