@@ -10,9 +10,8 @@ graph: the same forward+backward captured in a CUDA graph and replayed after eac
     same kernels with no host in between (cold L2), the least any host-side change could reach.
 steps: the bench's loop with a host timestamp where each step of convt3d's forward and backward ends (wrappers
     around its functions): the host's time per step, medians over the calls.
-reduction: the weight gradient's reduction step (positions of a row per step; problem 77's rows have 33, so a step
-    of 32 leaves the second step of each row nearly empty): the Triton weight gradient alone (cold L2) and the
-    forward+backward timeline, per step size.
+grad_weight: the Triton weight gradient alone (cold L2), by kernel (the phase kernel; the rows kernel in the
+    configs of --rows-configs), with its error against float64.
 cprofile: Python's profiler over synchronised calls, functions by own time (inflated by the profiler itself).
 """
 
@@ -134,6 +133,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--only", default="timeline,graph,steps,cprofile")
+    parser.add_argument("--rows-configs", type=lambda text: [tuple(map(int, c.split(","))) for c in text.split(";")],
+                        default=[(64, 128, 8, 3, 2)], help='"BLOCK_CO,BLOCK_N,warps,stages,per_sm;..."')
     args = parser.parse_args()
     sections = args.only.split(",")
     eager, ours, x, grad = PROBLEM_77.training_case("cuda")
@@ -154,7 +155,7 @@ def main():
             table.append(f"steps: {name:28s} ends at {ms:.3f} ms (+{ms - previous:.3f})")
             previous = ms
             print(table[-1], flush=True)
-    if "reduction" in sections:
+    if "grad_weight" in sections:
         plan = PROBLEM_77.plan()
         ((phases, _),) = torch_phase._backward_phases(plan)
         xd, w = x.detach(), ours.weight.detach()
@@ -163,23 +164,26 @@ def main():
         x64, w64 = xd.double(), w.double().requires_grad_()
         torch.nn.functional.conv_transpose3d(x64, w64, None, plan.stride, plan.padding, plan.output_padding,
                                              plan.groups, plan.dilation).backward(grad.double())
-        original = triton_backward.reduction_step
+        saved = triton_backward.ROWS_KERNEL, triton_backward.ROWS_CONFIG
+        variants = [(False, None)] + [(True, config) for config in args.rows_configs]
         try:
-            for step in (32, 16, 8, 32, 16, 8):
-                triton_backward.reduction_step = lambda width, step=step: step
-                triton_backward._grad_weight_launch.cache_clear()
+            for rows, config in variants * 2:
+                triton_backward.ROWS_KERNEL = rows
+                triton_backward.ROWS_CONFIG = config or saved[1]
                 def piece():
                     return triton_backward.phase_grad_weight(lattice, xd, plan, phases, precision,
                                                              lattice_rounded=True, windows=windows)
-                error = relative_error(piece(), w64.grad)
+                try:
+                    error = relative_error(piece(), w64.grad)
+                except Exception as failure:  # noqa: BLE001 (a config that does not compile: report, go on)
+                    print(f"rows {config}: {type(failure).__name__} {failure}"[:300], flush=True)
+                    continue
                 ms = time_cuda(piece).mean_ms
-                (_, _, _, gpu_all), mean = timeline(ours, x, grad, args.calls)
-                table.append(f"reduction step {step}: grad_weight {ms:.4f} ms (rel. err. {error:.1e}); "
-                             f"forward+backward mean {mean:.3f} ms")
+                table.append(f"grad_weight {'rows ' + str(config) if rows else 'phase kernel'}: {ms:.4f} ms "
+                             f"(rel. err. {error:.1e})")
                 print(table[-1], flush=True)
         finally:
-            triton_backward.reduction_step = original
-            triton_backward._grad_weight_launch.cache_clear()
+            triton_backward.ROWS_KERNEL, triton_backward.ROWS_CONFIG = saved
     if "cprofile" in sections:
         profile = cProfile.Profile()
         for i in range(args.calls // 2 + 5):
