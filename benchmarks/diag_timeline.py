@@ -10,8 +10,8 @@ graph: the same forward+backward captured in a CUDA graph and replayed after eac
     same kernels with no host in between (cold L2), the least any host-side change could reach.
 steps: the bench's loop with a host timestamp where each step of convt3d's forward and backward ends (wrappers
     around its functions): the host's time per step, medians over the calls.
-grad_weight: the Triton weight gradient alone (cold L2), by kernel (the phase kernel; the rows kernel in the
-    configs of --rows-configs), with its error against float64.
+grad_weight: the Triton weight gradient alone (cold L2) in the configs of --configs, its accumulator acc[columns,
+    co] or acc[co, columns], with its error against float64.
 cprofile: Python's profiler over synchronised calls, functions by own time (inflated by the profiler itself).
 """
 
@@ -133,8 +133,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--only", default="timeline,graph,steps,cprofile")
-    parser.add_argument("--rows-configs", type=lambda text: [tuple(map(int, c.split(","))) for c in text.split(";")],
-                        default=[(64, 128, 8, 3, 2)], help='"BLOCK_CO,BLOCK_N,warps,stages,per_sm;..."')
+    parser.add_argument("--configs", type=lambda text: [(*map(int, c.split(",")), True) for c in text.split(";")],
+                        default=[(64, 256, 8, 3, 1, True)], help='"BLOCK_CO,BLOCK_N,warps,stages,per_sm;..."')
     args = parser.parse_args()
     sections = args.only.split(",")
     eager, ours, x, grad = PROBLEM_77.training_case("cuda")
@@ -164,26 +164,27 @@ def main():
         x64, w64 = xd.double(), w.double().requires_grad_()
         torch.nn.functional.conv_transpose3d(x64, w64, None, plan.stride, plan.padding, plan.output_padding,
                                              plan.groups, plan.dilation).backward(grad.double())
-        saved = triton_backward.ROWS_KERNEL, triton_backward.ROWS_CONFIG
-        variants = [(False, None)] + [(True, config) for config in args.rows_configs]
+        saved = triton_backward.CO_ROWS, triton_backward.CONFIG
+        variants = [(co_rows, config) for config in args.configs for co_rows in (False, True)]
         try:
-            for rows, config in variants * 2:
-                triton_backward.ROWS_KERNEL = rows
-                triton_backward.ROWS_CONFIG = config or saved[1]
+            for co_rows, config in variants * 2:
+                triton_backward.CO_ROWS, triton_backward.CONFIG = co_rows, config
+                triton_backward._grad_weight_launch.cache_clear()
                 def piece():
                     return triton_backward.phase_grad_weight(lattice, xd, plan, phases, precision,
                                                              lattice_rounded=True, windows=windows)
                 try:
                     error = relative_error(piece(), w64.grad)
                 except Exception as failure:  # noqa: BLE001 (a config that does not compile: report, go on)
-                    print(f"rows {config}: {type(failure).__name__} {failure}"[:300], flush=True)
+                    print(f"{config}: {type(failure).__name__} {failure}"[:300], flush=True)
                     continue
                 ms = time_cuda(piece).mean_ms
-                table.append(f"grad_weight {'rows ' + str(config) if rows else 'phase kernel'}: {ms:.4f} ms "
+                table.append(f"grad_weight {config}{', acc[co, columns]' if co_rows else ''}: {ms:.4f} ms "
                              f"(rel. err. {error:.1e})")
                 print(table[-1], flush=True)
         finally:
-            triton_backward.ROWS_KERNEL, triton_backward.ROWS_CONFIG = saved
+            triton_backward.CO_ROWS, triton_backward.CONFIG = saved
+            triton_backward._grad_weight_launch.cache_clear()
     if "cprofile" in sections:
         profile = cProfile.Profile()
         for i in range(args.calls // 2 + 5):

@@ -12,7 +12,6 @@ with --system-site-packages and `pip install triton==3.6.0`); builds differ (six
     python3 scripts/compile_sm90.py forward [BLOCK_M BLOCK_CO BLOCK_CI num_warps num_stages precision diag maxnreg]
     python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N warps stages precision copies lattice_cl BLOCK_P
                                                  g_rounded] [--layouts]
-    python3 scripts/compile_sm90.py grad_weight_rows [BLOCK_CO BLOCK_N warps stages precision TH TW] [--layouts]
 """
 
 import subprocess
@@ -24,7 +23,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 
-from convt3d.backends.triton.backward import phase_grad_weight_kernel, phase_grad_weight_rows_kernel
+from convt3d.backends.triton.backward import phase_grad_weight_kernel
 from convt3d.backends.triton.forward import conv_transpose3d_kernel
 
 # Problem 77, specialised as a real launch specialises it: the pointers and the arguments divisible by 16 marked
@@ -47,24 +46,16 @@ def forward(block_m=128, block_co=64, block_ci=32, warps=4, stages=3, precision=
 
 
 def grad_weight(block_co=64, block_n=256, warps=8, stages=3, precision=1, copy_per_w_tap=0, lattice_cl=0, block_p=32,
-                g_rounded=0):
+                g_rounded=0, co_rows=0):
     # In the window the w taps lie 1 element apart (a constant, as a launch specialises 1); with a copy per w tap,
     # a multiple of 16 elements apart. The lattice NCDHW (qw contiguous) or channels-last (co contiguous).
     constexprs = dict(PRECISION=precision, INTERPRETED=False, BLOCK_CO=block_co, BLOCK_P=block_p, BLOCK_N=block_n,
                       sxw=1, X_ROUNDED=bool(copy_per_w_tap) and precision == 1, G_ROUNDED=bool(g_rounded),
+                      CO_ROWS=bool(co_rows),
                       **({} if copy_per_w_tap else dict(sxk=1)), **(dict(sgc=1) if lattice_cl else dict(sgw=1)))
     divisible = [n for n in phase_grad_weight_kernel.arg_names if n not in constexprs and (
         n.endswith("_ptr") or n in GRAD_WEIGHT_DIVISIBLE or n == "sxk" or (lattice_cl and n == "sgw"))]
     return _compile(phase_grad_weight_kernel, constexprs, divisible, dict(num_warps=warps, num_stages=stages))
-
-
-def grad_weight_rows(block_co=64, block_n=128, warps=8, stages=3, precision=1, th=3, tw=3):
-    # As problem 77 runs it: the input copied per w tap, both operands TF32-rounded beforehand.
-    constexprs = dict(TH=th, TW=tw, PRECISION=precision, INTERPRETED=False, BLOCK_CO=block_co, BLOCK_P=32,
-                      BLOCK_N=block_n, sxw=1, sgw=1, X_ROUNDED=precision == 1, G_ROUNDED=precision == 1)
-    divisible = [n for n in phase_grad_weight_rows_kernel.arg_names if n not in constexprs and (
-        n.endswith("_ptr") or n in GRAD_WEIGHT_DIVISIBLE or n == "sxk")]
-    return _compile(phase_grad_weight_rows_kernel, constexprs, divisible, dict(num_warps=warps, num_stages=stages))
 
 
 def _compile(fn, constexprs, divisible, options):
@@ -95,7 +86,7 @@ def report(kernel, layouts=False):
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--layouts"]
-    kernels = {"forward": forward, "grad_weight": grad_weight, "grad_weight_rows": grad_weight_rows}
+    kernels = {"forward": forward, "grad_weight": grad_weight}
     if not args or args[0] not in kernels:
         sys.exit(__doc__)
     report(kernels[args[0]](*map(int, args[1:])), layouts="--layouts" in sys.argv)

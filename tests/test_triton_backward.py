@@ -79,28 +79,13 @@ def test_half_precision(dtype, rel):
     assert_close_rel(ours, ref, rel)
 
 
-@pytest.mark.parametrize("rows", [False, True], ids=["phase_kernel", "rows_kernel"])
 @pytest.mark.parametrize("copy_per_w_tap", [False, True], ids=["window", "copy_per_w_tap"])
 @pytest.mark.parametrize("seed", range(8))
-def test_random_configs(seed, copy_per_w_tap, rows, monkeypatch):
-    """Either kernel (the rows kernel serves phases of up to 3 height taps; a phase of more takes the other)."""
-    monkeypatch.setattr(backward, "ROWS_KERNEL", rows)
+def test_random_configs(seed, copy_per_w_tap):
     cfg = random_config(random.Random(9100 + seed))
     cfg["batch"] = max(1, cfg["batch"])
     ours, ref = weight_grads(cfg, torch.float32, TF32X3, copy_per_w_tap=copy_per_w_tap)
     assert_close_rel(ours, ref, 1e-6, str(cfg))
-
-
-@pytest.mark.parametrize("height", [(1, 1, 1), (2, 1, 1), (3, 1, 2), (3, 2, 2), (2, 3, 1)],
-                         ids=["1_tap", "2_taps", "3_taps_dilated", "3_taps_stride_2", "2_taps_dilation_3"])
-def test_rows_kernel_carries_rows(height):
-    """The rows kernel's chains over the height taps: 1-3 taps, phase dilation 1-3 (chains per residue), rows
-    fewer than the dilation; against the float64 reference and against the phase kernel."""
-    taps, stride, dilation = height
-    cfg = dict(batch=2, in_channels=3, out_channels=5, groups=1, kernel_size=(2, taps, 2), stride=(1, stride, 1),
-               padding=0, dilation=(1, dilation, 1), output_padding=0, spatial=(3, 5, 4), bias=False)
-    ours, ref = weight_grads(cfg, torch.float32, TF32X3)
-    assert_close_rel(ours, ref, 1e-6)
 
 
 def test_long_reduction_is_split_and_deterministic():

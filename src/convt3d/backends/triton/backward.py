@@ -35,25 +35,6 @@ from .launch import Launcher
 
 
 @triton.jit
-def _accumulate(acc, x, g, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, X_ROUNDED: tl.constexpr,
-                G_ROUNDED: tl.constexpr):
-    """acc + x @ g^T in the precision mode (x [columns, positions], g [co, positions])."""
-    if PRECISION == 1:
-        if not X_ROUNDED:  # (else rounded as it was copied: the tile goes from shared memory to the MMA)
-            x = _round_to_tf32(x)
-        if not G_ROUNDED:
-            g = _round_to_tf32(g)
-        return tl.dot(x, tl.trans(g), acc, input_precision="tf32")
-    elif PRECISION == 2:
-        return tl.dot(x, tl.trans(g), acc, input_precision="tf32x3")
-    elif INTERPRETED and g.dtype == tl.bfloat16:
-        # The interpreter's dot mishandles bfloat16 (as in forward.py); bfloat16 products are exact in float32.
-        return tl.dot(x.to(tl.float32), tl.trans(g.to(tl.float32)), acc, input_precision="ieee")
-    else:
-        return tl.dot(x, tl.trans(g), acc)
-
-
-@triton.jit
 def phase_grad_weight_kernel(
     g_ptr, x_ptr, partial_ptr,
     STEPS, STEPS_PER_SPLIT, QW_BLOCKS, QD, QH, QW,
@@ -62,7 +43,7 @@ def phase_grad_weight_kernel(
     DIL_D, DIL_H, sxk, TH, TW,
     CO_G, CI_G, N_TOTAL, N_BLOCKS, CO_BLOCKS, GROUPS,
     PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr, X_ROUNDED: tl.constexpr, G_ROUNDED: tl.constexpr,
+    BLOCK_N: tl.constexpr, X_ROUNDED: tl.constexpr, G_ROUNDED: tl.constexpr, CO_ROWS: tl.constexpr,
 ):
     """partial[s, group*CI_G + ci, co, TAPS - 1 - k] = the sum above over split s of the reduction: the layout of
     the weight (C_in, C_out/g, taps), whose taps run in ascending order where the phase's run descending.
@@ -93,10 +74,13 @@ def phase_grad_weight_kernel(
               + (k % TW) * sxk)
     q = tl.arange(0, BLOCK_P)
 
-    # The GEMM is computed transposed, acc[nn, co]: the input tile [columns, qw] is operand A and the grad tile
-    # [co, qw] operand B, both read as they lie in memory (qw fastest). In the other orientation Triton staged
-    # the input tile in shared memory column by column, with 32-way bank conflicts.
-    acc = tl.zeros((BLOCK_N, BLOCK_CO), dtype=tl.float32)
+    # acc[nn, co] = x @ g^T by default: the input tile [columns, qw] is operand A and the grad tile [co, qw] operand
+    # B, both read as they lie in memory (qw fastest). CO_ROWS: acc[co, nn] = g @ x^T, so that the MMA's N is the
+    # 256 columns rather than the 64 output channels.
+    if CO_ROWS:
+        acc = tl.zeros((BLOCK_CO, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_CO), dtype=tl.float32)
     first = split * STEPS_PER_SPLIT
     for step in range(first, tl.minimum(first + STEPS_PER_SPLIT, STEPS)):
         row = step // QW_BLOCKS  # (n, qd, qh)
@@ -110,108 +94,32 @@ def phase_grad_weight_kernel(
                     mask=nn_ok[:, None] & qw_ok[None, :], other=0.0)
         g = tl.load(g_ptr + n * sgn + qd * sgd + qh * sgh + (g_rows[:, None] + qw[None, :] * sgw),
                     mask=co_ok[:, None] & qw_ok[None, :], other=0.0)
-        acc = _accumulate(acc, x, g, PRECISION, INTERPRETED, X_ROUNDED, G_ROUNDED)
+        if PRECISION == 1:
+            if not X_ROUNDED:  # (else rounded as it was copied: the tile goes from shared memory to the MMA)
+                x = _round_to_tf32(x)
+            if not G_ROUNDED:
+                g = _round_to_tf32(g)
+            if CO_ROWS:
+                acc = tl.dot(g, tl.trans(x), acc, input_precision="tf32")
+            else:
+                acc = tl.dot(x, tl.trans(g), acc, input_precision="tf32")
+        elif PRECISION == 2:
+            acc = tl.dot(x, tl.trans(g), acc, input_precision="tf32x3")
+        elif INTERPRETED and g.dtype == tl.bfloat16:
+            # The interpreter's dot mishandles bfloat16 (as in forward.py); bfloat16 products are exact in float32.
+            acc = tl.dot(x.to(tl.float32), tl.trans(g.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(g), acc)
     taps = N_TOTAL // CI_G
     rows = ((split * GROUPS + group) * CI_G + nn % CI_G).to(tl.int64) * CO_G * taps + (taps - 1 - k)
-    tl.store(partial_ptr + rows[:, None] + (tl.minimum(co, CO_G - 1) * taps)[None, :], acc,
-             mask=co_ok[None, :] & nn_ok[:, None])
+    columns = tl.minimum(co, CO_G - 1) * taps
+    if CO_ROWS:
+        tl.store(partial_ptr + rows[None, :] + columns[:, None], acc, mask=co_ok[:, None] & nn_ok[None, :])
+    else:
+        tl.store(partial_ptr + rows[:, None] + columns[None, :], acc, mask=co_ok[None, :] & nn_ok[:, None])
 
 
 _launch_phase_grad_weight = Launcher(phase_grad_weight_kernel)
-
-
-@triton.jit
-def phase_grad_weight_rows_kernel(
-    g_ptr, x_ptr, partial_ptr,
-    CHAINS, CHAINS_PER_SPLIT, QW_BLOCKS, QD, QH, QW,
-    sgn, sgc, sgd, sgh, sgw,
-    sxn, sxc, sxd, sxh, sxw,
-    DIL_D, DIL_H, sxk, TD,
-    CO_G, CI_G, N_COLUMNS, N_BLOCKS, CO_BLOCKS, GROUPS,
-    TH: tl.constexpr, TW: tl.constexpr,
-    PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr, X_ROUNDED: tl.constexpr, G_ROUNDED: tl.constexpr,
-):
-    """The same partial sums as phase_grad_weight_kernel, each input row loaded once per depth tap instead of once
-    per (depth, height) tap pair.
-
-    A program owns one depth tap kd and columns nn = kw*CI_G + ci (N_COLUMNS = TW*CI_G of them), and keeps one
-    accumulator per height tap kh (TH <= 3). It walks chains (n, qd, qw block, qh mod DIL_H) of rows qh, qh +
-    DIL_H, ...: at row qh, height tap kh reads input row qh + kh*DIL_H, which tap kh + 1 read one row earlier;
-    so each step loads one new input row (for the last tap) and carries the others in registers. The phase
-    kernel loaded every input row once per height tap, through the L2 (on problem 77 about 1.2 GB per call).
-    """
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    n_block = pid % N_BLOCKS
-    co_block = (pid // N_BLOCKS) % CO_BLOCKS
-    kd = (pid // (N_BLOCKS * CO_BLOCKS)) % TD
-    group = pid // (N_BLOCKS * CO_BLOCKS * TD)
-
-    co = co_block * BLOCK_CO + tl.arange(0, BLOCK_CO)
-    co_ok = co < CO_G
-    g_rows = (group * CO_G + tl.minimum(co, CO_G - 1)) * sgc
-    nn = n_block * BLOCK_N + tl.arange(0, BLOCK_N)
-    nn_ok = nn < N_COLUMNS
-    nn = tl.minimum(nn, N_COLUMNS - 1)
-    kw = nn // CI_G
-    x_cols = (group * CI_G + nn % CI_G) * sxc + kd * DIL_D * sxd + kw * sxk
-    q = tl.arange(0, BLOCK_P)
-
-    acc0 = tl.zeros((BLOCK_N, BLOCK_CO), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_N, BLOCK_CO), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_N, BLOCK_CO), dtype=tl.float32)
-    first = split * CHAINS_PER_SPLIT
-    for chain in range(first, tl.minimum(first + CHAINS_PER_SPLIT, CHAINS)):
-        qw = (chain % QW_BLOCKS) * BLOCK_P + q
-        qw_ok = qw < QW
-        residue = chain // QW_BLOCKS % DIL_H
-        qd = chain // (QW_BLOCKS * DIL_H) % QD
-        n = (chain // (QW_BLOCKS * DIL_H * QD)).to(tl.int64)
-        x_mask = nn_ok[:, None] & qw_ok[None, :]
-        x_rows = x_ptr + n * sxn + qd * sxd + (x_cols[:, None] + qw[None, :] * sxw)
-        g_tile = g_ptr + n * sgn + qd * sgd + (g_rows[:, None] + qw[None, :] * sgw)
-        g_mask = co_ok[:, None] & qw_ok[None, :]
-        if TH > 1:
-            x0 = tl.load(x_rows + residue * sxh, mask=x_mask, other=0.0)
-        if TH > 2:
-            x1 = tl.load(x_rows + (residue + DIL_H) * sxh, mask=x_mask, other=0.0)
-        # Each step's new input row and grad row are loaded one step ahead (the row of the last step again after
-        # it, unused), so that their latency hides behind the step's MMAs: the loop-carried rows keep Triton from
-        # pipelining these loads itself.
-        x_ahead = tl.load(x_rows + (residue + (TH - 1) * DIL_H) * sxh, mask=x_mask, other=0.0)
-        g_ahead = tl.load(g_tile + residue * sgh, mask=g_mask, other=0.0)
-        for qh in range(residue, QH, DIL_H):
-            x_new = x_ahead
-            g = g_ahead
-            following = tl.minimum(qh + DIL_H, QH - 1)
-            x_ahead = tl.load(x_rows + (following + (TH - 1) * DIL_H) * sxh, mask=x_mask, other=0.0)
-            g_ahead = tl.load(g_tile + following * sgh, mask=g_mask, other=0.0)
-            if TH == 3:
-                acc0 = _accumulate(acc0, x0, g, PRECISION, INTERPRETED, X_ROUNDED, G_ROUNDED)
-                acc1 = _accumulate(acc1, x1, g, PRECISION, INTERPRETED, X_ROUNDED, G_ROUNDED)
-                acc2 = _accumulate(acc2, x_new, g, PRECISION, INTERPRETED, X_ROUNDED, G_ROUNDED)
-                x0 = x1
-                x1 = x_new
-            elif TH == 2:
-                acc0 = _accumulate(acc0, x0, g, PRECISION, INTERPRETED, X_ROUNDED, G_ROUNDED)
-                acc1 = _accumulate(acc1, x_new, g, PRECISION, INTERPRETED, X_ROUNDED, G_ROUNDED)
-                x0 = x_new
-            else:
-                acc0 = _accumulate(acc0, x_new, g, PRECISION, INTERPRETED, X_ROUNDED, G_ROUNDED)
-    # Tap k = (kd*TH + kh)*TW + kw, stored at TAPS - 1 - k (the weight's ascending order), as the phase kernel.
-    taps = TD * TH * TW
-    rows = ((split * GROUPS + group) * CI_G + nn % CI_G).to(tl.int64) * CO_G * taps + (taps - 1 - kd * TH * TW - kw)
-    out = partial_ptr + rows[:, None] + (tl.minimum(co, CO_G - 1) * taps)[None, :]
-    mask = co_ok[None, :] & nn_ok[:, None]
-    tl.store(out, acc0, mask=mask)
-    if TH > 1:
-        tl.store(out - TW, acc1, mask=mask)
-    if TH > 2:
-        tl.store(out - 2 * TW, acc2, mask=mask)
-
-
-_launch_phase_grad_weight_rows = Launcher(phase_grad_weight_rows_kernel)
 
 
 # (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM, a window copy per w tap): in TF32 mode, the fastest
@@ -224,10 +132,7 @@ CONFIG = (64, 256, 8, 3, 1, True)
 # 3xTF32 and half precision keep the sixth session's config: measured for 3xTF32 then (0.81-0.88 ms), while the
 # TF32 choice above was not timed in those modes (half precision in neither).
 CONFIG_OTHER_PRECISIONS = (64, 128, 4, 3, 2, True)
-# Whether phases with at most 3 height taps take phase_grad_weight_rows_kernel, and its (BLOCK_CO, BLOCK_N,
-# num_warps, num_stages, programs per SM).
-ROWS_KERNEL = True
-ROWS_CONFIG = (64, 128, 8, 3, 2)
+CO_ROWS = True
 
 
 def fits(plan: Plan, phases) -> bool:
@@ -269,12 +174,10 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
         window = _phase_input(input, plan, phases).contiguous()
         x_strides, w_tap_stride = window.stride(), phases[2].input_dilation * window.stride(4)
     sms = _sm_count(input.device.index or 0) if input.device.type == "cuda" else 1
-    rows = ROWS_KERNEL and len(phases[1].taps) <= 3
     grid, splits, partial_shape, sizes, options = _grad_weight_launch(
-        plan, phases, precision, ROWS_CONFIG if rows else config, sms, x_rounded,
-        lattice_rounded and precision == TF32, rows)
+        plan, phases, precision, config, sms, x_rounded, lattice_rounded and precision == TF32)
     partial = torch.empty(partial_shape, dtype=torch.float32, device=input.device)
-    (_launch_phase_grad_weight_rows if rows else _launch_phase_grad_weight).launch(
+    _launch_phase_grad_weight.launch(
         grid, (compact, window, partial),
         (*sizes[:6], *compact.stride(), *x_strides, *sizes[6:8], w_tap_stride, *sizes[8:]), options)
     grad = partial.sum(0) if splits > 1 else partial[0]  # a fixed order: deterministic
@@ -282,38 +185,32 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
 
 
 @functools.lru_cache(maxsize=256)
-def _grad_weight_launch(plan: Plan, phases, precision: int, config, sms: int, x_rounded: bool, g_rounded: bool,
-                        rows: bool):
+def _grad_weight_launch(plan: Plan, phases, precision: int, config, sms: int, x_rounded: bool, g_rounded: bool):
     """(grid, splits, the partial sums' shape, the kernel's size arguments in its order (strides aside), its
-    constexprs and launch options) for one phase, of phase_grad_weight_rows_kernel where rows, else of
-    phase_grad_weight_kernel: once per layer, since every microsecond of the host's shows."""
-    block_co, block_n, num_warps, num_stages, per_sm = config[:5]
+    constexprs and launch options) for one phase: once per layer, since every microsecond of the host's shows."""
+    block_co, block_n, num_warps, num_stages, per_sm, _ = config
     groups = plan.groups
     co_g, ci_g = plan.out_channels // groups, plan.in_channels // groups
     taps = [len(p.taps) for p in phases]
     counts = [p.out_count for p in phases]
+    n_total = math.prod(taps) * ci_g
+    rows = plan.batch * counts[0] * counts[1]
     block_p = 32 if counts[2] > 16 else 16  # the reduction step: consecutive qw of one row
     qw_blocks = cdiv(counts[2], block_p)
-    dil_d, dil_h = phases[0].input_dilation, phases[1].input_dilation
-    # Columns: (kw, ci) per depth tap for the rows kernel, which keeps the height taps in accumulators; every tap
-    # (kd, kh, kw) and ci for the phase kernel.
-    n_total = (taps[2] if rows else math.prod(taps)) * ci_g
-    # The reduction's units, split among programs: chains of rows, or single steps.
-    units = plan.batch * counts[0] * (dil_h if rows else counts[1]) * qw_blocks
+    steps = rows * qw_blocks
     block_co = max(16, min(block_co, next_power_of_2(co_g)))
     block_n = max(16, min(block_n, next_power_of_2(n_total)))
     n_blocks, co_blocks = cdiv(n_total, block_n), cdiv(co_g, block_co)
-    tiles = groups * co_blocks * n_blocks * (taps[0] if rows else 1)
+    tiles = groups * co_blocks * n_blocks
     # Enough splits of the reduction to fill the GPU; each at least a few steps long.
-    splits = max(1, min(cdiv(per_sm * sms, tiles), units if rows else cdiv(units, 8)))
-    units_per_split = cdiv(units, splits)
-    splits = cdiv(units, units_per_split)
-    sizes = (units, units_per_split, qw_blocks, *counts, dil_d, dil_h,
-             *((taps[0],) if rows else (taps[1], taps[2])), co_g, ci_g, n_total, n_blocks, co_blocks, groups)
-    options = dict(TH=taps[1], TW=taps[2]) if rows else {}
-    options.update(PRECISION=precision, INTERPRETED=interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p,
-                   BLOCK_N=block_n, X_ROUNDED=x_rounded, G_ROUNDED=g_rounded, num_warps=num_warps,
-                   num_stages=num_stages)
+    splits = max(1, min(cdiv(per_sm * sms, tiles), cdiv(steps, 8)))
+    steps_per_split = cdiv(steps, splits)
+    splits = cdiv(steps, steps_per_split)
+    sizes = (steps, steps_per_split, qw_blocks, *counts, phases[0].input_dilation, phases[1].input_dilation,
+             taps[1], taps[2], co_g, ci_g, n_total, n_blocks, co_blocks, groups)
+    options = dict(PRECISION=precision, INTERPRETED=interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p,
+                   BLOCK_N=block_n, X_ROUNDED=x_rounded, G_ROUNDED=g_rounded,
+                   CO_ROWS=CO_ROWS and precision == TF32, num_warps=num_warps, num_stages=num_stages)
     return (tiles, splits), splits, (splits, plan.in_channels, co_g, *taps), sizes, tuple(options.items())
 
 
