@@ -10,8 +10,8 @@ graph: the same forward+backward captured in a CUDA graph and replayed after eac
     same kernels with no host in between (cold L2), the least any host-side change could reach.
 steps: the bench's loop with a host timestamp where each step of convt3d's forward and backward ends (wrappers
     around its functions): the host's time per step, medians over the calls.
-grad_weight: the Triton weight gradient alone (cold L2) in the configs of --configs, its accumulator acc[columns,
-    co] or acc[co, columns], with its error against float64.
+grad_weight: the Triton weight gradient alone (cold L2) in the configs of --configs, with its error against
+    float64.
 cprofile: Python's profiler over synchronised calls, functions by own time (inflated by the profiler itself).
 """
 
@@ -164,11 +164,10 @@ def main():
         x64, w64 = xd.double(), w.double().requires_grad_()
         torch.nn.functional.conv_transpose3d(x64, w64, None, plan.stride, plan.padding, plan.output_padding,
                                              plan.groups, plan.dilation).backward(grad.double())
-        saved = triton_backward.CO_ROWS, triton_backward.CONFIG
-        variants = [(co_rows, config) for config in args.configs for co_rows in (False, True)]
+        saved = triton_backward.CONFIG
         try:
-            for co_rows, config in variants * 2:
-                triton_backward.CO_ROWS, triton_backward.CONFIG = co_rows, config
+            for config in args.configs * 2:
+                triton_backward.CONFIG = config
                 triton_backward._grad_weight_launch.cache_clear()
                 def piece():
                     return triton_backward.phase_grad_weight(lattice, xd, plan, phases, precision,
@@ -179,11 +178,11 @@ def main():
                     print(f"{config}: {type(failure).__name__} {failure}"[:300], flush=True)
                     continue
                 ms = time_cuda(piece).mean_ms
-                table.append(f"grad_weight {config}{', acc[co, columns]' if co_rows else ''}: {ms:.4f} ms "
+                table.append(f"grad_weight {config}: {ms:.4f} ms "
                              f"(rel. err. {error:.1e})")
                 print(table[-1], flush=True)
         finally:
-            triton_backward.CO_ROWS, triton_backward.CONFIG = saved
+            triton_backward.CONFIG = saved
             triton_backward._grad_weight_launch.cache_clear()
     if "cprofile" in sections:
         profile = cProfile.Profile()

@@ -43,7 +43,7 @@ def phase_grad_weight_kernel(
     DIL_D, DIL_H, sxk, TH, TW,
     CO_G, CI_G, N_TOTAL, N_BLOCKS, CO_BLOCKS, GROUPS,
     PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr, X_ROUNDED: tl.constexpr, G_ROUNDED: tl.constexpr, CO_ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr, X_ROUNDED: tl.constexpr, G_ROUNDED: tl.constexpr,
 ):
     """partial[s, group*CI_G + ci, co, TAPS - 1 - k] = the sum above over split s of the reduction: the layout of
     the weight (C_in, C_out/g, taps), whose taps run in ascending order where the phase's run descending.
@@ -74,13 +74,11 @@ def phase_grad_weight_kernel(
               + (k % TW) * sxk)
     q = tl.arange(0, BLOCK_P)
 
-    # acc[nn, co] = x @ g^T by default: the input tile [columns, qw] is operand A and the grad tile [co, qw] operand
-    # B, both read as they lie in memory (qw fastest). CO_ROWS: acc[co, nn] = g @ x^T, so that the MMA's N is the
-    # 256 columns rather than the 64 output channels.
-    if CO_ROWS:
-        acc = tl.zeros((BLOCK_CO, BLOCK_N), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_N, BLOCK_CO), dtype=tl.float32)
+    # The GEMM is computed transposed, acc[nn, co]: the input tile [columns, qw] is operand A and the grad tile
+    # [co, qw] operand B, both read as they lie in memory (qw fastest). In the other orientation Triton staged
+    # the input tile in shared memory column by column, with 32-way bank conflicts; in K-major layouts, as now,
+    # that orientation measured slower too (0.237-0.408 against 0.225-0.297 ms, ninth session).
+    acc = tl.zeros((BLOCK_N, BLOCK_CO), dtype=tl.float32)
     first = split * STEPS_PER_SPLIT
     for step in range(first, tl.minimum(first + STEPS_PER_SPLIT, STEPS)):
         row = step // QW_BLOCKS  # (n, qd, qh)
@@ -99,10 +97,7 @@ def phase_grad_weight_kernel(
                 x = _round_to_tf32(x)
             if not G_ROUNDED:
                 g = _round_to_tf32(g)
-            if CO_ROWS:
-                acc = tl.dot(g, tl.trans(x), acc, input_precision="tf32")
-            else:
-                acc = tl.dot(x, tl.trans(g), acc, input_precision="tf32")
+            acc = tl.dot(x, tl.trans(g), acc, input_precision="tf32")
         elif PRECISION == 2:
             acc = tl.dot(x, tl.trans(g), acc, input_precision="tf32x3")
         elif INTERPRETED and g.dtype == tl.bfloat16:
@@ -112,27 +107,24 @@ def phase_grad_weight_kernel(
             acc = tl.dot(x, tl.trans(g), acc)
     taps = N_TOTAL // CI_G
     rows = ((split * GROUPS + group) * CI_G + nn % CI_G).to(tl.int64) * CO_G * taps + (taps - 1 - k)
-    columns = tl.minimum(co, CO_G - 1) * taps
-    if CO_ROWS:
-        tl.store(partial_ptr + rows[None, :] + columns[:, None], acc, mask=co_ok[:, None] & nn_ok[None, :])
-    else:
-        tl.store(partial_ptr + rows[:, None] + columns[None, :], acc, mask=co_ok[None, :] & nn_ok[:, None])
+    tl.store(partial_ptr + rows[:, None] + (tl.minimum(co, CO_G - 1) * taps)[None, :], acc,
+             mask=co_ok[None, :] & nn_ok[:, None])
 
 
 _launch_phase_grad_weight = Launcher(phase_grad_weight_kernel)
 
 
 # (BLOCK_CO, BLOCK_N, num_warps, num_stages, programs per SM, a window copy per w tap): in TF32 mode, the fastest
-# measured on the H200 for problem 77 with both operands TF32-rounded beforehand (benchmarks/RESULTS.md, seventh
-# session), copies and partial sums included: 0.263 ms, against 0.284 for (64, 128, 4, 3, 2), the sixth
-# session's choice (0.321 when it rounds the lattice itself), and 0.33-0.45 for six others. The input copied once
-# per w tap makes its loads 16-byte (in the F.pad'ed window the taps' odd offsets allow 4-byte ones only: 0.57
-# ms, sixth session). Reduction steps of 64 or 128 positions, spanning rows, measured slower (seventh session).
-CONFIG = (64, 256, 8, 3, 1, True)
+# measured on the H200 for problem 77 with both operands TF32-rounded beforehand, partial sums included: 0.225-0.226
+# ms, against 0.239-0.244 with 3 stages (the seventh session's choice, then 0.263 with the copies included) and
+# 0.236-0.297 for (64, 128, 4 or 8 warps, 3, 2) (ninth session; benchmarks/RESULTS.md). The input copied once per w
+# tap makes its loads 16-byte (in the F.pad'ed window the taps' odd offsets allow 4-byte ones only: 0.57 ms, sixth
+# session). Reduction steps of 64 or 128 positions, spanning rows, measured slower (seventh session); of 16
+# positions, 0.367 against 0.255 (ninth).
+CONFIG = (64, 256, 8, 4, 1, True)
 # 3xTF32 and half precision keep the sixth session's config: measured for 3xTF32 then (0.81-0.88 ms), while the
 # TF32 choice above was not timed in those modes (half precision in neither).
 CONFIG_OTHER_PRECISIONS = (64, 128, 4, 3, 2, True)
-CO_ROWS = True
 
 
 def fits(plan: Plan, phases) -> bool:
@@ -209,8 +201,8 @@ def _grad_weight_launch(plan: Plan, phases, precision: int, config, sms: int, x_
     sizes = (steps, steps_per_split, qw_blocks, *counts, phases[0].input_dilation, phases[1].input_dilation,
              taps[1], taps[2], co_g, ci_g, n_total, n_blocks, co_blocks, groups)
     options = dict(PRECISION=precision, INTERPRETED=interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p,
-                   BLOCK_N=block_n, X_ROUNDED=x_rounded, G_ROUNDED=g_rounded,
-                   CO_ROWS=CO_ROWS and precision == TF32, num_warps=num_warps, num_stages=num_stages)
+                   BLOCK_N=block_n, X_ROUNDED=x_rounded, G_ROUNDED=g_rounded, num_warps=num_warps,
+                   num_stages=num_stages)
     return (tiles, splits), splits, (splits, plan.in_channels, co_g, *taps), sizes, tuple(options.items())
 
 
