@@ -117,12 +117,11 @@ def main():
         row("bwd convt3d op, grad_weight only", lambda: backward_op(g, x, w, *args77, False, True))
         # Both gradients from the lattice copied out channels-last: cuDNN's grad_input reads it without its own
         # layout conversion, its result made contiguous after, and the Triton grad_weight reads it in place.
-        dilation = tuple(p.input_dilation for p in phases)
 
         def both_from(memory_format):
             def run():
                 lattice = g_lat.contiguous(memory_format=memory_format)
-                grad_input = tp._phase_grad_input(lattice, w, plan, phases, dilation).contiguous()
+                grad_input = tp.phase_grad_input(lattice, w, plan, phases).contiguous()
                 return grad_input, triton_backward.phase_grad_weight(lattice, x, plan, phases)
             return run
 

@@ -25,7 +25,6 @@ def main():
     plan, phases, x, w = PROBLEM_77.phase_case("cuda")
     grad = torch.rand(plan.output_shape, device="cuda")
     ((_, lattice),) = tp._backward_phases(plan)
-    dilation = tuple(p.input_dilation for p in phases)
     side = torch.cuda.Stream()
 
     def forward(two_streams):
@@ -51,14 +50,14 @@ def main():
             side.wait_stream(main)
             with torch.cuda.stream(side):
                 grad_weight = phase_grad_weight(g, x, plan, phases)
-            grad_input = tp._phase_grad_input(g, w, plan, phases, dilation)
+            grad_input = tp.phase_grad_input(g, w, plan, phases)
             main.wait_stream(side)
             for t in (g, x):  # made on main, read on side
                 t.record_stream(side)
             grad_weight.record_stream(main)  # made on side, read on main
         else:
             grad_weight = phase_grad_weight(g, x, plan, phases)
-            grad_input = tp._phase_grad_input(g, w, plan, phases, dilation)
+            grad_input = tp.phase_grad_input(g, w, plan, phases)
         return grad_input, grad_weight
 
     for name, fn in (("forward", forward), ("backward", backward)):
