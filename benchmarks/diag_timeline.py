@@ -1,6 +1,7 @@
 """Where problem 77's forward+backward waits: host or GPU (GPU machine).
 
-    PYTHONPATH=src python3 benchmarks/diag_timeline.py [--calls 100] [--only timeline,graph,cprofile]
+    PYTHONPATH=src python3 benchmarks/diag_timeline.py [--calls 100] [--only timeline,graph,steps,grad_weight,cprofile]
+        [--configs "64,256,8,4,1;64,128,4,3,2"]
 
 timeline: the bench's loop (synchronise, flush the L2, start event, call, end event), with host timestamps after the
     forward and the backward return and an event recorded after the forward: per call the host's time in each and
@@ -178,8 +179,7 @@ def main():
                     print(f"{config}: {type(failure).__name__} {failure}"[:300], flush=True)
                     continue
                 ms = time_cuda(piece).mean_ms
-                table.append(f"grad_weight {config}: {ms:.4f} ms "
-                             f"(rel. err. {error:.1e})")
+                table.append(f"grad_weight {config}: {ms:.4f} ms (rel. err. {error:.1e})")
                 print(table[-1], flush=True)
         finally:
             triton_backward.CONFIG = saved

@@ -8,14 +8,15 @@ output. So its weight gradient is one GEMM per group,
 
 with M = output channels, N = taps x input channels and a reduction over every position of the compact
 grid (262144 for KernelBench L1/77, against M = 64 and N = 864). The kernel reads a compact copy of
-grad_output's lattice (copy_lattice) and the phase's input window copied once per w tap (each copy shifted by
+grad_output's lattice and the phase's input window copied once per w tap (one launch makes both: phase_operands) (each copy shifted by
 its tap, so that every tile starts aligned and loads 16 bytes at a time), both NCDHW, so that the reduction axis
 is contiguous in both operand tiles, as Hopper's TF32 tensor-core instructions read them; in TF32 mode both
 copies are rounded to TF32 as they are made, so that the tiles go from shared memory to the MMA as loaded. It
 splits the reduction into a fixed number of chunks whose partial sums are added in a fixed order afterwards: no
-atomics, the same result on every run. On the H200, problem 77, copies and partial sums included: 0.26-0.28 ms
-(seventh session), against 0.32-0.46 with the lattice rounded in the kernel, 0.56-0.57 reading the window itself
-(4-byte loads) and about 1.0-1.2 ms for aten's strided weight gradient (benchmarks/RESULTS.md).
+atomics, the same result on every run. On the H200, problem 77: 0.225 ms with the partial sums (ninth session);
+copies included, 0.26-0.28 ms in the seventh, against 0.32-0.46 with the lattice rounded in the kernel, 0.56-0.57
+reading the window itself (4-byte loads) and about 1.0-1.2 ms for aten's strided weight gradient
+(benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
         x_strides, w_tap_stride = window.stride(), phases[2].input_dilation * window.stride(4)
     sms = _sm_count(input.device.index or 0) if input.device.type == "cuda" else 1
     grid, splits, partial_shape, sizes, options = _grad_weight_launch(
-        plan, phases, precision, config, sms, x_rounded, lattice_rounded and precision == TF32)
+        plan, phases, precision, config, sms, x_rounded, lattice_rounded and precision == TF32, interpreted())
     partial = torch.empty(partial_shape, dtype=torch.float32, device=input.device)
     _launch_phase_grad_weight.launch(
         grid, (compact, window, partial),
@@ -177,7 +178,8 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
 
 
 @functools.lru_cache(maxsize=256)
-def _grad_weight_launch(plan: Plan, phases, precision: int, config, sms: int, x_rounded: bool, g_rounded: bool):
+def _grad_weight_launch(plan: Plan, phases, precision: int, config, sms: int, x_rounded: bool, g_rounded: bool,
+                        under_interpreter: bool):
     """(grid, splits, the partial sums' shape, the kernel's size arguments in its order (strides aside), its
     constexprs and launch options) for one phase: once per layer, since every microsecond of the host's shows."""
     block_co, block_n, num_warps, num_stages, per_sm, _ = config
@@ -200,7 +202,7 @@ def _grad_weight_launch(plan: Plan, phases, precision: int, config, sms: int, x_
     splits = cdiv(steps, steps_per_split)
     sizes = (steps, steps_per_split, qw_blocks, *counts, phases[0].input_dilation, phases[1].input_dilation,
              taps[1], taps[2], co_g, ci_g, n_total, n_blocks, co_blocks, groups)
-    options = dict(PRECISION=precision, INTERPRETED=interpreted(), BLOCK_CO=block_co, BLOCK_P=block_p,
+    options = dict(PRECISION=precision, INTERPRETED=under_interpreter, BLOCK_CO=block_co, BLOCK_P=block_p,
                    BLOCK_N=block_n, X_ROUNDED=x_rounded, G_ROUNDED=g_rounded, num_warps=num_warps,
                    num_stages=num_stages)
     return (tiles, splits), splits, (splits, plan.in_channels, co_g, *taps), sizes, tuple(options.items())
@@ -315,10 +317,11 @@ def phase_operands(grad_output, input, plan: Plan, phases, precision: int):
     """(lattice, windows) in one launch, both TF32-rounded in TF32 mode (as the tensor cores of both gradients read
     them); windows None where input is None.
 
-    lattice: grad_output's lattice of the phase copied out contiguous, so that the grad_weight kernel hands its
-    tile to the MMA as loaded (lattice_rounded) and cuDNN's grad_input reads the operand it would round anyway.
-    On the H200, problem 77: 0.063 ms against 0.072 for torch's .contiguous(), and the weight gradient 0.284
-    against 0.321 ms when it need not round (benchmarks/RESULTS.md, seventh session).
+    lattice: grad_output's lattice of the phase copied out contiguous, once for both gradients (on the H200,
+    problem 77, both took 1.005 ms with one copy against 1.122 with one each), so that the grad_weight kernel
+    hands its tile to the MMA as loaded (lattice_rounded) and cuDNN's grad_input reads the operand it would round
+    anyway: 0.063 ms against 0.072 for torch's .contiguous(), and the weight gradient 0.284 against 0.321 ms when
+    it need not round (benchmarks/RESULTS.md, seventh session).
 
     windows: copies[n, kw, c, d, h, q] = the phase's input window at (n, c, d, h, q + kw*dilation) (zero where
     the window pads the input), each row padded to a multiple of 16 elements (zero; never read). Every w tap's
@@ -363,9 +366,8 @@ def _copy(source, offset, lattice_shape, lattice_strides, input, phases, round_l
         windows = torch.empty(windows_shape, dtype=input.dtype, device=input.device)
     if grid[0]:
         anything = lattice if lattice is not None else windows  # (a pointer for the part without programs)
-        _launch_copy_operands.launch(grid, (anything if source is None else source, anything if lattice is None else
-                                            lattice, anything if input is None else input, anything if windows is None
-                                            else windows), scalars, options)
+        pointers = tuple(anything if t is None else t for t in (source, lattice, input, windows))
+        _launch_copy_operands.launch(grid, pointers, scalars, options)
     return lattice, windows
 
 
