@@ -184,30 +184,6 @@ def test_problem_77_gradients(tf32):
         assert_close_rel(a, e, 2e-3 if tf32 else 1e-5)
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_phase_convolutions_through_cudnn_directly_match_aten(deterministic, monkeypatch):
-    """torch_phase.cudnn_direct: problem 77's phase convolutions (forward, and grad_input by the CUDA backward)
-    through cuDNN's own ops give aten's results bit for bit; in deterministic mode aten serves them."""
-    from convt3d.backends import torch_phase as tp
-    from convt3d.plan import make_plan
-
-    x = torch.rand(4, 32, 16, 32, 32, device="cuda")
-    weight = torch.rand(32, 64, 3, 3, 3, device="cuda")
-    plan = make_plan(tuple(x.shape), tuple(weight.shape), **P77)
-    ((phases, index),) = tp._backward_phases(plan)
-    lattice = torch.randn(plan.output_shape, device="cuda")[index].contiguous()
-    torch.use_deterministic_algorithms(deterministic)
-    try:
-        assert tp.cudnn_direct(x, (1, 1, 1), plan.output_shape) is not deterministic
-        forward = tp._phase_conv_transposed(x, weight, None, plan, phases)
-        grad_input = tp.phase_grad_input(lattice, weight, plan, phases, direct=True)
-        monkeypatch.setattr(tp, "cudnn_direct", lambda *args: False)
-        assert torch.equal(forward, tp._phase_conv_transposed(x, weight, None, plan, phases))
-        assert torch.equal(grad_input, tp.phase_grad_input(lattice, weight, plan, phases, direct=True))
-    finally:
-        torch.use_deterministic_algorithms(False)
-
-
 def test_compile_fullgraph_training_step_on_gpu():
     torch._dynamo.reset()
     model = torch.nn.Sequential(convt3d.ConvTranspose3d(8, 4, 3, stride=2, padding=1, dilation=2), torch.nn.ReLU())

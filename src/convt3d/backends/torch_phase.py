@@ -14,7 +14,6 @@ import collections
 import ctypes
 import functools
 import itertools
-import math
 import sys
 
 import torch
@@ -154,28 +153,8 @@ def _phase_conv_transposed(input, weight, bias, plan: Plan, phases: tuple[AxisPh
     if window is None:
         return None
     padding, output_padding, dilation = window
-    weight = _taps(weight, phases, descending=False)
-    if bias is None and cudnn_direct(input, dilation, plan.output_shape):
-        return torch.cudnn_convolution_transpose(input, weight, padding, output_padding, (1, 1, 1), dilation,
-                                                 plan.groups, torch.backends.cudnn.benchmark, False,
-                                                 torch.backends.cudnn.allow_tf32)
-    return F.conv_transpose3d(input, weight, bias, 1, padding, output_padding, plan.groups, dilation)
-
-
-def cudnn_direct(input: torch.Tensor, dilation, output_shape) -> bool:
-    """Whether a phase's convolution on CUDA may call cuDNN's own op (torch.cudnn_convolution[_transpose]) rather
-    than through aten's convolution, which checks its parameters and picks a backend on every call: host time
-    that shows on the GPU machine. Only where aten would pick cuDNN itself, with flags it would pass: cuDNN on, no
-    deterministic mode (with dilation aten then avoids cuDNN), dilation 1, 32-bit indexing, a non-empty input;
-    the caller passes cudnn.benchmark and allow_tf32 as aten reads them."""
-    return (input.is_cuda and torch.backends.cudnn.enabled and _cudnn_available() and tuple(dilation) == (1, 1, 1)
-            and not (torch.backends.cudnn.deterministic or torch.are_deterministic_algorithms_enabled())
-            and 0 < input.numel() < 2**31 and math.prod(output_shape) < 2**31)
-
-
-@functools.lru_cache(maxsize=1)
-def _cudnn_available() -> bool:
-    return torch.backends.cudnn.is_available()
+    return F.conv_transpose3d(input, _taps(weight, phases, descending=False), bias, 1, padding, output_padding,
+                              plan.groups, dilation)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -352,11 +331,10 @@ def _input_pads(plan: Plan, phases) -> tuple[tuple[int, int], ...]:
     return tuple(_pads(p, a.in_size) for p, a in zip(phases, plan.axes))
 
 
-def phase_grad_input(g, weight, plan: Plan, phases, direct: bool = False) -> torch.Tensor:
+def phase_grad_input(g, weight, plan: Plan, phases) -> torch.Tensor:
     """One phase's part of grad_input from g, grad_output's lattice of the phase: output j of the phase reads input
     input_start + j + k*dilation for its k-th (flipped) tap, so input i receives grad_output j = i - input_start -
-    k*dilation: a correlation of the padded compact grid with the taps in ascending order. direct: cuDNN's own op
-    where cudnn_direct allows (not differentiable: for callers that run without autograd)."""
+    k*dilation: a correlation of the padded compact grid with the taps in ascending order."""
     w = _taps(weight, phases, descending=False)
     pads, padding, dilation = _grad_input_conv(plan, phases)
     if pads is not None:
@@ -364,9 +342,6 @@ def phase_grad_input(g, weight, plan: Plan, phases, direct: bool = False) -> tor
     if CONV_CHANNELS_LAST[g.device.type]:
         g = g.contiguous(memory_format=torch.channels_last_3d)
         w = w.contiguous(memory_format=torch.channels_last_3d)
-    if direct and cudnn_direct(g, dilation, (plan.batch, plan.in_channels, *plan.input_spatial)):
-        return torch.cudnn_convolution(g, w, padding, (1, 1, 1), dilation, plan.groups, torch.backends.cudnn.benchmark,
-                                       False, torch.backends.cudnn.allow_tf32)
     return F.conv3d(g, w, None, 1, padding, dilation, plan.groups)
 
 

@@ -307,7 +307,7 @@ def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_i
     on a second stream beside it the weight gradient measured within run-to-run spread (sixth session)."""
     precision = precision_for(input.dtype)
     lattice, windows = phase_operands(grad_output, input if need_weight else None, plan, phases, precision)
-    part_input = phase_grad_input(lattice, weight, plan, phases, direct=True) if need_input else None
+    part_input = phase_grad_input(lattice, weight, plan, phases) if need_input else None
     part_weight = phase_grad_weight(lattice, input, plan, phases, precision, lattice_rounded=precision == TF32,
                                     windows=windows) if need_weight else None
     return part_input, part_weight
