@@ -8,15 +8,15 @@ output. So its weight gradient is one GEMM per group,
 
 with M = output channels, N = taps x input channels and a reduction over every position of the compact
 grid (262144 for KernelBench L1/77, against M = 64 and N = 864). The kernel reads a compact copy of
-grad_output's lattice and the phase's input window copied once per w tap (one launch makes both: phase_operands) (each copy shifted by
-its tap, so that every tile starts aligned and loads 16 bytes at a time), both NCDHW, so that the reduction axis
-is contiguous in both operand tiles, as Hopper's TF32 tensor-core instructions read them; in TF32 mode both
-copies are rounded to TF32 as they are made, so that the tiles go from shared memory to the MMA as loaded. It
-splits the reduction into a fixed number of chunks whose partial sums are added in a fixed order afterwards: no
-atomics, the same result on every run. On the H200, problem 77: 0.225 ms with the partial sums (ninth session);
-copies included, 0.26-0.28 ms in the seventh, against 0.32-0.46 with the lattice rounded in the kernel, 0.56-0.57
-reading the window itself (4-byte loads) and about 1.0-1.2 ms for aten's strided weight gradient
-(benchmarks/RESULTS.md).
+grad_output's lattice and the phase's input window copied once per w tap (one launch makes both:
+phase_operands; each copy shifted by its tap, so that every tile starts aligned and loads 16 bytes at a time),
+both NCDHW, so that the reduction axis is contiguous in both operand tiles, as Hopper's TF32 tensor-core
+instructions read them; in TF32 mode both copies are rounded to TF32 as they are made, so that the tiles go from
+shared memory to the MMA as loaded. It splits the reduction into a fixed number of chunks whose partial sums are
+added in a fixed order afterwards: no atomics, the same result on every run. On the H200, problem 77: 0.225 ms
+with the partial sums (ninth session); copies included, 0.26-0.28 ms in the seventh, against 0.32-0.46 with the
+lattice rounded in the kernel, 0.56-0.57 reading the window itself (4-byte loads) and about 1.0-1.2 ms for aten's
+strided weight gradient (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -245,9 +245,8 @@ def _copy_lattice_block(
     ROUND: tl.constexpr, OFFSETS_64: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """out[n, c, qd, qh, qw] = g[G_OFFSET + n*sn + c*sc + qd*sd + qh*sh + qw*sw], TF32-rounded if ROUND; out
-    contiguous. Flat over
-    out in aligned blocks, so that stores are whole 16-byte vectors; the sizes are constexpr, so that the index
-    divisions compile to multiplications and shifts."""
+    contiguous. Flat over out in aligned blocks, so that stores are whole 16-byte vectors; the sizes are constexpr,
+    so that the index divisions compile to multiplications and shifts."""
     if OFFSETS_64:
         offs = program.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     else:
@@ -282,8 +281,8 @@ def copy_operands_kernel(
     copies' work at once while the host prepares cuDNN's grad_input."""
     program = tl.program_id(0)
     if program < LATTICE_PROGRAMS:
-        _copy_lattice_block(g_ptr, lattice_ptr, program, LATTICE_TOTAL, G_OFFSET, sgn, sgc, sgd, sgh, sgw, C, QD, QH, QW,
-                            ROUND_LATTICE, OFFSETS_64, BLOCK)
+        _copy_lattice_block(g_ptr, lattice_ptr, program, LATTICE_TOTAL, G_OFFSET, sgn, sgc, sgd, sgh, sgw,
+                            C, QD, QH, QW, ROUND_LATTICE, OFFSETS_64, BLOCK)
     else:
         _copy_window_block(x_ptr, windows_ptr, program - LATTICE_PROGRAMS, ROW_BLOCKS, XC, D, H, W, WD, WH, TW,
                            sxn, sxc, sxd, sxh, sxw, START_D, START_H, START_W, DIL_W, WIDTH, ROW, ROUND_WINDOWS,
