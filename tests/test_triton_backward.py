@@ -201,3 +201,21 @@ def test_the_cuda_phase_backward_as_wired(allow_tf32):
     # grad_input by the device's convolution from the rounded lattice: exact float32 on the CPU; on a GPU, cuDNN in
     # TF32 also rounds the weight, which the reference does not.
     assert_close_rel(grad_input, x64.grad, 1e-3 if allow_tf32 and DEVICE == "cuda" else 1e-6)
+
+
+@pytest.mark.parametrize("needs", [(True, False), (False, True)], ids=["grad_input_only", "grad_weight_only"])
+def test_the_cuda_phase_backward_computes_only_what_is_asked(needs):
+    """One gradient asked: the other comes back None, and the one asked equals its value when both are asked."""
+    from convt3d.ops import _cuda_phase_backward
+
+    cfg = SMALL_P77
+    x, w, _ = make_tensors(dict(cfg, unbatched=False, bias=False), torch.float32, DEVICE)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    g = torch.randn(plan.output_shape, device=DEVICE)
+    both = _cuda_phase_backward(g, x, w, plan, True, True)
+    one = _cuda_phase_backward(g, x, w, plan, *needs)
+    for asked, ours, full in zip(needs, one, both):
+        assert (ours is None) is not asked
+        if asked:
+            assert torch.equal(ours, full)
+
