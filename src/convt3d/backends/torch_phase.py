@@ -105,12 +105,18 @@ def _pad(t: torch.Tensor, pads) -> torch.Tensor:
 
 
 def _padded_operand(t: torch.Tensor, pads):
-    """(t, conv3d padding) giving t padded by pads, (left, right) per axis (negative crops): the padding inside
-    the convolution where it is symmetric, else a padded copy. Each copy or fill is a launch whose host time
-    shows on a GPU (by our estimate some 50 us per operation on the H200 machine; benchmarks/RESULTS.md)."""
+    """(t, conv3d padding) giving t padded by pads, (left, right) per axis (negative crops)."""
+    copy_pads, padding = _conv_padding(pads)
+    return (t if copy_pads is None else _pad(t, copy_pads)), padding
+
+
+def _conv_padding(pads):
+    """(pads for a padded copy, or None; conv3d's padding) for an operand padded by pads: the padding inside the
+    convolution where it is symmetric, else a padded copy. Each copy or fill is a launch whose host time shows on a
+    GPU (by our estimate some 50 us per operation on the H200 machine; benchmarks/RESULTS.md)."""
     if all(left == right >= 0 for left, right in pads):
-        return t, tuple(left for left, _ in pads)
-    return _pad(t, pads), (0,) * len(pads)
+        return None, tuple(left for left, _ in pads)
+    return pads, (0,) * len(pads)
 
 
 # Per device type: run the phases' convolutions channels-last.
@@ -347,10 +353,6 @@ def phase_grad_input(g, weight, plan: Plan, phases) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=1024)
 def _grad_input_conv(plan: Plan, phases):
-    """(pads of a copy of the lattice or None, conv3d's padding, its dilation) for phase_grad_input: the padding
-    inside the convolution where it is symmetric (as _padded_operand)."""
-    pads = _grad_input_pads(plan, phases)
-    dilation = tuple(p.input_dilation for p in phases)
-    if all(left == right >= 0 for left, right in pads):
-        return None, tuple(left for left, _ in pads), dilation
-    return pads, (0, 0, 0), dilation
+    """(pads of a copy of the lattice or None, conv3d's padding, its dilation) for phase_grad_input (_conv_padding
+    once per layer)."""
+    return (*_conv_padding(_grad_input_pads(plan, phases)), tuple(p.input_dilation for p in phases))
