@@ -150,6 +150,29 @@ def test_float32_gradients_match_eager():
         assert_close_rel(a, e, 1e-5, f"grad {name}")
 
 
+@pytest.mark.parametrize("backend", ["torch", "eager"])
+def test_output_behaves_as_eager_under_autograd_and_in_place_use(backend):
+    # The eager autograd node is recorded after the kernels ran (ops.apply): the output must still be an ordinary
+    # result, with grad_fn, usable in place and through views, its gradients eager's, the input untouched.
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, 4, 3, 5, dtype=torch.float64, requires_grad=True)
+    layer = nn.ConvTranspose3d(3, 4, 3, stride=2, padding=1, dilation=2).double()
+    ours = convt3d.convert(nn.ConvTranspose3d(3, 4, 3, stride=2, padding=1, dilation=2).double(), backend)
+    ours.load_state_dict(layer.state_dict())
+    x_before = x.detach().clone()
+    grad = torch.randn(layer(x).shape, dtype=torch.float64)
+    results = []
+    for model in (layer, ours):
+        y = model(x)
+        assert y.requires_grad and y.grad_fn is not None and not y.is_leaf
+        y[:, :, 1].mul_(3)  # in place through a view, then on the whole
+        y.add_(1)
+        results.append((y.detach().clone(), *torch.autograd.grad(y, (x, model.weight, model.bias), grad)))
+    for a, e, name in zip(results[1], results[0], ("output", "input", "weight", "bias")):
+        assert_close_rel(a, e, 1e-12, f"{name} (grad)" if name != "output" else name)
+    assert torch.equal(x.detach(), x_before)
+
+
 @pytest.mark.parametrize("backend", ["torch", "auto"])
 def test_deterministic_mode_runs_and_repeats_bitwise(backend):
     """Under torch.use_deterministic_algorithms(True) forward and backward run (no op of ours is refused) and

@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from .backends import torch_phase
 from .ops import apply, cached_plan
 from .plan import Plan, make_plan, triple
 
@@ -188,7 +189,7 @@ def _fastest(candidates, input, weight, bias, plan) -> str:
 
 def run_backend(backend: str, input, weight, bias, plan: Plan) -> torch.Tensor:
     if backend == "torch":
-        from .backends.torch_phase import conv_transpose3d as run
+        run = torch_phase.conv_transpose3d
     elif backend == "triton":
         from .backends.triton import conv_transpose3d as run
     else:

@@ -33,11 +33,9 @@ def _plan_of(input, weight, stride, padding, output_padding, groups, dilation) -
 
 
 def _forward(input, weight, bias, plan: Plan, backend: str) -> torch.Tensor:
-    from .functional import choose_backend, run_backend
-
     if backend == "auto":
-        backend = choose_backend(input, weight, bias, plan)
-    return run_backend(backend, input, weight, bias, plan)
+        backend = functional.choose_backend(input, weight, bias, plan)
+    return functional.run_backend(backend, input, weight, bias, plan)
 
 
 @torch.library.custom_op("convt3d::conv_transpose3d", mutates_args=())
@@ -171,15 +169,20 @@ conv_transpose3d_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _EagerConvTranspose3d(torch.autograd.Function):
-    """Eager autograd through the same forward and gradients as the registered op, without torch.library's
-    Python dispatch layers, which cost more per call than a small layer's kernels (on this project's 2-core CPU,
-    a tiny layer's forward+backward: see benchmarks/RESULTS.md). torch.compile goes through the op."""
+    """Eager autograd through the same gradients as the registered op, without torch.library's Python dispatch
+    layers, which cost more per call than a small layer's kernels (on this project's 2-core CPU, a tiny layer's
+    forward+backward: see benchmarks/RESULTS.md). torch.compile goes through the op.
+
+    Its forward only records the node: `out` comes computed (apply() runs the kernels first, with grad mode off),
+    and is returned marked as written in place. On a GPU the kernels are then queued before the ~2.7 us (2-core CPU)
+    that Function.apply spends before entering a forward, host time the GPU would otherwise wait through."""
 
     @staticmethod
-    def forward(ctx, input, weight, bias, plan, backend):
+    def forward(ctx, input, weight, bias, out, plan):
         ctx.save_for_backward(input, weight)
         ctx.plan, ctx.has_bias = plan, bias is not None
-        return _forward(input, weight, bias, plan, backend)
+        ctx.mark_dirty(out)
+        return out
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -190,10 +193,10 @@ class _EagerConvTranspose3d(torch.autograd.Function):
 
 
 class _TransformableConvTranspose3d(torch.autograd.Function):
-    """The same, with the context kept apart from the forward (setup_context), as torch.func's transforms require
-    (grad, vjp; not vmap, nor jacrev and the others built on it: the backward's per-phase convolutions do not
-    batch). Used only under those transforms: torch binds this style's arguments by signature on every call, about
-    33 us of host time (benchmarks/cpu_function_styles.py)."""
+    """The same, computing in its forward and with the context kept apart from it (setup_context), as torch.func's
+    transforms require (grad, vjp; not vmap, nor jacrev and the others built on it: the backward's per-phase
+    convolutions do not batch). Used only under those transforms: torch binds this style's arguments by signature
+    on every call, about 33 us of host time (benchmarks/cpu_function_styles.py)."""
 
     @staticmethod
     def forward(input, weight, bias, plan, backend):
@@ -205,6 +208,7 @@ class _TransformableConvTranspose3d(torch.autograd.Function):
         ctx.save_for_backward(input, weight)
         ctx.plan, ctx.has_bias = plan, bias is not None
 
+    # Its last two arguments (plan, backend) take no gradient, as the other's (out, plan).
     backward = staticmethod(_EagerConvTranspose3d.backward)
 
 
@@ -223,7 +227,19 @@ def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
         )
     needs_grad = torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-    if needs_grad:
-        function = _TransformableConvTranspose3d if _transforms_active() else _EagerConvTranspose3d
-        return function.apply(input, weight, bias, plan, backend)
-    return _forward(input, weight, bias, plan, backend)
+    if not needs_grad:
+        return _forward(input, weight, bias, plan, backend)
+    if _transforms_active():
+        return _TransformableConvTranspose3d.apply(input, weight, bias, plan, backend)
+    # As inside an autograd.Function's forward: no graph for the backend's own operations.
+    torch._C._set_grad_enabled(False)
+    try:
+        out = _forward(input, weight, bias, plan, backend)
+    finally:
+        torch._C._set_grad_enabled(True)
+    return _EagerConvTranspose3d.apply(input, weight, bias, out, plan)
+
+
+# Last: functional imports this module (apply, cached_plan), and _forward looks its functions up at call time (an
+# import statement inside _forward cost 0.5 us a call on a 2-core CPU, some 5 us on the H200 machine's host).
+from . import functional  # noqa: E402

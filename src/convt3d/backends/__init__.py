@@ -10,6 +10,8 @@ def _channels_last(t: torch.Tensor) -> bool:
 def output_memory_format(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
     """PyTorch's rule for convolution outputs: channels_last_3d when the input or the weight is, where its
     kernels keep that layout (cuDNN; on the CPU oneDNN, which serves float32 and half precision, not float64)."""
+    if input.is_contiguous() and weight.is_contiguous():  # the common case, decided in the fewest calls
+        return torch.contiguous_format
     keeps_layout = input.device.type != "cpu" or input.dtype in (torch.float32, torch.bfloat16, torch.float16)
     if keeps_layout and (_channels_last(input) or _channels_last(weight)):
         return torch.channels_last_3d

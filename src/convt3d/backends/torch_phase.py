@@ -48,8 +48,10 @@ def _empty_output(shape, dtype, device, memory_format) -> torch.Tensor:
     nothing where THP is off.
     """
     out = torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
+    if not out.is_cpu:
+        return out
     nbytes = out.numel() * out.element_size()
-    madvise = _madvise() if out.device.type == "cpu" and nbytes >= 4 * _HUGE_PAGE else None
+    madvise = _madvise() if nbytes >= 4 * _HUGE_PAGE else None
     if madvise is not None:
         start = -(-out.data_ptr() // _HUGE_PAGE) * _HUGE_PAGE
         end = (out.data_ptr() + nbytes) // _HUGE_PAGE * _HUGE_PAGE
