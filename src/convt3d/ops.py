@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from .backends import torch_phase
 from .plan import Plan, make_plan
 
 
@@ -71,7 +72,7 @@ def _cuda_phase_backward_serves(input: torch.Tensor, plan: Plan) -> bool:
     """Whether the CUDA backward by phases applies: only where no tap reaches most of the output (dilated layers
     such as problem 77), whose work cuDNN's strided backward spends in vain; elsewhere that single call was not
     measured against the phases."""
-    if input.device.type != "cuda" or input.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if not input.is_cuda or input.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
     return input.numel() != 0 and _phase_backward_fits(plan)
 
@@ -111,10 +112,17 @@ def conv_transpose3d_backward_op(
 
 
 def _cuda_phase_backward(grad_output, input, weight, plan: Plan, need_input: bool, need_weight: bool):
-    from .backends.torch_phase import conv_transpose3d_backward
+    return torch_phase.conv_transpose3d_backward(grad_output, input, weight, plan, need_input, need_weight,
+                                                 _triton_phase_backward())
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_phase_backward():
+    """The Triton module's phase_backward, imported on first use (Triton stays out of import time), then kept: an
+    import statement per call cost about 1 us on the 2-core CPU, host time that the GPU waits through."""
     from .backends.triton.backward import phase_backward
 
-    return conv_transpose3d_backward(grad_output, input, weight, plan, need_input, need_weight, phase_backward)
+    return phase_backward
 
 
 @conv_transpose3d_backward_op.register_fake
@@ -157,10 +165,8 @@ def _gradients(grad_output, input, weight, plan: Plan, needs, has_bias: bool, th
     else:
         # The phase decomposition: on a 2-core CPU, problem 77 at batch 2, grad_input 3.8-8.3x and grad_weight
         # 2.8x faster than aten's (benchmarks/RESULTS.md).
-        from .backends.torch_phase import conv_transpose3d_backward
-
-        grad_input, grad_weight = conv_transpose3d_backward(grad_output, input, weight, plan, need_input,
-                                                            need_weight)
+        grad_input, grad_weight = torch_phase.conv_transpose3d_backward(grad_output, input, weight, plan,
+                                                                        need_input, need_weight)
     grad_bias = grad_output.sum(dim=(0, 2, 3, 4)) if has_bias and need_bias else None
     return grad_input, grad_weight, grad_bias
 

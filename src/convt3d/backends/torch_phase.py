@@ -198,8 +198,19 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
         if phases is None:
             _fill(out[index], bias)
         else:
-            out[index].copy_(_phase_conv(input, weight, bias, plan, phases))
+            # The phase's lattice as one as_strided view: indexing with five slices cost 2.7 us on the 2-core CPU
+            # against 0.9, host time that a GPU waits through.
+            offset, shape, strides = _lattice_geometry(plan, phases, out.stride())
+            out.as_strided(shape, strides, offset).copy_(_phase_conv(input, weight, bias, plan, phases))
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _lattice_geometry(plan: Plan, phases, strides):
+    """(offset, shape, strides) of the phases' lattice in an output of these strides (storage offset 0)."""
+    offset = sum(p.out_start * stride for p, stride in zip(phases, strides[2:]))
+    shape = (plan.batch, plan.out_channels, *(p.out_count for p in phases))
+    return offset, shape, (*strides[:2], *(a.stride * stride for a, stride in zip(plan.axes, strides[2:])))
 
 
 # The geometry below is computed once per layer (plans are immutable and hashable): on a GPU the Python time of

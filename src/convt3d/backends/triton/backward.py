@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from ..torch_phase import _phase_input, phase_grad_input
+from ..torch_phase import _lattice_geometry, _phase_input, phase_grad_input
 from . import cdiv, interpreted, next_power_of_2
 from .forward import TF32, _round_to_tf32, _sm_count, precision_for
 from .launch import Launcher
@@ -342,14 +342,6 @@ def copy_lattice(lattice: torch.Tensor, round_to_tf32: bool) -> torch.Tensor:
 def _window_per_w_tap(input: torch.Tensor, phases, round_to_tf32: bool) -> torch.Tensor:
     """The input's windows alone, as phase_operands makes them: (N, w taps, C, D, H, row)."""
     return _copy(None, 0, None, None, input, phases, False, round_to_tf32)[1]
-
-
-@functools.lru_cache(maxsize=1024)
-def _lattice_geometry(plan: Plan, phases, strides):
-    """(offset, shape, strides) in grad_output (of these strides) of the phases' lattice."""
-    offset = sum(p.out_start * stride for p, stride in zip(phases, strides[2:]))
-    shape = (plan.batch, plan.out_channels, *(p.out_count for p in phases))
-    return offset, shape, (*strides[:2], *(a.stride * stride for a, stride in zip(plan.axes, strides[2:])))
 
 
 def _copy(source, offset, lattice_shape, lattice_strides, input, phases, round_lattice, round_windows):
