@@ -128,6 +128,12 @@ def test_validation_cache_still_rejects_bad_arguments():
         convt3d.conv_transpose3d(x, w, stride=(True, 1, 1))
     with pytest.raises(TypeError, match="stride"):
         convt3d.conv_transpose3d(x, w, stride=1.0)
+    stride = (1, 1, 1)  # the same object twice
+    convt3d.conv_transpose3d(x, w, stride=stride, groups=1)
+    convt3d.conv_transpose3d(x, w, stride=stride, groups=1)
+    for groups in (True, 1.0):
+        with pytest.raises(TypeError, match="groups"):
+            convt3d.conv_transpose3d(x, w, stride=stride, groups=groups)
     with pytest.raises(TypeError, match="weight dtype"):
         convt3d.conv_transpose3d(x, w.double(), stride=(1, 1, 1))
 

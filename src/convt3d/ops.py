@@ -23,7 +23,8 @@ from .backends import torch_phase
 from .plan import Plan, make_plan
 
 
-@functools.lru_cache(maxsize=256)
+# typed: groups reaches the cache unchecked, and True == 1.0 == 1 would otherwise share the plan of groups=1.
+@functools.lru_cache(maxsize=256, typed=True)
 def cached_plan(input_shape, weight_shape, stride, padding, output_padding, groups, dilation) -> Plan:
     return make_plan(input_shape, weight_shape, stride, padding, output_padding, groups, dilation)
 
