@@ -26,31 +26,55 @@ def _check_tensor(value, name: str, optional: bool = False) -> None:
 # Arguments already validated -> (plan, unbatched). Host time counts on a GPU: KernelBench's timing (and ours) sees
 # every microsecond a call spends in Python beyond the time of the L2 flush before it. On the H200 machine "auto"
 # spent 47-71 us per call against F.conv_transpose3d's 30-40, and profiling on the CPU put the full checks below
-# at half of convt3d's own share.
+# at half of convt3d's own share. Two levels: _seen, keyed by the arguments' values, serves a call that passes the
+# very same argument objects again (a module's own tuples, a literal's constants); _validated, keyed by their repr,
+# any other call (repr keeps apart what compares equal but is an error, True == 1 and 1.0 == 1; it costs 1 us on
+# the 2-core CPU, about 10 us of the GPU machine's host).
 _validated: dict = {}
+_seen: dict = {}
 
 
 def validate(input, weight, bias, stride, padding, output_padding, groups, dilation) -> tuple[torch.Tensor, Plan, bool]:
     """Check every argument before any work. Returns the batched input, the plan, and whether input was unbatched."""
-    key = None
+    key = seen_key = None
     if not torch.compiler.is_compiling():
+        args = (stride, padding, output_padding, groups, dilation)
         try:
-            # repr keeps the integer arguments' types apart (True == 1, but a bool stride is an error).
-            key = (input.shape, input.dtype, input.device, weight.shape, weight.dtype, weight.device,
-                   None if bias is None else (bias.shape, bias.dtype, bias.device),
-                   repr((stride, padding, output_padding, groups, dilation)))
+            tensors = (input.shape, input.dtype, input.device, weight.shape, weight.dtype, weight.device,
+                       None if bias is None else (bias.shape, bias.dtype, bias.device))
         except AttributeError:  # not tensors: the checks below say which argument
-            key = None
+            tensors = None
+        if tensors is not None:
+            seen_key = (tensors, args)
+            try:
+                hit = _seen.get(seen_key)
+            except TypeError:  # unhashable arguments (lists): by repr only
+                hit = seen_key = None
+            if hit is not None:
+                # The same objects: ints and tuples of ints cannot have changed since they were checked.
+                a = hit[2]
+                if (a[0] is stride and a[1] is padding and a[2] is output_padding and a[3] is groups
+                        and a[4] is dilation):
+                    return (input.unsqueeze(0) if hit[1] else input), hit[0], hit[1]
+            key = (tensors, repr(args))
         hit = _validated.get(key) if key is not None else None
         if hit is not None:
             plan, unbatched = hit
+            if seen_key is not None:
+                _remember(_seen, seen_key, (plan, unbatched, args))
             return (input.unsqueeze(0) if unbatched else input), plan, unbatched
     batched, plan, unbatched = _validate(input, weight, bias, stride, padding, output_padding, groups, dilation)
     if key is not None:
-        if len(_validated) >= 4096:  # many distinct shapes: start over rather than grow without bound
-            _validated.clear()
-        _validated[key] = (plan, unbatched)
+        _remember(_validated, key, (plan, unbatched))
+        if seen_key is not None:
+            _remember(_seen, seen_key, (plan, unbatched, args))
     return batched, plan, unbatched
+
+
+def _remember(cache: dict, key, value) -> None:
+    if len(cache) >= 4096:  # many distinct shapes: start over rather than grow without bound
+        cache.clear()
+    cache[key] = value
 
 
 def _validate(input, weight, bias, stride, padding, output_padding, groups, dilation):
