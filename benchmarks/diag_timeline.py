@@ -1,7 +1,7 @@
 """Where problem 77's forward+backward waits: host or GPU (GPU machine).
 
-    PYTHONPATH=src python3 benchmarks/diag_timeline.py [--calls 100] [--only timeline,graph,steps,grad_weight,cprofile]
-        [--configs "64,256,8,4,1;64,128,4,3,2"]
+    PYTHONPATH=src python3 benchmarks/diag_timeline.py [--calls 100] [--only timeline,graph,steps,grad_weight,cprofile,
+        orders] [--configs "64,256,8,4,1;64,128,4,3,2"] [--rounds 3]
 
 timeline: the bench's loop (synchronise, flush the L2, start event, call, end event), with host timestamps after the
     forward and the backward return and an event recorded after the forward: per call the host's time in each and
@@ -14,6 +14,9 @@ steps: the bench's loop with a host timestamp where each step of convt3d's forwa
 grad_weight: the Triton weight gradient alone (cold L2) in the configs of --configs, with its error against
     float64.
 cprofile: Python's profiler over synchronised calls, functions by own time (inflated by the profiler itself).
+orders: the backward's two gradients in other orders, patched in for the run, in interleaved rounds: as the library
+    runs them (grad_input by cuDNN, then the Triton grad_weight), grad_weight first, and grad_weight on a second
+    stream beside grad_input; per variant the bench loop's mean (timeline) and the CUDA graph replay.
 """
 
 import argparse
@@ -130,10 +133,71 @@ def steps(layer, x, grad, calls):
     return [(name, statistics.median(r[name] for r in rows)) for name in names]
 
 
+def _order_variants():
+    """{name: phase_backward} for the orders section (each as triton_backward.phase_backward, whose parts it calls)."""
+    tb = triton_backward
+    side = torch.cuda.Stream()
+
+    def operands(grad_output, input, plan, phases, need_weight):
+        precision = tb.precision_for(input.dtype)
+        return precision, *tb.phase_operands(grad_output, input if need_weight else None, plan, phases, precision)
+
+    def weight_first(grad_output, index, input, weight, plan, phases, need_input, need_weight):
+        precision, lattice, windows = operands(grad_output, input, plan, phases, need_weight)
+        part_weight = tb.phase_grad_weight(lattice, input, plan, phases, precision,
+                                           lattice_rounded=precision == tb.TF32, windows=windows)
+        return tb.phase_grad_input(lattice, weight, plan, phases), part_weight
+
+    def side_stream(grad_output, index, input, weight, plan, phases, need_input, need_weight):
+        precision, lattice, windows = operands(grad_output, input, plan, phases, need_weight)
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            part_weight = tb.phase_grad_weight(lattice, input, plan, phases, precision,
+                                               lattice_rounded=precision == tb.TF32, windows=windows)
+        part_input = tb.phase_grad_input(lattice, weight, plan, phases)
+        main.wait_stream(side)
+        lattice.record_stream(side)  # (allocated on main, read on side: not reused before side is done)
+        windows.record_stream(side)
+        part_weight.record_stream(main)
+        return part_input, part_weight
+
+    return {"library": tb.phase_backward, "grad_weight first": weight_first, "grad_weight on a side stream": side_stream}
+
+
+def orders(layer, x, grad, calls, rounds):
+    """Per variant: the bench loop's means over the rounds, one graph replay, and whether its gradients equal the
+    library's bit for bit."""
+    variants = _order_variants()
+    means = {name: [] for name in variants}
+    graphs, same = {}, {}
+    reference = None
+    original = ops._triton_phase_backward
+    try:
+        for r in range(rounds):
+            for name, variant in variants.items():
+                ops._triton_phase_backward = lambda variant=variant: variant
+                if r == 0:
+                    grads = torch.autograd.grad(layer(x), (x, layer.weight), grad)
+                    reference = grads if reference is None else reference
+                    same[name] = all(torch.equal(a, b) for a, b in zip(grads, reference))
+                means[name].append(timeline(layer, x, grad, calls)[1])
+                if r == 0:
+                    try:
+                        graphs[name] = graph_replay(layer, x, grad, calls)
+                    except RuntimeError as failure:  # (reported, not fatal: the means stand without it)
+                        print(f"orders: {name}: graph capture failed: {failure}"[:300], flush=True)
+                        graphs[name] = float("nan")
+    finally:
+        ops._triton_phase_backward = original
+    return [(name, means[name], graphs[name], same[name]) for name in variants]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--only", default="timeline,graph,steps,cprofile")
+    parser.add_argument("--rounds", type=int, default=3, help="orders: interleaved rounds")
     parser.add_argument("--configs", type=lambda text: [(*map(int, c.split(",")), True) for c in text.split(";")],
                         default=[(64, 256, 8, 3, 1, True)], help='"BLOCK_CO,BLOCK_N,warps,stages,per_sm;..."')
     args = parser.parse_args()
@@ -184,6 +248,11 @@ def main():
         finally:
             triton_backward.CONFIG = saved
             triton_backward._grad_weight_launch.cache_clear()
+    if "orders" in sections:
+        for name, means, graph, same in orders(ours, x, grad, args.calls, args.rounds):
+            table.append(f"orders: {name:30s} means {', '.join(f'{m:.3f}' for m in means)} ms; graph replay "
+                         f"{graph:.3f} ms; gradients equal the library's: {same}")
+            print(table[-1], flush=True)
     if "cprofile" in sections:
         profile = cProfile.Profile()
         for i in range(args.calls // 2 + 5):
