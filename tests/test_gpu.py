@@ -1,7 +1,12 @@
 """GPU tests of the fused Triton forward (marked `gpu`, skipped without CUDA)."""
 
+import os
+import socket
+
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import convt3d
@@ -182,6 +187,75 @@ def test_problem_77_gradients(tf32):
     expected = torch.autograd.grad(F.conv_transpose3d(x64, w64, None, **P77), (x64, w64), grad.double())
     for a, e in zip(actual, expected):
         assert_close_rel(a, e, 2e-3 if tf32 else 1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("backend", ["triton", "torch", "auto"])
+def test_layer_on_another_gpu_than_the_current_one(backend):
+    """A model on cuda:1 called while cuda:0 is current, as PyTorch allows: the Triton launches follow the tensors."""
+    torch.cuda.set_device(0)
+    layer = torch.nn.ConvTranspose3d(8, 6, 3, stride=2, padding=1, dilation=2).to("cuda:1")
+    ours = convt3d.convert(torch.nn.ConvTranspose3d(8, 6, 3, stride=2, padding=1, dilation=2), backend).to("cuda:1")
+    ours.load_state_dict(layer.state_dict())
+    x = torch.rand(2, 8, 5, 6, 7, device="cuda:1", requires_grad=True)
+    grad = torch.randn_like(layer(x))
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        expected = torch.autograd.grad(layer(x), (x, layer.weight, layer.bias), grad)
+        out = ours(x)
+        actual = torch.autograd.grad(out, (x, ours.weight, ours.bias), grad)
+    assert out.device == torch.device("cuda:1") and torch.cuda.current_device() == 0
+    for a, e in zip(actual, expected):
+        assert_close_rel(a, e, 1e-5)
+    # The CUDA phase backward called directly (as the registered op is), not through autograd's device thread.
+    from convt3d import ops
+    plan = ops.cached_plan(tuple(x.shape), tuple(layer.weight.shape), (2, 2, 2), (1, 1, 1), (0, 0, 0), 1, (2, 2, 2))
+    if ops._cuda_phase_backward_serves(x, plan):
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            grad_input, grad_weight = ops._cuda_phase_backward(grad, x.detach(), ours.weight.detach(), plan, True, True)
+        assert_close_rel(grad_input, expected[0], 1e-5)
+        assert_close_rel(grad_weight, expected[1], 1e-5)
+
+
+def _dilated_model():
+    torch.manual_seed(0)  # the same weights in every process
+    return torch.nn.Sequential(convt3d.ConvTranspose3d(4, 6, 3, stride=2, padding=1, dilation=2), torch.nn.Tanh(),
+                               convt3d.ConvTranspose3d(6, 2, 3, stride=2, padding=1))
+
+
+def _nccl_worker(rank, world, port, data, result_path):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    torch.backends.cudnn.allow_tf32 = False
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(_dilated_model().cuda(rank), device_ids=[rank])
+        x, target = (t.cuda(rank) for t in data)
+        shard = slice(rank * len(x) // world, (rank + 1) * len(x) // world)
+        F.mse_loss(model(x[shard]), target[shard]).backward()
+        if rank == 0:
+            torch.save([p.grad.cpu() for p in model.parameters()], result_path)
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)  # (as the CPU DDP test's worker: no C++ static destructors at exit)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_ddp_over_nccl_matches_single_gpu(tmp_path):
+    """DistributedDataParallel on two GPUs with NCCL, as the README documents, against one process on one GPU; the
+    first layer takes the CUDA phase backward (Triton grad_weight)."""
+    torch.manual_seed(1)
+    x = torch.rand(4, 4, 3, 4, 5)
+    reference = _dilated_model().cuda()
+    target = torch.randn(reference(x.cuda()).shape)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        F.mse_loss(reference(x.cuda()), target.cuda()).backward()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = tmp_path / "grads.pt"
+    mp.spawn(_nccl_worker, args=(2, port, (x, target), str(path)), nprocs=2, join=True)
+    for got, want in zip(torch.load(path), (p.grad.cpu() for p in reference.parameters())):
+        assert_close_rel(got, want, 1e-5, "DDP gradient")
 
 
 def test_compile_fullgraph_training_step_on_gpu():

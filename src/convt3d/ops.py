@@ -34,7 +34,17 @@ def _plan_of(input, weight, stride, padding, output_padding, groups, dilation) -
                        tuple(output_padding), groups, tuple(dilation))
 
 
+def _off_current_device(t: torch.Tensor) -> bool:
+    """Whether t is a CUDA tensor on another GPU than the current one. Triton launches on the current device (and
+    "auto" times with its events), so such calls run under torch.cuda.device(t.device), as PyTorch's own ops do:
+    a model placed on cuda:1 runs without the caller switching devices."""
+    return t.is_cuda and t.get_device() != torch.cuda.current_device()
+
+
 def _forward(input, weight, bias, plan: Plan, backend: str) -> torch.Tensor:
+    if _off_current_device(input):
+        with torch.cuda.device(input.device):
+            return _forward(input, weight, bias, plan, backend)
     if backend == "auto":
         backend = functional.choose_backend(input, weight, bias, plan)
     return functional.run_backend(backend, input, weight, bias, plan)
@@ -113,6 +123,9 @@ def conv_transpose3d_backward_op(
 
 
 def _cuda_phase_backward(grad_output, input, weight, plan: Plan, need_input: bool, need_weight: bool):
+    if _off_current_device(input):  # (autograd's engine sets the device; a direct or compiled call may not)
+        with torch.cuda.device(input.device):
+            return _cuda_phase_backward(grad_output, input, weight, plan, need_input, need_weight)
     return torch_phase.conv_transpose3d_backward(grad_output, input, weight, plan, need_input, need_weight,
                                                  _triton_phase_backward())
 
