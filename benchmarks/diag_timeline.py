@@ -15,9 +15,8 @@ grad_weight: the Triton weight gradient alone (cold L2) in the configs of --conf
     float64.
 cprofile: Python's profiler over synchronised calls, functions by own time (inflated by the profiler itself).
 orders: the backward's two gradients in other orders, patched in for the run, in interleaved rounds: as the library
-    runs them (the Triton grad_weight's kernel, cuDNN's grad_input, then grad_weight's partial sums added),
-    grad_input first (the ninth session's order), grad_weight with its sum before grad_input, and grad_weight on a
-    second stream beside grad_input; per variant the bench loop's mean (timeline) and the CUDA graph replay.
+    runs them (grad_input by cuDNN, then the Triton grad_weight), grad_weight first, and grad_weight on a second
+    stream beside grad_input; per variant the bench loop's mean (timeline) and the CUDA graph replay.
 """
 
 import argparse
@@ -86,7 +85,7 @@ def graph_replay(layer, x, grad, calls):
 
 STEPS = ((torch_phase, "_empty_output"), (torch_phase, "_fill"), (torch_phase, "_phase_conv"),
          (triton_backward, "phase_operands"), (triton_backward, "phase_grad_input"),
-         (triton_backward, "launch_grad_weight"), (triton_backward, "_sum_partials"), (ops, "_cuda_phase_backward"))
+         (triton_backward, "phase_grad_weight"), (ops, "_cuda_phase_backward"))
 
 
 def steps(layer, x, grad, calls):
@@ -143,12 +142,6 @@ def _order_variants():
         precision = tb.precision_for(input.dtype)
         return precision, *tb.phase_operands(grad_output, input if need_weight else None, plan, phases, precision)
 
-    def input_first(grad_output, index, input, weight, plan, phases, need_input, need_weight):
-        precision, lattice, windows = operands(grad_output, input, plan, phases, need_weight)
-        part_input = tb.phase_grad_input(lattice, weight, plan, phases)
-        return part_input, tb.phase_grad_weight(lattice, input, plan, phases, precision,
-                                                lattice_rounded=precision == tb.TF32, windows=windows)
-
     def weight_first(grad_output, index, input, weight, plan, phases, need_input, need_weight):
         precision, lattice, windows = operands(grad_output, input, plan, phases, need_weight)
         part_weight = tb.phase_grad_weight(lattice, input, plan, phases, precision,
@@ -169,8 +162,7 @@ def _order_variants():
         part_weight.record_stream(main)
         return part_input, part_weight
 
-    return {"library": tb.phase_backward, "grad_input first (ninth session)": input_first,
-            "grad_weight first, summed at once": weight_first, "grad_weight on a side stream": side_stream}
+    return {"library": tb.phase_backward, "grad_weight first": weight_first, "grad_weight on a side stream": side_stream}
 
 
 def orders(layer, x, grad, calls, rounds):
@@ -258,7 +250,7 @@ def main():
             triton_backward._grad_weight_launch.cache_clear()
     if "orders" in sections:
         for name, means, graph, same in orders(ours, x, grad, args.calls, args.rounds):
-            table.append(f"orders: {name:34s} means {', '.join(f'{m:.3f}' for m in means)} ms; graph replay "
+            table.append(f"orders: {name:30s} means {', '.join(f'{m:.3f}' for m in means)} ms; graph replay "
                          f"{graph:.3f} ms; gradients equal the library's: {same}")
             print(table[-1], flush=True)
     if "cprofile" in sections:

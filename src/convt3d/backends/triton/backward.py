@@ -146,14 +146,6 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     Written in that layout by the kernel, so that no copy, flip or scatter follows (each a launch, whose host
     time shows on the GPU machine). windows: the input's copies per w tap as phase_operands makes them (made here
     where None)."""
-    return _sum_partials(*launch_grad_weight(lattice, input, plan, phases, precision, config, lattice_rounded,
-                                             windows))
-
-
-def launch_grad_weight(lattice, input, plan: Plan, phases, precision=None, config=None, lattice_rounded=False,
-                       windows=None):
-    """phase_grad_weight's kernel launch alone: (its partial sums, the gradient's dtype), for _sum_partials, which
-    a caller may queue later (phase_backward queues cuDNN's grad_input in between)."""
     precision = precision_for(input.dtype) if precision is None else precision
     if config is None:
         config = CONFIG if precision == TF32 else CONFIG_OTHER_PRECISIONS
@@ -181,13 +173,8 @@ def launch_grad_weight(lattice, input, plan: Plan, phases, precision=None, confi
     _launch_phase_grad_weight.launch(
         grid, (compact, window, partial),
         (*sizes[:6], *compact.stride(), *x_strides, *sizes[6:8], w_tap_stride, *sizes[8:]), options)
-    return partial, input.dtype
-
-
-def _sum_partials(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The gradient from launch_grad_weight's partial sums, added in a fixed order: deterministic."""
-    grad = partial.sum(0) if len(partial) > 1 else partial[0]
-    return grad if grad.dtype == dtype else grad.to(dtype)
+    grad = partial.sum(0) if splits > 1 else partial[0]  # a fixed order: deterministic
+    return grad if grad.dtype == input.dtype else grad.to(input.dtype)
 
 
 @functools.lru_cache(maxsize=256)
@@ -311,21 +298,18 @@ OFFSETS_64_FROM = 2**31
 
 def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_input: bool, need_weight: bool):
     """One phase's parts of the gradients on CUDA (torch_phase.conv_transpose3d_backward's phase_backward): one launch
-    copies grad_output's lattice and the input's windows out, then the Triton grad_weight's kernel, then cuDNN's
-    grad_input, then the sum of grad_weight's partial sums.
+    copies grad_output's lattice and the input's windows out, then cuDNN's grad_input, then the Triton grad_weight.
 
     grad_input by cuDNN: on the H200 (problem 77) 0.55 ms against 0.74-0.93 for a Triton implicit GEMM on the
-    phase's channels-last padded lattice (commit b8c8054, removed since; benchmarks/RESULTS.md). The order keeps
-    the GPU fed while the host works: the weight gradient's launch takes the host less time than the copies take
-    the GPU, and its kernel (about 0.23 ms on problem 77) runs while the host spends its ~0.1 ms in cuDNN's call;
-    with grad_input first the GPU waited through that call (tenth session). On a second stream beside grad_input
-    the weight gradient measured within run-to-run spread (sixth and tenth sessions)."""
+    phase's channels-last padded lattice (commit b8c8054, removed since; benchmarks/RESULTS.md). It comes first:
+    its convolution is a long kernel that keeps the GPU busy while the host prepares the Triton weight gradient;
+    on a second stream beside it the weight gradient measured within run-to-run spread (sixth session)."""
     precision = precision_for(input.dtype)
     lattice, windows = phase_operands(grad_output, input if need_weight else None, plan, phases, precision)
-    partials = launch_grad_weight(lattice, input, plan, phases, precision, lattice_rounded=precision == TF32,
-                                  windows=windows) if need_weight else None
     part_input = phase_grad_input(lattice, weight, plan, phases) if need_input else None
-    return part_input, (_sum_partials(*partials) if need_weight else None)
+    part_weight = phase_grad_weight(lattice, input, plan, phases, precision, lattice_rounded=precision == TF32,
+                                    windows=windows) if need_weight else None
+    return part_input, part_weight
 
 
 def phase_operands(grad_output, input, plan: Plan, phases, precision: int):
