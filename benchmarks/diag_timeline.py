@@ -1,7 +1,7 @@
 """Where problem 77's forward+backward waits: host or GPU (GPU machine).
 
     PYTHONPATH=src python3 benchmarks/diag_timeline.py [--calls 100] [--only timeline,graph,steps,grad_weight,cprofile,
-        orders] [--configs "64,256,8,4,1;64,128,4,3,2"] [--rounds 3]
+        memory,orders] [--configs "64,256,8,4,1;64,128,4,3,2"] [--rounds 3]
 
 timeline: the bench's loop (synchronise, flush the L2, start event, call, end event), with host timestamps after the
     forward and the backward return and an event recorded after the forward: per call the host's time in each and
@@ -14,6 +14,8 @@ steps: the bench's loop with a host timestamp where each step of convt3d's forwa
 grad_weight: the Triton weight gradient alone (cold L2) in the configs of --configs, with its error against
     float64.
 cprofile: Python's profiler over synchronised calls, functions by own time (inflated by the profiler itself).
+memory: peak GPU memory allocated by one forward and by one forward+backward, eager and convt3d, above what the
+    inputs, parameters and gradient held before (torch.cuda.max_memory_allocated).
 orders: the backward's two gradients in other orders, patched in for the run, in interleaved rounds: as the library
     runs them (grad_input by cuDNN, then the Triton grad_weight), grad_weight first, and grad_weight on a second
     stream beside grad_input; per variant the bench loop's mean (timeline) and the CUDA graph replay.
@@ -133,6 +135,26 @@ def steps(layer, x, grad, calls):
     return [(name, statistics.median(r[name] for r in rows)) for name in names]
 
 
+def peak_memory(layer, x, grad):
+    """(forward, forward+backward) peak MB above the memory allocated before the call (after a warm-up call, which
+    for convt3d's auto also times its candidates)."""
+    layer(x).backward(grad)
+    peaks = []
+    for backward in (False, True):
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = layer(x)
+        if backward:
+            out.backward(grad)
+        del out
+        torch.cuda.synchronize()
+        peaks.append((torch.cuda.max_memory_allocated() - before) / 2**20)
+    return peaks
+
+
 def _order_variants():
     """{name: phase_backward} for the orders section (each as triton_backward.phase_backward, whose parts it calls)."""
     tb = triton_backward
@@ -248,6 +270,12 @@ def main():
         finally:
             triton_backward.CONFIG = saved
             triton_backward._grad_weight_launch.cache_clear()
+    if "memory" in sections:
+        for name, layer in (("eager", eager), ("convt3d", ours)):
+            forward, both = peak_memory(layer, x, grad)
+            table.append(f"memory {name}: peak above the inputs: forward {forward:.0f} MB, forward+backward "
+                         f"{both:.0f} MB")
+            print(table[-1], flush=True)
     if "orders" in sections:
         for name, means, graph, same in orders(ours, x, grad, args.calls, args.rounds):
             table.append(f"orders: {name:30s} means {', '.join(f'{m:.3f}' for m in means)} ms; graph replay "

@@ -7,9 +7,10 @@ on CUDA, for layers where no tap reaches most of the output, grad_input by cuDNN
 grad_weight by a Triton kernel, inside the op convt3d::conv_transpose3d_backward so that
 torch.compile traces it as one call; other CUDA layers take cuDNN's strided convolution_backward;
 off CUDA, aten ops only; where the backward is itself differentiated (create_graph=True, torch.func), the
-differentiable aten path everywhere. Eager calls that need autograd go through a plain autograd.Function with the
-same forward and gradients (under torch.func's transforms, its setup_context twin): the op's Python dispatch is for
-torch.compile.
+differentiable aten path everywhere. Eager calls that need autograd run the forward with grad mode off, then
+record a plain autograd.Function's node with the same gradients (under torch.func's transforms, a setup_context
+twin that computes in its forward): the op's Python dispatch is for torch.compile. CUDA tensors on another GPU than
+the current one run under that GPU (Triton launches on the current device).
 """
 
 from __future__ import annotations
