@@ -159,7 +159,7 @@ def phase_grad_weight(lattice: torch.Tensor, input: torch.Tensor, plan: Plan, ph
     compact = lattice if dense else lattice.contiguous()
     x_rounded = copy_per_w_tap and precision == TF32  # rounded in the copy, not again in the kernel
     if copy_per_w_tap:
-        window = _copy(None, 0, None, None, input, phases, False, x_rounded)[1] if windows is None else windows
+        window = _window_per_w_tap(input, phases, x_rounded) if windows is None else windows
         # (N, w taps, C, D, H, row): the kernel reads the first copy and reaches tap kw at kw * stride(1).
         n_stride, w_tap_stride, *x_strides = window.stride()
         x_strides = (n_stride, *x_strides)
