@@ -10,6 +10,8 @@ L2-bound). Two ways to reuse it, both measured slower (RESULTS.md, eleventh sess
   tap of the rows its nine taps read, each tap's operand taken from it with tl.gather.
 
     python3 benchmarks/diag_conv_l1.py [--compile-only]
+
+Figures: benchmarks/RESULTS.md, eleventh session.
 """
 
 import argparse
