@@ -46,7 +46,6 @@ PRELUDE = r"""
 #define KS (C_IN / 8)
 #define CPA (C_IN + 4)
 #define STAGES 3
-#define SMEM_FLOATS ((PLANE + STAGES * C_OUT) * CPA)
 
 __device__ __forceinline__ unsigned smem_addr(const float* p) {{ return (unsigned)__cvta_generic_to_shared(p); }}
 
