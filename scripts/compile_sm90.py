@@ -12,6 +12,7 @@ with --system-site-packages and `pip install triton==3.6.0`); builds differ (six
     python3 scripts/compile_sm90.py forward [BLOCK_M BLOCK_CO BLOCK_CI num_warps num_stages precision diag maxnreg]
     python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N warps stages precision copies lattice_cl BLOCK_P
                                                  g_rounded] [--layouts]
+    python3 scripts/compile_sm90.py window [channels BLOCK_P]
 """
 
 import subprocess
@@ -25,6 +26,7 @@ from triton.compiler.compiler import ASTSource
 
 from convt3d.backends.triton.backward import phase_grad_weight_kernel
 from convt3d.backends.triton.forward import conv_transpose3d_kernel
+from convt3d.backends.triton.window import correlation_operands_kernel
 
 # Problem 77, specialised as a real launch specialises it: the pointers and the arguments divisible by 16 marked
 # so, the strides equal to 1 made constants.
@@ -57,6 +59,13 @@ def grad_weight(block_co=64, block_n=256, warps=8, stages=3, precision=1, copy_p
     return _compile(phase_grad_weight_kernel, constexprs, divisible, dict(num_warps=warps, num_stages=stages))
 
 
+def window(channels=32, block_p=64):
+    """The CUDA phase correlation's operand pass, reading an NCDHW source (its w stride 1)."""
+    constexprs = dict(C=channels, BLOCK_C=channels, BLOCK_P=block_p, BLOCK_T=1024, SW=1)
+    divisible = [n for n in correlation_operands_kernel.arg_names if n.endswith("_ptr")]
+    return _compile(correlation_operands_kernel, constexprs, divisible, dict(num_warps=4))
+
+
 def _compile(fn, constexprs, divisible, options):
     sig = {name: "*fp32" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
     sig.update({name: "constexpr" for name in constexprs})
@@ -85,7 +94,7 @@ def report(kernel, layouts=False):
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--layouts"]
-    kernels = {"forward": forward, "grad_weight": grad_weight}
+    kernels = {"forward": forward, "grad_weight": grad_weight, "window": window}
     if not args or args[0] not in kernels:
         sys.exit(__doc__)
     report(kernels[args[0]](*map(int, args[1:])), layouts="--layouts" in sys.argv)

@@ -11,6 +11,9 @@ import torch.nn.functional as F
 
 import convt3d
 from conftest import assert_close_rel
+from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.backends.torch_phase import _lattice_geometry, _regions, phase_grad_input
+from test_cuda_phases import LAYERS as CUDA_PHASE_LAYERS, _layer as cuda_phase_layer
 
 pytestmark = pytest.mark.gpu
 
@@ -163,7 +166,8 @@ def test_phase_backward_inside_a_cuda_graph():
 
 @pytest.mark.parametrize("tf32", [True, False])
 def test_problem_77_phase_backend_writes_every_element(tf32, nan_poisoned_allocator):
-    """backend="torch" on problem 77: cuDNN's compact convolution copied into the filled output."""
+    """backend="torch" on problem 77: the filled output, then the phase written into it (by the CUDA phase correlation
+    in TF32 mode on an sm_90 GPU, else cuDNN's result copied in)."""
     eager = _p77_layer()
     x = torch.rand(16, 32, 16, 32, 32, device="cuda")
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
@@ -175,7 +179,8 @@ def test_problem_77_phase_backend_writes_every_element(tf32, nan_poisoned_alloca
 
 @pytest.mark.parametrize("tf32", [True, False])
 def test_problem_77_gradients(tf32):
-    """The CUDA backward by phases (cuDNN grad_input, Triton grad_weight) against float64 autograd."""
+    """The CUDA backward by phases (grad_input by the CUDA phase correlation or cuDNN, Triton grad_weight) against
+    float64 autograd."""
     layer = _p77_layer()
     ours = convt3d.convert(_p77_layer())
     ours.load_state_dict(layer.state_dict())
@@ -187,6 +192,36 @@ def test_problem_77_gradients(tf32):
     expected = torch.autograd.grad(F.conv_transpose3d(x64, w64, None, **P77), (x64, w64), grad.double())
     for a, e in zip(actual, expected):
         assert_close_rel(a, e, 2e-3 if tf32 else 1e-5)
+
+
+@pytest.mark.parametrize("layer", CUDA_PHASE_LAYERS)
+def test_cuda_phase_correlation_kernel(layer):
+    """The CUDA phase correlation itself (test_cuda_phases.py emulates it on the CPU) on its layers: every forward
+    phase into a NaN-filled output, and each phase's grad_input, against float64 PyTorch. The operands are
+    TF32-exact, so only the float32 sums differ (Hopper's tensor cores also truncate as they accumulate: 1e-5)."""
+    x, w, b, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31)
+    regions = _regions(plan, False)
+    phase_list = tuple(phases for _, phases in regions if phases is not None)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
+        reason = cuda_phases.forward_unsupported(plan, phase_list, x.device, x.dtype, True)
+        if reason is not None:
+            pytest.skip(reason)
+        out = torch.full(plan.output_shape, float("nan"), device="cuda")
+        cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
+        for index, phases in regions:
+            if phases is None:
+                out[index] = b.view(1, -1, 1, 1, 1).expand_as(out[index])
+        assert_close_rel(out, F.conv_transpose3d(x.double(), w.double(), b.double(), **args), 1e-5, "forward")
+        g = torch.randn(plan.output_shape, device="cuda")
+        g = ((g.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
+        for phase in plan.nonempty_phases:
+            if cuda_phases.grad_input_unsupported(plan, phase.axes, x.device, x.dtype, True) is not None:
+                continue
+            index = (slice(None), slice(None), *(slice(p.out_start, None, a.stride)
+                                                 for p, a in zip(phase.axes, plan.axes)))
+            ours = cuda_phases.phase_grad_input(g[index], w, plan, phase.axes)
+            assert_close_rel(ours, phase_grad_input(g[index].double(), w.double(), plan, phase.axes), 1e-5,
+                             "grad_input")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

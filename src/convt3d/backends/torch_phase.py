@@ -14,6 +14,7 @@ import collections
 import ctypes
 import functools
 import itertools
+import logging
 import sys
 
 import torch
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from ..plan import AxisPhase, AxisPlan, Plan
 from . import output_memory_format
 
+logger = logging.getLogger("convt3d")
 
 _HUGE_PAGE = 1 << 21
 _MADV_HUGEPAGE = 14  # Linux
@@ -194,15 +196,40 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     fill_all = FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
     if fill_all:
         _fill(out, bias)
-    for index, phases in _regions(plan, fill_all):
+    regions = _regions(plan, fill_all)
+    cuda_phases = _cuda_phases(input, plan, regions) if input.is_cuda else None
+    if cuda_phases is not None:
+        from .cuda.phases import write_phases
+
+        write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry)
+    for index, phases in regions:
         if phases is None:
             _fill(out[index], bias)
-        else:
+        elif cuda_phases is None:
             # The phase's lattice as one as_strided view: indexing with five slices cost 2.7 us on the 2-core CPU
             # against 0.9, host time that a GPU waits through.
             offset, shape, strides = _lattice_geometry(plan, phases, out.stride())
             out.as_strided(shape, strides, offset).copy_(_phase_conv(input, weight, bias, plan, phases))
     return out
+
+
+def _cuda_phases(input, plan: Plan, regions):
+    """The phases of regions, where the CUDA phase correlation (backends/cuda) serves them all, else None (cuDNN): on
+    the H200 faster than cuDNN's kernel for problem 77's phase (129 against 142 us), and writing the output's lattice
+    itself saves the copy of cuDNN's result into it (benchmarks/RESULTS.md, twelfth session)."""
+    from .cuda.phases import forward_unsupported
+
+    phase_list = tuple(phases for _, phases in regions if phases is not None)
+    reason = forward_unsupported(plan, phase_list, input.device, input.dtype, torch.backends.cudnn.allow_tf32)
+    if reason is not None:
+        _log_once("forward", plan, reason)
+        return None
+    return phase_list
+
+
+@functools.lru_cache(maxsize=256)
+def _log_once(what: str, plan: Plan, reason: str) -> None:
+    logger.debug("convt3d: %s of %s by cuDNN, not the CUDA phase correlation: %s", what, plan.key, reason)
 
 
 @functools.lru_cache(maxsize=1024)

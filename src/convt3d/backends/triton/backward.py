@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from ..torch_phase import _lattice_geometry, _phase_input, phase_grad_input
+from ..torch_phase import _lattice_geometry, _log_once, _phase_input, phase_grad_input
 from . import cdiv, interpreted, next_power_of_2
 from .forward import TF32, _round_to_tf32, _sm_count, precision_for
 from .launch import Launcher
@@ -306,10 +306,22 @@ def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_i
     on a second stream beside it the weight gradient measured within run-to-run spread (sixth session)."""
     precision = precision_for(input.dtype)
     lattice, windows = phase_operands(grad_output, input if need_weight else None, plan, phases, precision)
-    part_input = phase_grad_input(lattice, weight, plan, phases) if need_input else None
+    part_input = _phase_grad_input(lattice, weight, plan, phases) if need_input else None
     part_weight = phase_grad_weight(lattice, input, plan, phases, precision, lattice_rounded=precision == TF32,
                                     windows=windows) if need_weight else None
     return part_input, part_weight
+
+
+def _phase_grad_input(lattice, weight, plan: Plan, phases):
+    """The phase's part of grad_input: by the CUDA phase correlation where it serves (sm_90, TF32; on the H200
+    faster than cuDNN, whose layout conversions it also saves: benchmarks/RESULTS.md, twelfth session), else cuDNN."""
+    from ..cuda.phases import grad_input_unsupported, phase_grad_input as cuda_phase_grad_input
+
+    reason = grad_input_unsupported(plan, phases, lattice.device, lattice.dtype, torch.backends.cudnn.allow_tf32)
+    if reason is None:
+        return cuda_phase_grad_input(lattice, weight, plan, phases)
+    _log_once("grad_input", plan, reason)
+    return phase_grad_input(lattice, weight, plan, phases)
 
 
 def phase_operands(grad_output, input, plan: Plan, phases, precision: int):

@@ -1,0 +1,118 @@
+"""Problem 77 with the CUDA phase correlation (backends/cuda) against cuDNN for the phases, and against eager (GPU).
+
+    PYTHONPATH=src python3 benchmarks/diag_cuda_phases.py [--iters 100]
+
+Each row: bench.protocol.time_cuda's mean and minimum (L2 flushed and the GPU idle before each call, as KernelBench
+times), the relative error against float64, and for the forward KernelBench's check against the eager module.
+"cuda" rows use the CUDA phase correlation (forward phase, grad_input), "cudnn" rows the same code with it off
+(backends.cuda.ENABLED False); both with backend="torch" for the forward, and the module's autograd for the backward.
+The pieces: the operand pass (window + weight taps) and the correlation kernel alone, forward and grad_input shapes.
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import convt3d
+from convt3d.backends import cuda
+from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
+
+P77 = dict(stride=2, padding=1, dilation=2)
+
+
+def use_cuda_kernels(on: bool) -> None:
+    cuda.ENABLED = on
+    cuda_phases.forward_unsupported.cache_clear()
+    cuda_phases.grad_input_unsupported.cache_clear()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=100)
+    iters = parser.parse_args().iters
+    torch.manual_seed(0)
+    eager = torch.nn.ConvTranspose3d(32, 64, 3, bias=False, **P77).cuda()
+    layer = convt3d.convert(torch.nn.ConvTranspose3d(32, 64, 3, bias=False, **P77).cuda())
+    layer.load_state_dict(eager.state_dict())
+    x = torch.rand(16, 32, 16, 32, 32, device="cuda")
+    ref = F.conv_transpose3d(x.double(), eager.weight.double(), None, **P77)
+    expected = eager(x)
+    rows = []
+
+    def row(what, fn, out=None):
+        t = time_cuda(fn, iters=iters)
+        err = relative_error(out, ref) if out is not None else float("nan")
+        check = kernelbench_check(out, expected) if out is not None else ""
+        rows.append((what, t.mean_ms, t.min_ms, err, check))
+        print(rows[-1], flush=True)
+
+    row("eager forward", lambda: eager(x), eager(x))
+    for on in (True, False):
+        use_cuda_kernels(on)
+        name = "cuda" if on else "cudnn"
+        fwd = lambda: convt3d.conv_transpose3d(x, eager.weight, None, backend="torch", **P77)
+        row(f"{name}: forward (backend torch)", fwd, fwd())
+    # Forward + backward, as `bench --backward` runs them.
+    xg = x.clone().requires_grad_()
+    grad = torch.randn(16, 64, 33, 65, 65, device="cuda")
+
+    def fwd_bwd(module):
+        def run():
+            module.zero_grad(set_to_none=True)
+            xg.grad = None
+            module(xg).backward(grad)
+        return run
+
+    row("eager forward+backward", fwd_bwd(eager))
+    for on in (True, False):
+        use_cuda_kernels(on)
+        row(f"{'cuda' if on else 'cudnn'}: forward+backward (module)", fwd_bwd(layer))
+    use_cuda_kernels(True)
+    # Gradients against float64, with the CUDA kernels.
+    layer.zero_grad(set_to_none=True)
+    xg.grad = None
+    layer(xg).backward(grad)
+    x64 = x.double().requires_grad_()
+    w64 = eager.weight.detach().double().requires_grad_()
+    F.conv_transpose3d(x64, w64, None, **P77).backward(grad.double())
+    print("grad_input rel. err.", relative_error(xg.grad, x64.grad), "grad_weight rel. err.",
+          relative_error(layer.weight.grad, w64.grad), flush=True)
+
+    # The pieces.
+    from convt3d.backends.torch_phase import _lattice_geometry, _regions
+    from convt3d.backends.triton.window import correlation_operands
+    from convt3d.plan import make_plan
+
+    plan = make_plan(tuple(x.shape), tuple(eager.weight.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
+    phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
+    start, extent, launches = cuda_phases._forward_geometry(plan, phase_list)
+    row("forward operand pass", lambda: correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight,
+                                                             False))
+    window, taps = correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight, False)
+    out = torch.zeros(plan.output_shape, device="cuda")
+    phases, offsets, counts, firsts, steps, dilation, grid = launches[0]
+    offset, _, strides = _lattice_geometry(plan, phases, out.stride())
+    row("forward correlation into the lattice", lambda: cuda.correlate(
+        window, taps, None, out, offset, strides, grid, offsets, counts, firsts, steps, dilation))
+    compact = torch.empty(16, 64, 16, 32, 32, device="cuda")
+    row("forward correlation, compact output", lambda: cuda.correlate(
+        window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps, dilation))
+    row("out.zero_() (the fill)", out.zero_)
+    lattice = torch.randn(16, 64, 16, 32, 32, device="cuda")
+    g_start, g_extent, *_ = cuda_phases._grad_input_geometry(plan, phases)
+    row("grad_input operand pass", lambda: correlation_operands(lattice, 0, lattice.shape, lattice.stride(), g_start,
+                                                                g_extent, eager.weight, True))
+    row("grad_input (operand pass + correlation)", lambda: cuda_phases.phase_grad_input(lattice, eager.weight, plan,
+                                                                                        phases))
+    row("cuDNN grad_input's conv3d (NCDHW)", lambda: F.conv3d(lattice, eager.weight, None, 1, 1))
+
+    print("| what | mean ms | min ms | rel. err. vs float64 | KernelBench check |")
+    print("|---|---|---|---|---|")
+    for what, mean, low, err, check in rows:
+        print(f"| {what} | {mean:.4f} | {low:.4f} | {err:.1e} | {check} |")
+
+
+if __name__ == "__main__":
+    main()

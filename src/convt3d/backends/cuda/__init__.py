@@ -1,0 +1,170 @@
+"""CUDA C++ kernels of our own, compiled at run time by NVRTC, for what Triton does not reach: the phase correlation
+on Hopper's wgmma tensor-core instructions (phase_conv.py).
+
+Compiled through torch.cuda._compile_kernel (torch 2.11 and later; a private API, so every failure to find or use it
+falls back to cuDNN, logged at debug level), once per configuration, and launched here through the driver's
+cuLaunchKernel with argument arrays built once per launch geometry: the compiled kernel's own call builds them anew
+and loads libcuda on every launch, host time that shows on the GPU machine.
+
+Set CONVT3D_CUDA_KERNELS=0 (or cuda.ENABLED = False) to use cuDNN instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import threading
+
+import torch
+
+from . import phase_conv
+
+logger = logging.getLogger("convt3d")
+
+ENABLED = os.environ.get("CONVT3D_CUDA_KERNELS", "1") != "0"
+
+# Hopper (sm_90a: wgmma); the same SASS would not run on later architectures.
+ARCHITECTURE = (9, 0)
+TILE_COLUMNS = 32
+MAX_SHARED_BYTES = 227 * 1024
+
+
+def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,
+                           dilation) -> str | None:
+    """None when the wgmma phase correlation serves a correlation of c_in -> c_out channels with these taps and tap
+    dilations on this device, else a short reason."""
+    if not ENABLED:
+        return "CONVT3D_CUDA_KERNELS=0"
+    if device.type != "cuda" or _capability(device.index or 0) != ARCHITECTURE:
+        return f"needs an sm_90 GPU (Hopper), got {device}"
+    if dtype != torch.float32 or not torch.backends.cudnn.allow_tf32:
+        return "TF32 float32 only (torch.backends.cudnn.allow_tf32)"
+    if groups != 1:
+        return "groups > 1"
+    if c_in not in (32, 64) or c_out % 8 or not (c_out <= 64 or c_out % 64 == 0):
+        return f"channels {c_in} -> {c_out} (needs 32 or 64 in, a multiple of 8 up to 64, or of 64, out)"
+    if _compile_kernel() is None:
+        return "torch.cuda._compile_kernel is missing"
+    if config(c_in, c_out, tuple(taps), tuple(dilation)) is None:
+        return "the taps' window plane does not fit in shared memory"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _compile_kernel():
+    return getattr(torch.cuda, "_compile_kernel", None)
+
+
+@functools.lru_cache(maxsize=1024)
+def config(c_in: int, c_out: int, taps, dilation):
+    """(tile rows BH, output channels per program, shared bytes) or None: the most rows whose program's shared memory
+    lets two programs share a multiprocessor (problem 77's grad_input ran 0.265-0.357 ms with 8 rows, one program
+    per multiprocessor, against cuDNN's 0.338-0.369; eleventh session), else one."""
+    cob = min(c_out, 64)
+    for limit in (MAX_SHARED_BYTES // 2 - 1024, MAX_SHARED_BYTES):
+        for rows in (8, 4, 2):
+            smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows)
+            if smem <= limit:
+                return rows, cob, smem
+    return None
+
+
+class _Kernel:
+    """A compiled kernel and its launches: cuLaunchKernel with an argument array kept per argument values."""
+
+    def __init__(self, source: str, shared_bytes: int):
+        kernel = _compile_kernel()(source, "phase_conv", compute_capability="90a")
+        kernel.set_shared_memory_config(shared_bytes)
+        self.function = kernel.func
+        self._keep = kernel  # holds the module loaded
+        self.shared_bytes = shared_bytes
+        self._arrays = {}
+        self._lock = threading.Lock()
+
+    def launch(self, grid: int, pointers, ints, longs, stream: int) -> None:
+        """pointers: device addresses (ints), then the int and the long long arguments, in the kernel's order."""
+        key = (ints, longs)
+        entry = self._arrays.get(key)
+        if entry is None:
+            if len(self._arrays) >= 64:
+                self._arrays.clear()
+            values = ([ctypes.c_void_p(0) for _ in pointers] + [ctypes.c_int(v) for v in ints]
+                      + [ctypes.c_longlong(v) for v in longs])
+            array = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
+            entry = self._arrays[key] = (values, array)
+        values, array = entry
+        with self._lock:  # the driver reads the array during the call
+            for slot, address in zip(values, pointers):
+                slot.value = address
+            _check(_driver().cuLaunchKernel(self.function, grid, 1, 1, 128, 1, 1, self.shared_bytes, stream, array,
+                                            None))
+
+
+# The current stream as Triton's launcher gets it (torch's raw-stream call where it exists).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream(device: int) -> int:
+    return _raw_stream(device) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+@functools.lru_cache(maxsize=1)
+def _driver():
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                                   ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_void_p]
+    lib.cuLaunchKernel.restype = ctypes.c_int
+    return lib
+
+
+def _check(result: int) -> None:
+    if result != 0:
+        message = ctypes.c_char_p()
+        _driver().cuGetErrorString(result, ctypes.byref(message))
+        raise RuntimeError(f"convt3d: cuLaunchKernel failed: {message.value.decode() if message.value else result}")
+
+
+@functools.lru_cache(maxsize=256)
+def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool) -> _Kernel:
+    rows, cob, smem = config(c_in, c_out, taps, dilation)
+    with torch.cuda.device(device_index):
+        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias), smem)
+
+
+def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets) -> tuple[int, int, int]:
+    """The window sizes (depth, rows, columns) that a correlation over grid (QD, QH, QW) reads from offsets on (its
+    first position in the window): whole tiles of rows and columns, so that partial tiles read inside it too."""
+    rows, _, _ = config(c_in, c_out, tuple(taps), tuple(dilation))
+    (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
+    return (offsets[0] + qd + (kd - 1) * dd, offsets[1] + -(-qh // rows) * rows + (kh - 1) * dh,
+            offsets[2] + -(-qw // TILE_COLUMNS) * TILE_COLUMNS + (kw - 1) * dw)
+
+
+def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_offset: int, out_strides,
+              grid, offsets, taps, first_taps, tap_steps, dilation) -> None:
+    """out (float32) at element out_offset with out_strides, over grid (QD, QH, QW) x C_out: the correlation of
+    phase_conv.py plus bias. window: (N, XD, XH, XW, C_in) with XD, XH, XW at least window_extent(...); weight_taps:
+    (kD, kH, kW, C_out, C_in) of the whole kernel, contiguous; first_taps, tap_steps: per axis the correlation's
+    first kernel tap and the step between its taps."""
+    n, xd, xh, xw, c_in = window.shape
+    kdf, khf, kwf, c_out, _ = weight_taps.shape
+    device = window.device.index or 0
+    rows, cob, _ = config(c_in, c_out, tuple(taps), tuple(dilation))
+    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None)
+    qd, qh, qw = grid
+    qh_blocks, qw_blocks = -(-qh // rows), -(-qw // TILE_COLUMNS)
+    programs = n * qd * qh_blocks * qw_blocks * (c_out // cob)
+    if programs == 0:
+        return
+    ints = (xd, xh, xw, *offsets, first_taps[0], tap_steps[0], first_taps[1], tap_steps[1], first_taps[2],
+            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks)
+    pointers = (window.data_ptr(), weight_taps.data_ptr(),
+                bias.data_ptr() if bias is not None else weight_taps.data_ptr(), out.data_ptr() + 4 * out_offset)
+    kernel.launch(programs, pointers, ints, tuple(out_strides), _current_stream(device))

@@ -1,0 +1,223 @@
+"""CUDA C++ source of the phase correlation on Hopper's tensor cores (wgmma, TF32), compiled at run time by NVRTC.
+
+A phase of conv_transpose3d is a stride-1 correlation on its compact grid (plan.py), and so is each phase's part of
+grad_input. This kernel computes
+
+    y[n, o, q] = bias[o] + sum over taps k and channels i of window[n, q + offset + k * dil, i] * w[tap(k), o, i]
+
+with q = (qd, qh, qw) over the grid (QD, QH, QW), k = (kd, kh, kw) < (KD, KH, KW), the window channels-last,
+zero-padded so that every tile's reads lie inside it and TF32-rounded (backends/triton/window.py makes it), and the
+weight as (kernel taps, C_OUT, C_IN), TF32-rounded; tap(k) = ((td0 + kd*tds) * KHF + th0 + kh*ths) * KWF + tw0 +
+kw*tws picks the phase's taps among the kernel's KDF x KHF x KWF. y is written through any 64-bit strides: the
+output's lattice of the phase, so that no copy follows.
+
+A program (one warpgroup, 128 threads) owns BH rows x 32 columns of one qd plane and COB output channels. Per depth
+tap it copies the window plane its positions read into shared memory once (rows padded to C_IN + 4 floats, so that
+ldmatrix reads them without bank conflicts), and every (kh, kw) tap reads its A fragments there at the tap's
+offset: the input tile is loaded once per depth tap, not once per tap. The weight streams through a four-stage
+ring two taps ahead (16-byte cp.async), stored K-major in 128-byte-swizzled rows that wgmma reads through a
+descriptor. After the MMAs the tile is staged in shared memory and written row by row, each warp's 32 lanes over
+32 consecutive columns.
+
+Measured on the H200 for problem 77's phase (eleventh session, benchmarks/diag_conv_cuda.py, which this grew out of):
+129 us under Nsight Compute against 154 for the same with mma.sync and 142 for cuDNN's kernel.
+"""
+
+SOURCE = r"""
+#define BW 32
+#define HH (BH + (KH - 1) * DH)
+#define HW (BW + (KW - 1) * DW)
+#define PLANE (HH * HW)
+#define THREADS 128
+#define KS (C_IN / 8)                       // k-steps of 8 channels per tap
+#define CPA (C_IN + 4)                      // a window position's floats in shared memory
+#define SLABS (BH * BW / 64)                // M = 64 positions per wgmma
+#define KB (C_IN / 32)                      // 32-channel blocks: one 128-byte swizzle atom wide
+#define B_STAGE (KB * COB * 32)             // floats per weight stage
+#define STAGES 4                            // the stage refilled at tap t was read by tap t - 2's MMAs
+#define OCS (BH * BW + 4)                   // a channel's floats in the staged output tile
+
+__device__ __forceinline__ unsigned smem_addr(const float* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// Four 8 x (4 floats) matrices, one row address per lane: lane l gets element (l / 4, l % 4) of each, the A
+// fragment layout of a TF32 MMA with 16 rows and 8 channels when lanes address the rows accordingly.
+__device__ __forceinline__ void ldmatrix4(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
+// The window plane one depth tap reads for a tile: HH rows of HW positions of C_IN channels, each row contiguous
+// in the window. Warps take rows, lanes the row's 16-byte chunks.
+#define ROW_CHUNKS (HW * C_IN / 4)
+__device__ __forceinline__ void copy_plane(float* halo, const float* plane, long long row_floats, int warp, int lane) {
+    for (int r = warp; r < HH; r += THREADS / 32) {
+        const float* src = plane + r * row_floats + lane * 4;
+        float* dst = halo + (r * HW + lane / (C_IN / 4)) * CPA + (lane % (C_IN / 4)) * 4;
+        #pragma unroll
+        for (int m = 0; m < (ROW_CHUNKS + 31) / 32; m++)
+            if (m * 32 + lane < ROW_CHUNKS) cp_async16(dst + m * (32 / (C_IN / 4)) * CPA, src + m * 128);
+    }
+}
+
+// The tap's COB x C_IN weight block, K-major: 32-channel blocks of COB rows of 128 bytes, whose 16-byte chunks are
+// swizzled by (row & 7), as wgmma's 128-byte swizzle mode reads them.
+__device__ __forceinline__ void copy_weight(float* stage, const float* w_tap, int tid) {
+    #pragma unroll
+    for (int e = tid; e < COB * C_IN / 4; e += THREADS) {
+        const int oc = e / (C_IN / 4), c4 = e % (C_IN / 4), kb = c4 / 8, c = c4 % 8;
+        cp_async16(stage + (kb * COB + oc) * 32 + ((c ^ (oc & 7)) << 2), w_tap + (long long)oc * C_IN + c4 * 4);
+    }
+}
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ unsigned long long b_desc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32)
+           | (1ull << 62);
+}
+
+// d += A (64 x 8, from registers) x B (8 x COB, shared memory through desc).
+__device__ __forceinline__ void wgmma(float* d, const unsigned* a, unsigned long long desc) {
+    WGMMA_ASM
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+           float* __restrict__ y, int XD, int XH, int XW, int off_d, int off_h, int off_w,
+           int td0, int tds, int th0, int ths, int tw0, int tws, int KHF, int KWF,
+           int QD, int QH, int QW, int qh_blocks, int qw_blocks,
+           long long syn, long long syc, long long syd, long long syh, long long syw)
+{
+    extern __shared__ __align__(1024) float4 smem4[];
+    float* ring = (float*)smem4;                      // [STAGES][KB][COB][32], swizzled
+    float* halo = ring + STAGES * B_STAGE;            // [PLANE][CPA]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    // Programs: output-channel blocks fastest (they share the input tile in L2), then columns, rows, depth, sample.
+    int tile = blockIdx.x;
+    const int ob = tile % (C_OUT / COB); tile /= C_OUT / COB;
+    const int qw0 = (tile % qw_blocks) * BW; tile /= qw_blocks;
+    const int qh0 = (tile % qh_blocks) * BH; tile /= qh_blocks;
+    const int qd = tile % QD, n = tile / QD;
+    const long long row_floats = (long long)XW * C_IN;
+    const float* plane0 = x + (((long long)n * XD + qd + off_d) * XH + qh0 + off_h) * row_floats
+                          + (long long)(qw0 + off_w) * C_IN;
+    const float* w_block = w + (long long)ob * COB * C_IN;
+    #define W_TAP(tap) (w_block + (long long)(((td0 + ((tap) / (KH * KW)) * tds) * KHF + th0 \
+        + ((tap) / KW % KH) * ths) * KWF + tw0 + ((tap) % KW) * tws) * C_OUT * C_IN)
+
+    copy_weight(ring, W_TAP(0), tid);
+    cp_commit();
+    if (KD * KH * KW > 1) copy_weight(ring + B_STAGE, W_TAP(1), tid);
+    cp_commit();
+    copy_plane(halo, plane0, row_floats, warp, lane);
+    cp_commit();
+
+    // ldmatrix row addresses: warp v reads positions 16v..16v+15 of each slab of 64 (tile rows 2s and 2s + 1).
+    const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_k = 4 * (lane >> 4);
+    const int p = 16 * warp + a_row;
+    const unsigned a_lane = smem_addr(halo + ((p / BW) * HW + p % BW) * CPA + a_k);
+    const unsigned ring_addr = smem_addr(ring);
+    float d[SLABS][COB / 2];
+    unsigned a[2][SLABS][4];
+    #pragma unroll
+    for (int s = 0; s < SLABS; s++)
+        #pragma unroll
+        for (int k = 0; k < COB / 2; k++) d[s][k] = 0.f;
+
+    #pragma unroll 1
+    for (int kd = 0; kd < KD; kd++) {
+        if (kd > 0) {
+            __syncthreads();  // every warp's fragment loads from the previous plane are done
+            copy_plane(halo, plane0 + (long long)kd * DD * XH * row_floats, row_floats, warp, lane);
+            cp_commit();
+        }
+        #pragma unroll
+        for (int kh = 0; kh < KH; kh++)
+            #pragma unroll
+            for (int kw = 0; kw < KW; kw++) {
+                const int tap = (kd * KH + kh) * KW + kw;
+                // One group of MMAs per k-step; the A fragments double-buffered: buffer ks & 1 is refilled once the
+                // group that read it is done, i.e. with one group (the previous k-step's) left in flight. At a
+                // tap's start that also frees the stage tap - 2 read, which this tap refills.
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                if (kh == 0 && kw == 0) cp_wait<0>(); else cp_wait<1>();
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // copies visible to the tensor cores
+                __syncthreads();
+                if (tap + 2 < KD * KH * KW) copy_weight(ring + ((tap + 2) % STAGES) * B_STAGE, W_TAP(tap + 2), tid);
+                cp_commit();
+                const unsigned stage = ring_addr + 4 * (tap % STAGES) * B_STAGE;
+                #pragma unroll
+                for (int ks = 0; ks < KS; ks++) {
+                    if (ks > 0) asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                    #pragma unroll
+                    for (int s = 0; s < SLABS; s++)
+                        ldmatrix4(a[ks & 1][s], a_lane + 4 * (((2 * s + kh * DH) * HW + kw * DW) * CPA + 8 * ks));
+                    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                    const unsigned long long desc = b_desc(stage + 4 * ((ks / 4) * COB * 32 + (ks % 4) * 8));
+                    #pragma unroll
+                    for (int s = 0; s < SLABS; s++) wgmma(d[s], a[ks & 1][s], desc);
+                    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                }
+            }
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    cp_wait<0>();
+    __syncthreads();  // shared memory free: the tile goes there
+
+    // The tile staged as [channel][position], channels OCS floats apart (the fragments' stores hit 32 banks), then
+    // written a row at a time: lane l at column qw0 + l.
+    float* staged = (float*)smem4;
+    #pragma unroll
+    for (int s = 0; s < SLABS; s++)
+        #pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int pos = 64 * s + 16 * warp + g + 8 * hf;
+            #pragma unroll
+            for (int j = 0; j < COB / 8; j++) {
+                staged[(8 * j + 2 * t) * OCS + pos] = d[s][4 * j + 2 * hf];
+                staged[(8 * j + 2 * t + 1) * OCS + pos] = d[s][4 * j + 2 * hf + 1];
+            }
+        }
+    __syncthreads();
+    const int qw = qw0 + lane;
+    float* y_tile = y + n * syn + (long long)(ob * COB) * syc + qd * syd + (long long)qw * syw;
+    for (int job = warp; job < COB * BH; job += THREADS / 32) {
+        const int oc = job / BH, r = job % BH, qh = qh0 + r;
+        if (qh < QH && qw < QW)
+            y_tile[oc * syc + qh * syh] = staged[oc * OCS + r * BW + lane] + (HAS_BIAS ? bias[ob * COB + oc] : 0.f);
+    }
+}
+"""
+
+
+def wgmma_asm(n: int) -> str:
+    """The inline PTX of wgmma m64n{n}k8 TF32 with A from registers, accumulating into d: n / 2 floats a thread."""
+    regs = n // 2
+    acc = ", ".join(f"%{k}" for k in range(regs))
+    a = ", ".join(f"%{regs + k}" for k in range(4))
+    outs = ", ".join(f'"+f"(d[{k}])' for k in range(regs))
+    # scale-d is a predicate operand (true: d += A B), set from a register.
+    return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{acc}}}, {{{a}}}, %{regs + 4}, p, 1, 1;\\n}}\\n"'
+            f' : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));')
+
+
+def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool) -> str:
+    """The kernel's source for one configuration: sizes as macros, so that every loop unrolls."""
+    (kd, kh, kw), (dd, dh, dw) = taps, dilation
+    defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
+                   HAS_BIAS=int(has_bias))
+    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
+    return head + SOURCE.replace("WGMMA_ASM", wgmma_asm(cob))
+
+
+def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int) -> int:
+    """Dynamic shared memory of one program: the weight ring and the window plane, or the staged output tile."""
+    (_, kh, kw), (_, dh, dw) = taps, dilation
+    ring = 4 * c_in * cob
+    plane = (bh + (kh - 1) * dh) * (32 + (kw - 1) * dw) * (c_in + 4)
+    return 4 * max(ring + plane, cob * (bh * 32 + 4))

@@ -1,0 +1,106 @@
+"""The phase decomposition's convolutions through the CUDA phase correlation (phase_conv.py) instead of cuDNN.
+
+Forward: one window of the input serves every phase that some tap reaches (each phase reads it from its own offset),
+and each phase's correlation writes the output's lattice of that phase directly, bias included: no copy of the
+phase's result into the output. grad_input: each phase's part from a window of its grad_output lattice.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ...plan import Plan
+from . import correlate, phase_conv_unsupported, window_extent
+
+
+def _taps(phases, ascending: bool):
+    """(taps per axis, first kernel tap per axis, step per axis) of a phase's correlation: the flipped taps (phases
+    store them descending) for the forward, ascending for grad_input."""
+    counts, firsts, steps = [], [], []
+    for p in phases:
+        taps = tuple(reversed(p.taps)) if ascending else p.taps
+        counts.append(len(taps))
+        firsts.append(taps[0])
+        steps.append(taps[1] - taps[0] if len(taps) > 1 else 0)
+    return tuple(counts), tuple(firsts), tuple(steps)
+
+
+@functools.lru_cache(maxsize=256)
+def forward_unsupported(plan: Plan, phase_list: tuple, device: torch.device, dtype: torch.dtype,
+                        tf32: bool) -> str | None:
+    """None when every phase of phase_list (the phases some tap reaches) runs on the CUDA correlation, else why not."""
+    del tf32  # (part of the key: phase_conv_unsupported reads the flag)
+    for phases in phase_list:
+        counts, _, _ = _taps(phases, ascending=False)
+        reason = phase_conv_unsupported(device, dtype, plan.in_channels, plan.out_channels, plan.groups, counts,
+                                        tuple(p.input_dilation for p in phases))
+        if reason is not None:
+            return reason
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_geometry(plan: Plan, phase_list: tuple):
+    """(the window's start and extent, and per phase (offsets, taps, first taps, steps, dilation, grid))."""
+    starts = [min(phases[axis].input_start for phases in phase_list) for axis in range(3)]
+    extent, launches = [0, 0, 0], []
+    for phases in phase_list:
+        counts, firsts, steps = _taps(phases, ascending=False)
+        offsets = tuple(p.input_start - s for p, s in zip(phases, starts))
+        dilation = tuple(p.input_dilation for p in phases)
+        grid = tuple(p.out_count for p in phases)
+        reach = window_extent(plan.in_channels, plan.out_channels, grid, counts, dilation, offsets)
+        extent = [max(e, r) for e, r in zip(extent, reach)]
+        launches.append((phases, offsets, counts, firsts, steps, dilation, grid))
+    return tuple(starts), tuple(extent), tuple(launches)
+
+
+def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, phase_list: tuple, out: torch.Tensor,
+                 lattice_geometry) -> None:
+    """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
+    element offset, shape and strides), bias added."""
+    from ..triton.window import correlation_operands
+
+    start, extent, launches = _forward_geometry(plan, phase_list)
+    window, weight_taps = correlation_operands(input, 0, input.shape, input.stride(), start,
+                                               extent, weight, grad_input_orientation=False)
+    for phases, offsets, counts, firsts, steps, dilation, grid in launches:
+        offset, _, strides = lattice_geometry(plan, phases, out.stride())
+        correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps, dilation)
+
+
+@functools.lru_cache(maxsize=256)
+def grad_input_unsupported(plan: Plan, phases, device: torch.device, dtype: torch.dtype, tf32: bool) -> str | None:
+    """None when the CUDA correlation computes this phase's part of grad_input, else why not."""
+    del tf32
+    counts, _, _ = _taps(phases, ascending=True)
+    return phase_conv_unsupported(device, dtype, plan.out_channels, plan.in_channels, plan.groups, counts,
+                                  tuple(p.input_dilation for p in phases))
+
+
+@functools.lru_cache(maxsize=256)
+def _grad_input_geometry(plan: Plan, phases):
+    """(the window's start and extent, taps, first taps, steps, dilation, grid) of a phase's grad_input: input i
+    receives lattice position j = i + start + k * dilation for the k-th ascending tap (torch_phase.phase_grad_input)."""
+    counts, firsts, steps = _taps(phases, ascending=True)
+    dilation = tuple(p.input_dilation for p in phases)
+    start = tuple(-p.input_start - (len(p.taps) - 1) * p.input_dilation for p in phases)
+    grid = plan.input_spatial
+    extent = window_extent(plan.out_channels, plan.in_channels, grid, counts, dilation, (0, 0, 0))
+    return start, extent, counts, firsts, steps, dilation, grid
+
+
+def phase_grad_input(lattice: torch.Tensor, weight: torch.Tensor, plan: Plan, phases) -> torch.Tensor:
+    """The phase's part of grad_input from lattice, grad_output's lattice of the phase (any strides): (N, C_in, D,
+    H, W), contiguous."""
+    from ..triton.window import correlation_operands
+
+    start, extent, counts, firsts, steps, dilation, grid = _grad_input_geometry(plan, phases)
+    window, weight_taps = correlation_operands(lattice, 0, lattice.shape, lattice.stride(),
+                                               start, extent, weight, grad_input_orientation=True)
+    grad_input = torch.empty((plan.batch, plan.in_channels, *grid), dtype=lattice.dtype, device=lattice.device)
+    correlate(window, weight_taps, None, grad_input, 0, grad_input.stride(), grid, (0, 0, 0), counts, firsts, steps,
+              dilation)
+    return grad_input

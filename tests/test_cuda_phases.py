@@ -1,0 +1,132 @@
+"""backends/cuda: the CUDA phase correlation's operands and geometry, on the CPU; the kernel itself on the GPU.
+
+Without a GPU the kernel cannot run, so its contract (phase_conv.py's formula, over windows whose extent covers whole
+tiles) is emulated here in float64 and substituted for the launch: what these tests check is everything around the
+kernel, the Triton operand pass (in the interpreter), the windows' starts and extents, the phases' offsets, tap
+orders and lattice strides. test_gpu.py runs the kernel itself against PyTorch on the H200.
+"""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from convt3d.backends import cuda
+from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.backends.torch_phase import _lattice_geometry, _regions, phase_grad_input
+from convt3d.plan import make_plan
+from conftest import assert_close_rel
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.interpreter
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def round_tf32(t: torch.Tensor) -> torch.Tensor:
+    return ((t.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
+
+
+def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, grid, offsets, taps, first_taps,
+                       tap_steps, dilation):
+    """What the kernel computes (phase_conv.py), in float64; it also checks that every read of every whole tile lies
+    inside the window, as the kernel assumes."""
+    n, xd, xh, xw, c_in = window.shape
+    c_out = weight_taps.shape[3]
+    rows, _, _ = cuda.config(c_in, c_out, tuple(taps), tuple(dilation))
+    (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
+    assert xd >= offsets[0] + qd + (kd - 1) * dd
+    assert xh >= offsets[1] + -(-qh // rows) * rows + (kh - 1) * dh
+    assert xw >= offsets[2] + -(-qw // 32) * 32 + (kw - 1) * dw
+    x = window.permute(0, 4, 1, 2, 3).double()
+    x = x[:, :, offsets[0]:, offsets[1]:, offsets[2]:]
+    index = [[f + k * s for k in range(count)] for f, s, count in zip(first_taps, tap_steps, taps)]
+    w = weight_taps.double()[index[0]][:, index[1]][:, :, index[2]].permute(3, 4, 0, 1, 2)
+    y = F.conv3d(x, w, dilation=dilation)[:, :, :qd, :qh, :qw]
+    if bias is not None:
+        y = y + bias.double().view(1, -1, 1, 1, 1)
+    out.as_strided((n, c_out, qd, qh, qw), out_strides, out.storage_offset() + out_offset).copy_(y)
+
+
+# (C_in, C_out, kernel, stride, padding, dilation, output_padding, spatial): problem 77's geometry (one phase, every
+# tap), phases of 2 and 1 taps (k3 s2 p1 op1), k4 s2 p1 (8 phases of 2x2x2 taps), stride 1, tap dilation in a
+# phase (k3 s1 d2), tiles cut at the edges (spatial not a multiple of 8 rows or 32 columns), a window start beyond
+# the input (large padding).
+LAYERS = [
+    (32, 64, 3, 2, 1, 2, 0, (3, 9, 33)),
+    (32, 16, 3, 2, 1, 1, 1, (2, 5, 7)),
+    (64, 8, 4, 2, 1, 1, 0, (2, 3, 4)),
+    (32, 24, (1, 3, 2), 1, 0, 1, 0, (2, 10, 3)),
+    (32, 8, 3, (1, 2, 1), (1, 0, 1), 2, 0, (3, 4, 5)),
+    (64, 32, 2, 3, (2, 1, 1), 1, 0, (3, 4, 4)),
+]
+
+
+def _layer(c_in, c_out, kernel, stride, padding, dilation, output_padding, spatial, seed):
+    gen = torch.Generator().manual_seed(seed)
+    kernel = (kernel,) * 3 if isinstance(kernel, int) else kernel
+    x = round_tf32(torch.randn(2, c_in, *spatial, generator=gen)).to(DEVICE)
+    w = round_tf32(torch.randn(c_in, c_out, *kernel, generator=gen)).to(DEVICE)
+    b = torch.randn(c_out, generator=gen).to(DEVICE)
+    args = [(v,) * 3 if isinstance(v, int) else v for v in (stride, padding, output_padding, dilation)]
+    plan = make_plan(tuple(x.shape), tuple(w.shape), *args[:3], 1, args[3])
+    return x, w, b, plan, dict(stride=stride, padding=padding, output_padding=output_padding, dilation=dilation)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_forward_phases_match_conv_transpose3d(layer, with_bias, monkeypatch):
+    monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
+    x, w, b, plan, args = _layer(*layer, seed=random.randrange(2**31))
+    b = b if with_bias else None
+    # The operands are TF32-rounded already, so the emulated kernel's float64 sums match float64 PyTorch closely.
+    expected = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), **args)
+    out = torch.full(plan.output_shape, float("nan"), device=DEVICE)
+    regions = _regions(plan, False)
+    phase_list = tuple(phases for _, phases in regions if phases is not None)
+    cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
+    for index, phases in regions:  # the regions no tap reaches, as the backend fills them
+        if phases is None:
+            out[index] = 0 if b is None else b.view(1, -1, 1, 1, 1).expand_as(out[index])
+    assert_close_rel(out, expected, 1e-6, "forward")
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_grad_input_phases_match_aten(layer, monkeypatch):
+    monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
+    x, w, _, plan, _ = _layer(*layer, seed=random.randrange(2**31))
+    g = round_tf32(torch.randn(plan.output_shape, device=DEVICE))
+    for phase in plan.nonempty_phases:
+        index = (slice(None), slice(None), *(slice(p.out_start, None, a.stride) for p, a in zip(phase.axes, plan.axes)))
+        lattice = g[index]  # a strided view: the window pass reads through its strides
+        ours = cuda_phases.phase_grad_input(lattice, w, plan, phase.axes)
+        expected = phase_grad_input(lattice.double(), w.double(), plan, phase.axes)
+        assert_close_rel(ours, expected, 1e-6, f"grad_input of phase {phase.axes}")
+
+
+def test_operands_pass_pads_transposes_and_rounds():
+    from convt3d.backends.triton.window import correlation_operands
+
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    # A strided source (every other w), and a window that starts before it and ends past it in some axes.
+    source = torch.randn(2, 32, 3, 5, 70, generator=gen).to(DEVICE)[:, :, :, :, 1:68:2]
+    weight = torch.randn(32, 8, 2, 3, 1, generator=gen).to(DEVICE)
+    start, extent = (-1, 2, -3), (6, 4, 41)
+    pad = 10
+    padded = F.pad(source, (pad,) * 6)
+    window_of_source = padded[:, :, pad + start[0]:pad + start[0] + extent[0], pad + start[1]:pad + start[1] + extent[1],
+                              pad + start[2]:pad + start[2] + extent[2]]
+    for orientation in (False, True):
+        window, taps = correlation_operands(source, 0, source.shape, source.stride(), start, extent, weight,
+                                            grad_input_orientation=orientation)
+        assert torch.equal(window, round_tf32(window_of_source.permute(0, 2, 3, 4, 1).contiguous()))
+        expected = weight.permute(2, 3, 4, 0, 1) if orientation else weight.permute(2, 3, 4, 1, 0)
+        assert torch.equal(taps, round_tf32(expected.contiguous()))
+
+
+def test_unsupported_reasons_name_the_cause():
+    cpu = torch.device("cpu")
+    assert "sm_90" in cuda.phase_conv_unsupported(cpu, torch.float32, 32, 64, 1, (3, 3, 3), (1, 1, 1))
+    assert cuda.config(32, 64, (3, 3, 3), (1, 1, 1))[0] == 8  # problem 77's forward: 8 rows, two programs per SM
+    assert cuda.config(64, 32, (3, 3, 3), (1, 1, 1))[0] == 4  # its grad_input: 4 rows fit twice
+    assert cuda.config(64, 64, (1, 1, 40), (1, 1, 8)) is None  # a plane wider than shared memory
