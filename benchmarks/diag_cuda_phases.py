@@ -99,24 +99,10 @@ def main():
     compact = torch.empty(16, 64, 16, 32, 32, device="cuda")
     row("forward correlation, compact output", lambda: cuda.correlate(
         window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps, dilation))
-    first = tuple(p.out_start for p in phases)
-    row("forward correlation writing whole lattice rows (ROWS)", lambda: cuda.correlate(
+    row("forward correlation writing the whole output (PLANES)", lambda: cuda.correlate(
         window, taps, None, out, 0, out.stride(), grid, offsets, counts, firsts, steps, dilation,
-        (plan.stride, first)))
+        (plan.stride, tuple(p.out_start for p in phases))))
     row("out.zero_() (the fill)", out.zero_)
-    from convt3d.backends.triton.fill import fill_all_but_lattice_rows
-    row("fill of every row but the lattice rows", lambda: fill_all_but_lattice_rows(out, None, plan.stride, first,
-                                                                                     grid))
-    side = torch.cuda.Stream()
-
-    def overlapped():  # the compact correlation and a fill of the whole output at the same time
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            out.zero_()
-        cuda.correlate(window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps,
-                       dilation)
-        torch.cuda.current_stream().wait_stream(side)
-    row("compact correlation beside out.zero_() on a second stream", overlapped)
     for whole in (False, True):
         def forward(whole=whole):
             y = torch.empty(plan.output_shape, device="cuda")
@@ -132,27 +118,6 @@ def main():
     row("grad_input (operand pass + correlation)", lambda: cuda_phases.phase_grad_input(lattice, eager.weight, plan,
                                                                                         phases))
     row("cuDNN grad_input's conv3d (NCDHW)", lambda: F.conv3d(lattice, eager.weight, None, 1, 1))
-    # Tile rows: what config() chooses (two programs per multiprocessor) against other counts.
-    g_window, g_taps = correlation_operands(lattice, 0, lattice.shape, lattice.stride(), g_start, g_extent,
-                                            eager.weight, True)
-    grad_input = torch.empty(16, 32, 16, 32, 32, device="cuda")
-    real_config = cuda.config
-    for c_in, c_out, rows_choice in ((64, 32, 8), (32, 64, 16), (32, 64, 4)):
-        smem = cuda.phase_conv.shared_bytes(c_in, min(c_out, 64), (3, 3, 3), (1, 1, 1), rows_choice)
-        cuda.config = lambda *a, r=rows_choice, s=smem: (r, a[1] if a[1] <= 64 else 64, s)
-        cuda._kernel.cache_clear()
-        if c_in == 64:
-            run = lambda: cuda.correlate(g_window, g_taps, None, grad_input, 0, grad_input.stride(), (16, 32, 32),
-                                         (0, 0, 0), (3, 3, 3), (0, 0, 0), (1, 1, 1), (1, 1, 1))
-        else:  # (the window's 34 rows serve 4, 8 and 16 tile rows alike: 32 rows are whole tiles of each)
-            run = lambda: cuda.correlate(window, taps, None, compact, 0, compact.stride(), grid, offsets, counts,
-                                         firsts, steps, dilation)
-        try:
-            row(f"correlation {c_in} -> {c_out} with {rows_choice} tile rows ({smem} B shared)", run)
-        except RuntimeError as error:
-            print(c_in, c_out, rows_choice, "failed:", error)
-    cuda.config = real_config
-    cuda._kernel.cache_clear()
 
     print("| what | mean ms | min ms | rel. err. vs float64 | KernelBench check |")
     print("|---|---|---|---|---|")

@@ -28,15 +28,15 @@ def round_tf32(t: torch.Tensor) -> torch.Tensor:
 
 
 def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, grid, offsets, taps, first_taps,
-                       tap_steps, dilation, rows=None):
+                       tap_steps, dilation, planes=None):
     """What the kernel computes (phase_conv.py), in float64; it also checks that every read of every whole tile lies
-    inside the window, as the kernel assumes. rows: whole lattice rows, the bias between the phase's columns (ROWS)."""
+    inside the window, as the kernel assumes. planes: the bias everywhere else too (PLANES)."""
     n, xd, xh, xw, c_in = window.shape
     c_out = weight_taps.shape[3]
-    tile_rows, _, _ = cuda.config(c_in, c_out, tuple(taps), tuple(dilation))
+    rows, _, _ = cuda.config(c_in, c_out, tuple(taps), tuple(dilation))
     (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
     assert xd >= offsets[0] + qd + (kd - 1) * dd
-    assert xh >= offsets[1] + -(-qh // tile_rows) * tile_rows + (kh - 1) * dh
+    assert xh >= offsets[1] + -(-qh // rows) * rows + (kh - 1) * dh
     assert xw >= offsets[2] + -(-qw // 32) * 32 + (kw - 1) * dw
     x = window.permute(0, 4, 1, 2, 3).double()
     x = x[:, :, offsets[0]:, offsets[1]:, offsets[2]:]
@@ -45,12 +45,10 @@ def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, 
     y = F.conv3d(x, w, dilation=dilation)[:, :, :qd, :qh, :qw]
     if bias is not None:
         y = y + bias.double().view(1, -1, 1, 1, 1)
-    if rows is not None:
+    if planes is not None:
         assert out.is_contiguous() and out_offset == 0 and qw <= 32
-        (sd, sh, sw), (ld, lh, lw) = rows
-        lattice_rows = out[:, :, ld::sd][:, :, :qd, lh::sh][:, :, :, :qh]
-        lattice_rows.copy_(torch.zeros_like(lattice_rows) if bias is None
-                           else bias.view(1, -1, 1, 1, 1).expand_as(lattice_rows))
+        out.copy_(torch.zeros_like(out) if bias is None else bias.view(1, -1, 1, 1, 1).expand_as(out))
+        (sd, sh, sw), (ld, lh, lw) = planes
         out_offset = ld * out.stride(2) + lh * out.stride(3) + lw * out.stride(4)
         out_strides = (*out.stride()[:2], sd * out.stride(2), sh * out.stride(3), sw * out.stride(4))
     out.as_strided((n, c_out, qd, qh, qw), out_strides, out.storage_offset() + out_offset).copy_(y)

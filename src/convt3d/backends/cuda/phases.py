@@ -59,9 +59,8 @@ def _forward_geometry(plan: Plan, phase_list: tuple):
 
 @functools.lru_cache(maxsize=256)
 def writes_whole_output(plan: Plan, phase_list: tuple, contiguous: bool) -> bool:
-    """Whether write_phases can write the whole output with no fill beforehand: a contiguous output whose only
-    reached phase has its columns in one tile (the correlation writes its lattice rows whole, a fill every other row
-    at the same time on another stream)."""
+    """Whether write_phases writes the whole output (phase_conv.py's PLANES: the bias on every position no tap
+    reaches, with no fill beforehand): for a contiguous output whose only reached phase has its columns in one tile."""
     return contiguous and len(phase_list) == 1 and phase_list[0][2].out_count <= TILE_COLUMNS
 
 
@@ -73,38 +72,17 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
     from ..triton.window import correlation_operands
 
     start, extent, launches = _forward_geometry(plan, phase_list)
-    if whole:
-        from ..triton.fill import fill_all_but_lattice_rows
-
-        (phases, *_), = launches
-        first = tuple(p.out_start for p in phases)
-        fill = functools.partial(fill_all_but_lattice_rows, out, bias, plan.stride, first,
-                                 tuple(p.out_count for p in phases))
-        if out.is_cuda:
-            current = torch.cuda.current_stream(out.device)
-            side = _side_stream(out.device)
-            side.wait_stream(current)
-            with torch.cuda.stream(side):
-                fill()
-        else:  # (the Triton interpreter, in tests)
-            fill()
     window, weight_taps = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
                                                grad_input_orientation=False)
     for phases, offsets, counts, firsts, steps, dilation, grid in launches:
         if whole:
+            planes = (plan.stride, tuple(p.out_start for p in phases))
             correlate(window, weight_taps, bias, out, 0, out.stride(), grid, offsets, counts, firsts, steps, dilation,
-                      (plan.stride, first))
-            if out.is_cuda:
-                current.wait_stream(side)
+                      planes)
         else:
             offset, _, strides = lattice_geometry(plan, phases, out.stride())
             correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps,
                       dilation)
-
-
-@functools.lru_cache(maxsize=None)
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device)
 
 
 @functools.lru_cache(maxsize=256)
