@@ -99,18 +99,7 @@ def main():
     compact = torch.empty(16, 64, 16, 32, 32, device="cuda")
     row("forward correlation, compact output", lambda: cuda.correlate(
         window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps, dilation))
-    row("forward correlation writing the whole output (PLANES)", lambda: cuda.correlate(
-        window, taps, None, out, 0, out.stride(), grid, offsets, counts, firsts, steps, dilation,
-        (plan.stride, tuple(p.out_start for p in phases))))
     row("out.zero_() (the fill)", out.zero_)
-    for whole in (False, True):
-        def forward(whole=whole):
-            y = torch.empty(plan.output_shape, device="cuda")
-            if not whole:
-                y.zero_()
-            cuda_phases.write_phases(x, eager.weight, None, plan, phase_list, y, _lattice_geometry, whole)
-            return y
-        row(f"forward by write_phases, {'whole output' if whole else 'fill, then the lattice'}", forward, forward())
     lattice = torch.randn(16, 64, 16, 32, 32, device="cuda")
     g_start, g_extent, *_ = cuda_phases._grad_input_geometry(plan, phases)
     row("grad_input operand pass", lambda: correlation_operands(lattice, 0, lattice.shape, lattice.stride(), g_start,

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 import convt3d
 from conftest import assert_close_rel
 from convt3d.backends.cuda import phases as cuda_phases
-from convt3d.backends.torch_phase import _regions, phase_grad_input
-from test_cuda_phases import LAYERS as CUDA_PHASE_LAYERS, _layer as cuda_phase_layer, whole_output_cases, write_forward
+from convt3d.backends.torch_phase import _lattice_geometry, _regions, phase_grad_input
+from test_cuda_phases import LAYERS as CUDA_PHASE_LAYERS, _layer as cuda_phase_layer
 
 pytestmark = pytest.mark.gpu
 
@@ -194,20 +194,24 @@ def test_problem_77_gradients(tf32):
         assert_close_rel(a, e, 2e-3 if tf32 else 1e-5)
 
 
-@pytest.mark.parametrize("layer, whole", whole_output_cases(CUDA_PHASE_LAYERS))
-def test_cuda_phase_correlation_kernel(layer, whole):
+@pytest.mark.parametrize("layer", CUDA_PHASE_LAYERS)
+def test_cuda_phase_correlation_kernel(layer):
     """The CUDA phase correlation itself (test_cuda_phases.py emulates it on the CPU) on its layers: every forward
-    phase into a NaN-filled output (whole: the kernel writes every element), and each phase's grad_input, against
-    float64 PyTorch. The operands are TF32-exact, so only the float32 sums differ (Hopper's tensor cores also
-    truncate as they accumulate: 1e-5)."""
+    phase into a NaN-filled output, and each phase's grad_input, against float64 PyTorch. The operands are
+    TF32-exact, so only the float32 sums differ (Hopper's tensor cores also truncate as they accumulate: 1e-5)."""
     x, w, b, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31)
-    phase_list = tuple(phases for _, phases in _regions(plan, False) if phases is not None)
+    regions = _regions(plan, False)
+    phase_list = tuple(phases for _, phases in regions if phases is not None)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
         reason = cuda_phases.forward_unsupported(plan, phase_list, x.device, x.dtype, True)
         if reason is not None:
             pytest.skip(reason)
-        expected = F.conv_transpose3d(x.double(), w.double(), b.double(), **args)
-        assert_close_rel(write_forward(x, w, b, plan, whole), expected, 1e-5, "forward")
+        out = torch.full(plan.output_shape, float("nan"), device="cuda")
+        cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
+        for index, phases in regions:
+            if phases is None:
+                out[index] = b.view(1, -1, 1, 1, 1).expand_as(out[index])
+        assert_close_rel(out, F.conv_transpose3d(x.double(), w.double(), b.double(), **args), 1e-5, "forward")
         g = torch.randn(plan.output_shape, device="cuda")
         g = ((g.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
         for phase in plan.nonempty_phases:

@@ -193,21 +193,18 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     # problem 77 took 1.30 ms with region fills. On the CPU the region fills were the faster. Triton kernels
     # that wrote the output in one pass, or the lattice rows whole after the fill, measured slower than the
     # fill + strided copy (0.256-1.31 and 0.259-0.262 against 0.234 ms; benchmarks/RESULTS.md, sixth session).
-    cuda_phases = _cuda_phases(input, plan) if input.is_cuda else None
-    whole = False
-    if cuda_phases is not None:
-        from .cuda.phases import write_phases, writes_whole_output
-
-        whole = writes_whole_output(plan, cuda_phases, out.is_contiguous())
-    fill_all = not whole and FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
+    fill_all = FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
     if fill_all:
         _fill(out, bias)
+    regions = _regions(plan, fill_all)
+    cuda_phases = _cuda_phases(input, plan, regions) if input.is_cuda else None
     if cuda_phases is not None:
-        write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry, whole)
-    for index, phases in _regions(plan, fill_all):
+        from .cuda.phases import write_phases
+
+        write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry)
+    for index, phases in regions:
         if phases is None:
-            if not whole:
-                _fill(out[index], bias)
+            _fill(out[index], bias)
         elif cuda_phases is None:
             # The phase's lattice as one as_strided view: indexing with five slices cost 2.7 us on the 2-core CPU
             # against 0.9, host time that a GPU waits through.
@@ -216,23 +213,18 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     return out
 
 
-def _cuda_phases(input, plan: Plan):
-    """The phases some tap reaches, where the CUDA phase correlation (backends/cuda) serves them all, else None
-    (cuDNN): on the H200 problem 77's forward took 0.340-0.342 ms with it against 0.441 with cuDNN, whose result is
-    then copied into the output's lattice (benchmarks/RESULTS.md, twelfth session)."""
+def _cuda_phases(input, plan: Plan, regions):
+    """The phases of regions, where the CUDA phase correlation (backends/cuda) serves them all, else None (cuDNN): on
+    the H200 faster than cuDNN's kernel for problem 77's phase (129 against 142 us), and writing the output's lattice
+    itself saves the copy of cuDNN's result into it (benchmarks/RESULTS.md, twelfth session)."""
     from .cuda.phases import forward_unsupported
 
-    phase_list = _reached_phases(plan)
+    phase_list = tuple(phases for _, phases in regions if phases is not None)
     reason = forward_unsupported(plan, phase_list, input.device, input.dtype, torch.backends.cudnn.allow_tf32)
     if reason is not None:
         _log_once("forward", plan, reason)
         return None
     return phase_list
-
-
-@functools.lru_cache(maxsize=256)
-def _reached_phases(plan: Plan) -> tuple:
-    return tuple(phases for _, phases in _regions(plan, True) if phases is not None)
 
 
 @functools.lru_cache(maxsize=256)

@@ -132,10 +132,10 @@ def _check(result: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, planes) -> _Kernel:
+def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool) -> _Kernel:
     rows, cob, smem = config(c_in, c_out, taps, dilation)
     with torch.cuda.device(device_index):
-        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, planes), smem)
+        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias), smem)
 
 
 def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets) -> tuple[int, int, int]:
@@ -148,35 +148,23 @@ def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets) -> tuple
 
 
 def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_offset: int, out_strides,
-              grid, offsets, taps, first_taps, tap_steps, dilation, planes=None) -> None:
+              grid, offsets, taps, first_taps, tap_steps, dilation) -> None:
     """out (float32) at element out_offset with out_strides, over grid (QD, QH, QW) x C_out: the correlation of
     phase_conv.py plus bias. window: (N, XD, XH, XW, C_in) with XD, XH, XW at least window_extent(...); weight_taps:
     (kD, kH, kW, C_out, C_in) of the whole kernel, contiguous; first_taps, tap_steps: per axis the correlation's
-    first kernel tap and the step between its taps.
-
-    planes: None, or ((SD, SH, SW), (LD, LH, LW)) to write the whole of out (contiguous; out_offset 0, out_strides
-    its own) where the correlation is the layer's only reached phase, of stride S and first output position L per
-    axis, and its columns fit one tile (QW <= 32): see phase_conv.py's PLANES."""
+    first kernel tap and the step between its taps."""
     n, xd, xh, xw, c_in = window.shape
     kdf, khf, kwf, c_out, _ = weight_taps.shape
     device = window.device.index or 0
     rows, cob, _ = config(c_in, c_out, tuple(taps), tuple(dilation))
-    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, planes)
+    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = -(-qh // rows), -(-qw // TILE_COLUMNS)
     programs = n * qd * qh_blocks * qw_blocks * (c_out // cob)
-    out_spatial = tuple(out.shape[2:])
-    fill_programs = planes_per_fill = 0
-    if planes is not None:
-        if qw_blocks != 1 or out_offset or not out.is_contiguous():
-            raise ValueError("planes: the output must be contiguous and the phase's columns fit one tile")
-        empty_planes = n * c_out * (out_spatial[0] - qd)
-        planes_per_fill = max(1, -(-empty_planes // max(programs, 1)))
-        fill_programs = -(-empty_planes // planes_per_fill)
-    if programs + fill_programs == 0:
+    if programs == 0:
         return
     ints = (xd, xh, xw, *offsets, first_taps[0], tap_steps[0], first_taps[1], tap_steps[1], first_taps[2],
-            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, fill_programs, planes_per_fill, n, *out_spatial)
+            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks)
     pointers = (window.data_ptr(), weight_taps.data_ptr(),
                 bias.data_ptr() if bias is not None else weight_taps.data_ptr(), out.data_ptr() + 4 * out_offset)
-    kernel.launch(programs + fill_programs, pointers, ints, tuple(out_strides), _current_stream(device))
+    kernel.launch(programs, pointers, ints, tuple(out_strides), _current_stream(device))

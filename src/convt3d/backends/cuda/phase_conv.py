@@ -85,68 +85,19 @@ __device__ __forceinline__ void wgmma(float* d, const unsigned* a, unsigned long
     WGMMA_ASM
 }
 
-// The value v into n floats from dst, 16-byte stores where aligned; the lanes of one warp share the run.
-__device__ __forceinline__ void fill_run(float* dst, long long n, float v, int lane) {
-    long long head = (4 - (((unsigned long long)dst >> 2) & 3)) & 3;
-    if (head > n) head = n;
-    if (lane < head) dst[lane] = v;
-    float4* body = (float4*)(dst + head);
-    const long long chunks = (n - head) >> 2;
-    const float4 v4 = make_float4(v, v, v, v);
-    for (long long c = lane; c < chunks; c += 32) body[c] = v4;
-    const long long done = head + chunks * 4;
-    if (lane < n - done) dst[done + lane] = v;
-}
-
-// PLANES: the kernel writes the whole output (NCDHW, contiguous), for a layer whose only reached phase has its
-// columns in one tile: conv programs write whole rows of their lattice plane (the bias between the phase's columns
-// and on the rows between its rows), fill programs the planes between the lattice planes (the bias). Both kinds
-// interleave in the grid, so that the fills' memory traffic overlaps the MMAs of the programs beside them.
-// (SD, SH, SW): the layer's stride; (LD, LH, LW): the phase's first output position along each axis.
-// The k-th plane of a sample and channel that is not a lattice plane od = SD * q + LD (q < QD).
-__device__ __forceinline__ int empty_plane(int k, int QD) {
-    if (k < LD) return k;
-    k -= LD;
-    const int gap = SD > 1 ? SD - 1 : 1;  // (a constant: no division by zero where SD is 1 and no gap exists)
-    if (k < (SD - 1) * (QD - 1)) return LD + (k / gap) * SD + 1 + k % gap;
-    return LD + SD * (QD - 1) + 1 + (k - (SD - 1) * (QD - 1));
-}
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
            float* __restrict__ y, int XD, int XH, int XW, int off_d, int off_h, int off_w,
            int td0, int tds, int th0, int ths, int tw0, int tws, int KHF, int KWF,
            int QD, int QH, int QW, int qh_blocks, int qw_blocks,
-           int fill_programs, int planes_per_fill, int N, int OD, int OH, int OW,
            long long syn, long long syc, long long syd, long long syh, long long syw)
 {
     extern __shared__ __align__(1024) float4 smem4[];
     float* ring = (float*)smem4;                      // [STAGES][KB][COB][32], swizzled
     float* halo = ring + STAGES * B_STAGE;            // [PLANE][CPA]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    int tile = blockIdx.x;
-#if PLANES
-    // Blocks 0, 2, 4, ... below 2 * fill_programs are conv programs, the odd ones fill programs; conv after.
-    if (tile < 2 * fill_programs) {
-        if (tile & 1) {
-            const int empty = OD - QD;
-            const long long total = (long long)N * C_OUT * empty;
-            const long long first = (long long)(tile >> 1) * planes_per_fill;
-            const long long last = min(first + planes_per_fill, total);
-            for (long long e = first + warp; e < last; e += THREADS / 32) {
-                const long long nc = e / empty;
-                const int oc = (int)(nc % C_OUT);
-                fill_run(y + (nc / C_OUT) * syn + oc * syc + (long long)empty_plane((int)(e % empty), QD) * syd,
-                         (long long)OH * OW, HAS_BIAS ? bias[oc] : 0.f, lane);
-            }
-            return;
-        }
-        tile >>= 1;
-    } else {
-        tile -= fill_programs;
-    }
-#endif
     // Programs: output-channel blocks fastest (they share the input tile in L2), then columns, rows, depth, sample.
+    int tile = blockIdx.x;
     const int ob = tile % (C_OUT / COB); tile /= C_OUT / COB;
     const int qw0 = (tile % qw_blocks) * BW; tile /= qw_blocks;
     const int qh0 = (tile % qh_blocks) * BH; tile /= qh_blocks;
@@ -232,24 +183,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             }
         }
     __syncthreads();
-#if PLANES
-    // Whole rows of the lattice plane: this block's band of rows, from its first lattice row (0 for the first block)
-    // to the next block's (the last row for the last block); a warp per row, lane l at columns l, l + 32, ...
-    const int r0 = qh0 == 0 ? 0 : SH * qh0 + LH, r1 = qh0 + BH >= QH ? OH : SH * (qh0 + BH) + LH;
-    float* y_plane = y + n * syn + (long long)(ob * COB) * syc + (long long)(SD * qd + LD) * syd;
-    for (int job = warp; job < COB * (r1 - r0); job += THREADS / 32) {
-        const int oc = job / (r1 - r0), oh = r0 + job % (r1 - r0);
-        const float v = HAS_BIAS ? bias[ob * COB + oc] : 0.f;
-        const int qh = (oh - LH) / SH;
-        const bool lattice_row = oh >= LH && (oh - LH) % SH == 0 && qh < QH;
-        const float* src = staged + oc * OCS + (qh - qh0) * BW;
-        float* dst = y_plane + oc * syc + oh * syh;
-        for (int ow = lane; ow < OW; ow += 32) {
-            const int qw = (ow - LW) / SW;
-            dst[ow] = lattice_row && ow >= LW && (ow - LW) % SW == 0 && qw < QW ? src[qw] + v : v;
-        }
-    }
-#else
     const int qw = qw0 + lane;
     float* y_tile = y + n * syn + (long long)(ob * COB) * syc + qd * syd + (long long)qw * syw;
     for (int job = warp; job < COB * BH; job += THREADS / 32) {
@@ -257,7 +190,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
         if (qh < QH && qw < QW)
             y_tile[oc * syc + qh * syh] = staged[oc * OCS + r * BW + lane] + (HAS_BIAS ? bias[ob * COB + oc] : 0.f);
     }
-#endif
 }
 """
 
@@ -274,14 +206,11 @@ def wgmma_asm(n: int) -> str:
             f' : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));')
 
 
-def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, planes=None) -> str:
-    """The kernel's source for one configuration: sizes as macros, so that every loop unrolls (and, for the whole
-    output, the index arithmetic of its stores compiles to shifts). planes: None, or the layer's stride and the
-    phase's first output position per axis ((SD, SH, SW), (LD, LH, LW)) to write the whole output (PLANES)."""
+def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool) -> str:
+    """The kernel's source for one configuration: sizes as macros, so that every loop unrolls."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
-    (sd, sh, sw), (ld, lh, lw) = planes if planes is not None else ((1, 1, 1), (0, 0, 0))
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
-                   HAS_BIAS=int(has_bias), PLANES=int(planes is not None), SD=sd, SH=sh, SW=sw, LD=ld, LH=lh, LW=lw)
+                   HAS_BIAS=int(has_bias))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + SOURCE.replace("WGMMA_ASM", wgmma_asm(cob))
 

@@ -12,7 +12,7 @@ import functools
 import torch
 
 from ...plan import Plan
-from . import TILE_COLUMNS, correlate, phase_conv_unsupported, window_extent
+from . import correlate, phase_conv_unsupported, window_extent
 
 
 def _taps(phases, ascending: bool):
@@ -57,32 +57,18 @@ def _forward_geometry(plan: Plan, phase_list: tuple):
     return tuple(starts), tuple(extent), tuple(launches)
 
 
-@functools.lru_cache(maxsize=256)
-def writes_whole_output(plan: Plan, phase_list: tuple, contiguous: bool) -> bool:
-    """Whether write_phases writes the whole output (phase_conv.py's PLANES: the bias on every position no tap
-    reaches, with no fill beforehand): for a contiguous output whose only reached phase has its columns in one tile."""
-    return contiguous and len(phase_list) == 1 and phase_list[0][2].out_count <= TILE_COLUMNS
-
-
 def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, phase_list: tuple, out: torch.Tensor,
-                 lattice_geometry, whole: bool = False) -> None:
+                 lattice_geometry) -> None:
     """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
-    element offset, shape and strides), bias added; with whole (where writes_whole_output), every other element of
-    out too (the bias)."""
+    element offset, shape and strides), bias added."""
     from ..triton.window import correlation_operands
 
     start, extent, launches = _forward_geometry(plan, phase_list)
-    window, weight_taps = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
-                                               grad_input_orientation=False)
+    window, weight_taps = correlation_operands(input, 0, input.shape, input.stride(), start,
+                                               extent, weight, grad_input_orientation=False)
     for phases, offsets, counts, firsts, steps, dilation, grid in launches:
-        if whole:
-            planes = (plan.stride, tuple(p.out_start for p in phases))
-            correlate(window, weight_taps, bias, out, 0, out.stride(), grid, offsets, counts, firsts, steps, dilation,
-                      planes)
-        else:
-            offset, _, strides = lattice_geometry(plan, phases, out.stride())
-            correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps,
-                      dilation)
+        offset, _, strides = lattice_geometry(plan, phases, out.stride())
+        correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps, dilation)
 
 
 @functools.lru_cache(maxsize=256)
