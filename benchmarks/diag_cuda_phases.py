@@ -6,7 +6,8 @@ Each row: bench.protocol.time_cuda's mean and minimum (L2 flushed and the GPU id
 times), the relative error against float64, and for the forward KernelBench's check against the eager module.
 "cuda" rows use the CUDA phase correlation (forward phase, grad_input), "cudnn" rows the same code with it off
 (backends.cuda.ENABLED False); both with backend="torch" for the forward, and the module's autograd for the backward.
-The pieces: the operand pass (window + weight taps) and the correlation kernel alone, forward and grad_input shapes.
+The pieces: the operand pass (window + weight taps) and the correlation kernel alone, forward and grad_input shapes;
+the compact correlation beside a fill of the output on a second stream; other tile row counts than config()'s.
 """
 
 import argparse
@@ -100,6 +101,16 @@ def main():
     row("forward correlation, compact output", lambda: cuda.correlate(
         window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps, dilation))
     row("out.zero_() (the fill)", out.zero_)
+    side = torch.cuda.Stream()
+
+    def overlapped():  # the compact correlation and a fill of the whole output at the same time
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out.zero_()
+        cuda.correlate(window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps,
+                       dilation)
+        torch.cuda.current_stream().wait_stream(side)
+    row("compact correlation beside out.zero_() on a second stream", overlapped)
     lattice = torch.randn(16, 64, 16, 32, 32, device="cuda")
     g_start, g_extent, *_ = cuda_phases._grad_input_geometry(plan, phases)
     row("grad_input operand pass", lambda: correlation_operands(lattice, 0, lattice.shape, lattice.stride(), g_start,
@@ -107,6 +118,28 @@ def main():
     row("grad_input (operand pass + correlation)", lambda: cuda_phases.phase_grad_input(lattice, eager.weight, plan,
                                                                                         phases))
     row("cuDNN grad_input's conv3d (NCDHW)", lambda: F.conv3d(lattice, eager.weight, None, 1, 1))
+    # Tile rows: what config() chooses (two programs per multiprocessor) against other counts.
+    g_window, g_taps = correlation_operands(lattice, 0, lattice.shape, lattice.stride(), g_start, g_extent,
+                                            eager.weight, True)
+    grad_input = torch.empty(16, 32, 16, 32, 32, device="cuda")
+    real_config = cuda.config
+    for c_in, c_out, rows_choice in ((64, 32, 8), (32, 64, 16), (32, 64, 4)):
+        smem = cuda.phase_conv.shared_bytes(c_in, min(c_out, 64), (3, 3, 3), (1, 1, 1), rows_choice)
+        cuda.config = lambda *a, r=rows_choice, s=smem: (r, a[1] if a[1] <= 64 else 64, s)
+        cuda._kernel.cache_clear()
+        if c_in == 64:
+            run = lambda: cuda.correlate(g_window, g_taps, None, grad_input, 0, grad_input.stride(), (16, 32, 32),
+                                         (0, 0, 0), (3, 3, 3), (0, 0, 0), (1, 1, 1), (1, 1, 1))
+        else:  # (the window's 34 rows serve 4, 8 and 16 tile rows alike: 32 rows are whole tiles of each)
+            run = lambda: cuda.correlate(window, taps, None, compact, 0, compact.stride(), grid, offsets, counts,
+                                         firsts, steps, dilation)
+        try:
+            row(f"correlation {c_in} -> {c_out} with {rows_choice} tile rows ({smem} B shared)", run)
+        except RuntimeError as error:
+            print(c_in, c_out, rows_choice, "failed:", error)
+    cuda.config = real_config
+    cuda._kernel.cache_clear()
+
 
     print("| what | mean ms | min ms | rel. err. vs float64 | KernelBench check |")
     print("|---|---|---|---|---|")
