@@ -51,7 +51,7 @@ def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, 
 # (C_in, C_out, kernel, stride, padding, dilation, output_padding, spatial): problem 77's geometry (one phase, every
 # tap), phases of 2 and 1 taps (k3 s2 p1 op1), k4 s2 p1 (8 phases of 2x2x2 taps), stride 1, tap dilation in a
 # phase (k3 s1 d2), tiles cut at the edges (spatial not a multiple of 8 rows or 32 columns), a window start beyond
-# the input (large padding).
+# the input (large padding), a 3D U-Net's k2 s2 (8 phases of one tap) with two blocks of 64 output channels.
 LAYERS = [
     (32, 64, 3, 2, 1, 2, 0, (3, 9, 33)),
     (32, 16, 3, 2, 1, 1, 1, (2, 5, 7)),
@@ -59,6 +59,7 @@ LAYERS = [
     (32, 24, (1, 3, 2), 1, 0, 1, 0, (2, 10, 3)),
     (32, 8, 3, (1, 2, 1), (1, 0, 1), 2, 0, (3, 4, 5)),
     (64, 32, 2, 3, (2, 1, 1), 1, 0, (3, 4, 4)),
+    (32, 128, 2, 2, 0, 1, 0, (2, 3, 4)),
 ]
 
 
@@ -124,9 +125,11 @@ def test_operands_pass_pads_transposes_and_rounds():
         assert torch.equal(taps, round_tf32(expected.contiguous()))
 
 
-def test_unsupported_reasons_name_the_cause():
+def test_unsupported_reasons_name_the_cause(monkeypatch):
     cpu = torch.device("cpu")
     assert "sm_90" in cuda.phase_conv_unsupported(cpu, torch.float32, 32, 64, 1, (3, 3, 3), (1, 1, 1))
+    monkeypatch.setattr(cuda, "ENABLED", False)
+    assert "CONVT3D_CUDA_KERNELS" in cuda.phase_conv_unsupported(cpu, torch.float32, 32, 64, 1, (3, 3, 3), (1, 1, 1))
     assert cuda.config(32, 64, (3, 3, 3), (1, 1, 1))[0] == 8  # problem 77's forward: 8 rows, two programs per SM
     assert cuda.config(64, 32, (3, 3, 3), (1, 1, 1))[0] == 4  # its grad_input: 4 rows fit twice
     assert cuda.config(64, 64, (1, 1, 40), (1, 1, 8)) is None  # a plane wider than shared memory

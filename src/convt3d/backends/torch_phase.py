@@ -1,8 +1,9 @@
-"""Portable backend: one stride-1 conv3d per non-empty phase, on any device torch supports.
+"""The phase backend: one stride-1 convolution per non-empty phase, on any device torch supports.
 
 Each non-empty phase is an ordinary correlation of the input (cropped and padded to the
 phase's window) with the flipped taps that reach it; its result is copied once into a
-strided view of the output. Empty regions get the bias (or zero): on the CPU filled as whole
+strided view of the output (on an sm_90 GPU in TF32 mode, where it serves, the CUDA phase
+correlation of backends/cuda computes it and writes that view itself). Empty regions get the bias (or zero): on the CPU filled as whole
 planes or rows where a depth or height phase is empty, since large contiguous fills are far
 cheaper than element-strided ones; on GPUs the whole output is filled once first. No
 zero-stuffed input, no col2im. The backward (grad_input, grad_weight) uses the same phases.

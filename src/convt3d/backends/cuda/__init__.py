@@ -49,6 +49,11 @@ def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, 
         return "torch.cuda._compile_kernel is missing"
     if config(c_in, c_out, tuple(taps), tuple(dilation)) is None:
         return "the taps' window plane does not fit in shared memory"
+    try:  # compiled here, once per layer (the callers cache this answer), so that a failure falls back to cuDNN
+        _kernel(device.index if device.index is not None else torch.cuda.current_device(), c_in, c_out, tuple(taps),
+                tuple(dilation), False)
+    except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: any failure means cuDNN)
+        return f"compiling the kernel failed: {error}"
     return None
 
 

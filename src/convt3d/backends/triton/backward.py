@@ -298,7 +298,8 @@ OFFSETS_64_FROM = 2**31
 
 def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_input: bool, need_weight: bool):
     """One phase's parts of the gradients on CUDA (torch_phase.conv_transpose3d_backward's phase_backward): one launch
-    copies grad_output's lattice and the input's windows out, then cuDNN's grad_input, then the Triton grad_weight.
+    copies grad_output's lattice and the input's windows out, then grad_input (the CUDA phase correlation, or cuDNN),
+    then the Triton grad_weight.
 
     grad_input by cuDNN: on the H200 (problem 77) 0.55 ms against 0.74-0.93 for a Triton implicit GEMM on the
     phase's channels-last padded lattice (commit b8c8054, removed since; benchmarks/RESULTS.md). It comes first:
@@ -314,7 +315,8 @@ def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_i
 
 def _phase_grad_input(lattice, weight, plan: Plan, phases):
     """The phase's part of grad_input: by the CUDA phase correlation where it serves (sm_90, TF32; on the H200
-    faster than cuDNN, whose layout conversions it also saves: benchmarks/RESULTS.md, twelfth session), else cuDNN."""
+    problem 77's took 0.285-0.295 ms with its operand pass against 0.323-0.324 for cuDNN's convolution alone, whose
+    layout conversions it also saves: benchmarks/RESULTS.md, twelfth session), else cuDNN."""
     from ..cuda.phases import grad_input_unsupported, phase_grad_input as cuda_phase_grad_input
 
     reason = grad_input_unsupported(plan, phases, lattice.device, lattice.dtype, torch.backends.cudnn.allow_tf32)
