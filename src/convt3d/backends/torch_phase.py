@@ -3,10 +3,11 @@
 Each non-empty phase is an ordinary correlation of the input (cropped and padded to the
 phase's window) with the flipped taps that reach it; its result is copied once into a
 strided view of the output (on an sm_90 GPU in TF32 mode, where it serves, the CUDA phase
-correlation of backends/cuda computes it and writes that view itself). Empty regions get the bias (or zero): on the CPU filled as whole
-planes or rows where a depth or height phase is empty, since large contiguous fills are far
-cheaper than element-strided ones; on GPUs the whole output is filled once first. No
-zero-stuffed input, no col2im. The backward (grad_input, grad_weight) uses the same phases.
+correlation of backends/cuda computes it and writes that view itself). Empty regions get
+the bias (or zero): on the CPU filled as whole planes or rows where a depth or height phase
+is empty, since large contiguous fills are far cheaper than element-strided ones; on GPUs
+the whole output is filled once first. No zero-stuffed input, no col2im. The backward
+(grad_input, grad_weight) uses the same phases.
 """
 
 from __future__ import annotations
@@ -200,9 +201,7 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     regions = _regions(plan, fill_all)
     cuda_phases = _cuda_phases(input, plan, regions) if input.is_cuda else None
     if cuda_phases is not None:
-        from .cuda.phases import write_phases
-
-        write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry)
+        _cuda_module().write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry)
     for index, phases in regions:
         if phases is None:
             _fill(out[index], bias)
@@ -216,16 +215,24 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
 
 def _cuda_phases(input, plan: Plan, regions):
     """The phases of regions, where the CUDA phase correlation (backends/cuda) serves them all, else None (cuDNN): on
-    the H200 faster than cuDNN's kernel for problem 77's phase (129 against 142 us), and writing the output's lattice
-    itself saves the copy of cuDNN's result into it (benchmarks/RESULTS.md, twelfth session)."""
-    from .cuda.phases import forward_unsupported
-
+    the H200 problem 77's forward took 0.340-0.342 ms with it against 0.441 with cuDNN, whose result is then copied
+    into the output's lattice (benchmarks/RESULTS.md, twelfth session)."""
     phase_list = tuple(phases for _, phases in regions if phases is not None)
-    reason = forward_unsupported(plan, phase_list, input.device, input.dtype, torch.backends.cudnn.allow_tf32)
+    reason = _cuda_module().forward_unsupported(plan, phase_list, input.device, input.dtype,
+                                                torch.backends.cudnn.allow_tf32)
     if reason is not None:
         _log_once("forward", plan, reason)
         return None
     return phase_list
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_module():
+    """backends/cuda/phases.py, imported on first use (it imports Triton) and then kept: an import statement per call
+    costs host time that the GPU waits through (ops._triton_phase_backward)."""
+    from .cuda import phases
+
+    return phases
 
 
 @functools.lru_cache(maxsize=256)

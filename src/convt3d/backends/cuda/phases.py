@@ -12,6 +12,7 @@ import functools
 import torch
 
 from ...plan import Plan
+from ..triton.window import correlation_operands
 from . import correlate, phase_conv_unsupported, window_extent
 
 
@@ -61,8 +62,6 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
                  lattice_geometry) -> None:
     """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
     element offset, shape and strides), bias added."""
-    from ..triton.window import correlation_operands
-
     start, extent, launches = _forward_geometry(plan, phase_list)
     window, weight_taps = correlation_operands(input, 0, input.shape, input.stride(), start,
                                                extent, weight, grad_input_orientation=False)
@@ -95,8 +94,6 @@ def _grad_input_geometry(plan: Plan, phases):
 def phase_grad_input(lattice: torch.Tensor, weight: torch.Tensor, plan: Plan, phases) -> torch.Tensor:
     """The phase's part of grad_input from lattice, grad_output's lattice of the phase (any strides): (N, C_in, D,
     H, W), contiguous."""
-    from ..triton.window import correlation_operands
-
     start, extent, counts, firsts, steps, dilation, grid = _grad_input_geometry(plan, phases)
     window, weight_taps = correlation_operands(lattice, 0, lattice.shape, lattice.stride(),
                                                start, extent, weight, grad_input_orientation=True)

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
+from ..cuda.phases import grad_input_unsupported, phase_grad_input as cuda_phase_grad_input
 from ..torch_phase import _lattice_geometry, _log_once, _phase_input, phase_grad_input
 from . import cdiv, interpreted, next_power_of_2
 from .forward import TF32, _round_to_tf32, _sm_count, precision_for
@@ -317,8 +318,6 @@ def _phase_grad_input(lattice, weight, plan: Plan, phases):
     """The phase's part of grad_input: by the CUDA phase correlation where it serves (sm_90, TF32; on the H200
     problem 77's took 0.285-0.295 ms with its operand pass against 0.323-0.324 for cuDNN's convolution alone, whose
     layout conversions it also saves: benchmarks/RESULTS.md, twelfth session), else cuDNN."""
-    from ..cuda.phases import grad_input_unsupported, phase_grad_input as cuda_phase_grad_input
-
     reason = grad_input_unsupported(plan, phases, lattice.device, lattice.dtype, torch.backends.cudnn.allow_tf32)
     if reason is None:
         return cuda_phase_grad_input(lattice, weight, plan, phases)
