@@ -133,3 +133,29 @@ def test_unsupported_reasons_name_the_cause(monkeypatch):
     assert cuda.config(32, 64, (3, 3, 3), (1, 1, 1))[0] == 8  # problem 77's forward: 8 rows, two programs per SM
     assert cuda.config(64, 32, (3, 3, 3), (1, 1, 1))[0] == 4  # its grad_input: 4 rows fit twice
     assert cuda.config(64, 64, (1, 1, 40), (1, 1, 8)) is None  # a plane wider than shared memory
+
+
+def test_launcher_passes_every_argument_by_address(monkeypatch):
+    """_Kernel.launch's argument array, read back as cuLaunchKernel reads it (a fake driver: no GPU here): pointers
+    as 64-bit addresses (updated per call, the array kept per ints and longs), then 32-bit ints, then 64-bit ints."""
+    import ctypes
+    import threading
+
+    seen = []
+
+    class FakeDriver:
+        def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, array, extra):
+            slots = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
+            read = lambda i, kind: ctypes.cast(slots[i], ctypes.POINTER(kind))[0]
+            seen.append(((read(0, ctypes.c_uint64), read(1, ctypes.c_uint64)), (read(2, ctypes.c_int32),),
+                         (read(3, ctypes.c_int64),), (gx, bx, shared, stream)))
+            return 0
+
+    monkeypatch.setattr(cuda, "_driver", lambda: FakeDriver())
+    kernel = cuda._Kernel.__new__(cuda._Kernel)
+    kernel.function, kernel.shared_bytes, kernel._arrays, kernel._lock = 7, 1024, {}, threading.Lock()
+    kernel.launch(5, (2**40 + 16, 32), (-3,), (2**33,), 99)
+    kernel.launch(6, (48, 2**41), (-3,), (2**33,), 99)
+    assert seen == [((2**40 + 16, 32), (-3,), (2**33,), (5, 128, 1024, 99)),
+                    ((48, 2**41), (-3,), (2**33,), (6, 128, 1024, 99))]
+    assert len(kernel._arrays) == 1  # one array for the same ints and longs

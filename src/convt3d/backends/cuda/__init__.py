@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 import os
 import threading
 
 import torch
 
 from . import phase_conv
-
-logger = logging.getLogger("convt3d")
 
 ENABLED = os.environ.get("CONVT3D_CUDA_KERNELS", "1") != "0"
 
@@ -68,9 +65,11 @@ def _compile_kernel():
 
 @functools.lru_cache(maxsize=1024)
 def config(c_in: int, c_out: int, taps, dilation):
-    """(tile rows BH, output channels per program, shared bytes) or None: the most rows whose program's shared memory
-    lets two programs share a multiprocessor (problem 77's grad_input ran 0.265-0.357 ms with 8 rows, one program
-    per multiprocessor, against cuDNN's 0.338-0.369; eleventh session), else one."""
+    """(tile rows BH, output channels per program, shared bytes) or None: the most rows (up to 8) whose program's
+    shared memory lets two programs share a multiprocessor, else one. On the H200, problem 77's forward correlation
+    took 0.157 ms with 8 rows, 0.167 with 4 and 0.561 with 16 (one program per multiprocessor); its grad_input's
+    about 0.24 with 4 rows and 0.283 with 8 (one program per multiprocessor; benchmarks/RESULTS.md, twelfth
+    session)."""
     cob = min(c_out, 64)
     for limit in (MAX_SHARED_BYTES // 2 - 1024, MAX_SHARED_BYTES):
         for rows in (8, 4, 2):
