@@ -12,8 +12,9 @@ come from ldmatrix at the tap's offset (rows padded to C_IN + 4 floats: no bank 
 base plus a compile-time offset).
 
 - phase_conv stores the compact result through any strides (compact, or the output's lattice).
-- phase_conv_wgmma (sm_90a) does the same with wgmma: A fragments from registers as above, the weight read by the
-  tensor cores from a 128-byte-swizzled stage through a descriptor.
+- the wgmma version (sm_90a: A fragments from registers as above, the weight read by the tensor cores from a
+  128-byte-swizzled stage through a descriptor), first written here as phase_conv_wgmma, is now the library's
+  (src/convt3d/backends/cuda/phase_conv.py), and this script times that one.
 - fused_forward writes problem 77's whole output (stride 2, one reached phase): after its tile it writes every
   element of its band of output planes and rows once, the zero planes with 16-byte stores, the lattice plane row by
   row from the tile staged in shared memory.
@@ -266,143 +267,10 @@ fused_forward(const float* __restrict__ x, const float* __restrict__ w, const fl
 """
 
 
-def _wgmma_asm(n):
-    """The inline PTX of wgmma m64n{n}k8 TF32 with A from registers: n / 2 accumulators per thread."""
-    regs = n // 2
-    acc = ", ".join(f"%{k}" for k in range(regs))
-    a = ", ".join(f"%{regs + k}" for k in range(4))
-    outs = ", ".join(f'"+f"(d[{k}])' for k in range(regs))
-    # Doubled braces: the result goes through str.format with the rest of the source.
-    return (f'asm volatile("{{{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 '
-            f'{{{{{acc}}}}}, {{{{{a}}}}}, %{regs + 4}, p, 1, 1;\\n}}}}\\n"'
-            f' : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));')
-
-
-PHASE_CONV_WGMMA = PRELUDE + r"""
-// wgmma (sm_90a): a warpgroup (the program's 4 warps) multiplies M = 64 rows at a time with A from registers (the
-// same fragments as mma.sync's, by ldmatrix) and B read by the tensor cores from shared memory through a
-// descriptor: B K-major, rows of 32 floats (128 bytes), 16-byte chunks swizzled by (row & 7) in 1024-byte atoms.
-#define SLABS (BH * BW / 64)
-#define KB (C_IN / 32)                       // blocks of 32 channels (128 bytes: one swizzle atom wide)
-#define B_STAGE (KB * C_OUT * 32)            // floats per stage
-#define WG_STAGES 4                          // the stage refilled at tap t was read by tap t - 2's MMAs
-
-__device__ __forceinline__ void copy_weight_swizzled(float* stage, const float* w, int tap, int tid) {{
-    const float* src = w + (long long)tap * C_OUT * C_IN;
-    #pragma unroll
-    for (int e = tid; e < C_OUT * C_IN / 4; e += THREADS) {{
-        const int oc = e / (C_IN / 4), c4 = e % (C_IN / 4), kb = c4 / 8, c = c4 % 8;
-        cp_async16(stage + (kb * C_OUT + oc) * 32 + ((c ^ (oc & 7)) << 2), src + e * 4);
-    }}
-}}
-
-__device__ __forceinline__ unsigned long long b_desc(unsigned addr) {{
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32)
-           | (1ull << 62);
-}}
-
-__device__ __forceinline__ void wgmma(float* d, const unsigned* a, unsigned long long desc, int accumulate) {{
-    WGMMA_ASM
-}}
-
-extern "C" __global__ void __launch_bounds__(128, 2)
-phase_conv_wgmma(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
-                 int XD, int XH, int XW, int QD, int QH, int QW,
-                 int syn, int syc, int syd, int syh, int syw, int qh_blocks, int qw_blocks)
-{{
-    // As phase_conv (THREADS must be 128: one warpgroup). Slab s holds tile positions 64s..64s+63 (tile rows 2s,
-    // 2s + 1); warp v of the warpgroup its rows 16v..16v+15.
-    extern __shared__ __align__(1024) float4 smem4[];
-    float* ring = (float*)smem4;                      // [WG_STAGES][KB][C_OUT][32], swizzled
-    float* halo = ring + WG_STAGES * B_STAGE;         // [PLANE][CPA]
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    int tile = blockIdx.x;
-    const int qw0 = (tile % qw_blocks) * BW; tile /= qw_blocks;
-    const int qh0 = (tile % qh_blocks) * BH; tile /= qh_blocks;
-    const int qd = tile % QD, n = tile / QD;
-    const float* plane0 = x + (((long long)n * XD + qd) * XH + qh0) * XW * C_IN + qw0 * C_IN;
-
-    copy_weight_swizzled(ring, w, 0, tid);
-    cp_commit();
-    copy_weight_swizzled(ring + B_STAGE, w, 1, tid);
-    cp_commit();
-    copy_plane(halo, plane0, XW, warp, lane);
-    cp_commit();
-
-    const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_k = 4 * (lane >> 4);
-    // Warp `warp` reads rows 16 * warp + a_row of each slab: tile row 2s + (16 warp + a_row) / 32.
-    const int p = 16 * warp + a_row;
-    const unsigned a_lane = smem_addr(halo + ((p / BW) * HW + p % BW) * CPA + a_k);
-    const unsigned ring_addr = smem_addr(ring);
-    float d[SLABS][C_OUT / 2];
-    unsigned a[2][SLABS][4];
-    #pragma unroll
-    for (int s = 0; s < SLABS; s++)
-        #pragma unroll
-        for (int k = 0; k < C_OUT / 2; k++) d[s][k] = 0.f;
-
-    #pragma unroll 1
-    for (int kd = 0; kd < KD; kd++) {{
-        if (kd > 0) {{
-            __syncthreads();  // every warp's fragment loads from the previous plane are done
-            copy_plane(halo, plane0 + (long long)kd * XH * XW * C_IN, XW, warp, lane);
-            cp_commit();
-        }}
-        #pragma unroll
-        for (int kh = 0; kh < KH; kh++)
-            #pragma unroll
-            for (int kw = 0; kw < KW; kw++) {{
-                const int tap = (kd * KH + kh) * KW + kw;
-                // A group of MMAs per k-step; the A fragments double-buffered: buffer ks & 1 is refilled once the
-                // group that read it is done, i.e. with one group (the previous k-step's) left in flight. At a
-                // tap's start that also frees the stage tap - 2 read, which this tap refills.
-                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                if (kh == 0 && kw == 0) cp_wait<0>(); else cp_wait<1>();
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // copies visible to the tensor cores
-                __syncthreads();
-                if (tap + 2 < TAPS) copy_weight_swizzled(ring + ((tap + 2) % WG_STAGES) * B_STAGE, w, tap + 2, tid);
-                cp_commit();
-                const unsigned stage = ring_addr + 4 * (tap % WG_STAGES) * B_STAGE;
-                #pragma unroll
-                for (int ks = 0; ks < KS; ks++) {{
-                    if (ks > 0) asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                    #pragma unroll
-                    for (int s = 0; s < SLABS; s++)
-                        ldmatrix4(a[ks & 1][s], a_lane + 4 * (((2 * s + kh) * HW + kw) * CPA + 8 * ks));
-                    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-                    const unsigned long long desc = b_desc(stage + 4 * ((ks / 4) * C_OUT * 32 + (ks % 4) * 8));
-                    #pragma unroll
-                    for (int s = 0; s < SLABS; s++) wgmma(d[s], a[ks & 1][s], desc, 1);
-                    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-                }}
-            }}
-    }}
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-
-    #pragma unroll
-    for (int s = 0; s < SLABS; s++)
-        #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {{
-            const int pos = 64 * s + 16 * warp + g + 8 * hf;
-            const int qh = qh0 + pos / BW, qw = qw0 + pos % BW;
-            if (qh < QH && qw < QW) {{
-                float* yb = y + (long long)n * syn + (long long)qd * syd + (long long)qh * syh + (long long)qw * syw;
-                #pragma unroll
-                for (int j = 0; j < C_OUT / 8; j++) {{
-                    yb[(long long)(8 * j + 2 * t) * syc] = d[s][4 * j + 2 * hf];
-                    yb[(long long)(8 * j + 2 * t + 1) * syc] = d[s][4 * j + 2 * hf + 1];
-                }}
-            }}
-        }}
-}}
-"""
-
-
-def _compile(source, name, c_in, c_out, bh, rows_per_warp, taps=(3, 3, 3), extra_floats=0, arch=None, **defines):
+def _compile(source, name, c_in, c_out, bh, rows_per_warp, taps=(3, 3, 3), extra_floats=0, **defines):
     source = source.format(c_in=c_in, c_out=c_out, kd=taps[0], kh=taps[1], kw=taps[2], bh=bh,
                            rows_per_warp=rows_per_warp, **defines)
-    kernel = torch.cuda._compile_kernel(source, name, compute_capability=arch)
+    kernel = torch.cuda._compile_kernel(source, name)
     plane = (bh + taps[1] - 1) * (32 + taps[2] - 1)
     smem = 4 * max((plane + 3 * c_out) * (c_in + 4), extra_floats)
     kernel.set_shared_memory_config(smem)
@@ -411,17 +279,6 @@ def _compile(source, name, c_in, c_out, bh, rows_per_warp, taps=(3, 3, 3), extra
 
 def compile_phase_conv(c_in, c_out, bh=8, rows_per_warp=2):
     return _compile(PHASE_CONV, "phase_conv", c_in, c_out, bh, rows_per_warp)
-
-
-def wgmma_source(c_out):
-    return PHASE_CONV_WGMMA.replace("WGMMA_ASM", _wgmma_asm(c_out))
-
-
-def compile_phase_conv_wgmma(c_in, c_out, bh=8):
-    """One warpgroup (4 warps) for BH rows; shared memory: the weight ring first (1024-byte aligned), then the plane."""
-    plane = (bh + 2) * 34
-    return _compile(wgmma_source(c_out), "phase_conv_wgmma", c_in, c_out, bh, bh // 4, arch="90a",
-                    extra_floats=4 * c_out * c_in + plane * (c_in + 4))
 
 
 def compile_fused(c_in, c_out, bh=8, rows_per_warp=2, lattice_rows_only=False):
@@ -512,11 +369,10 @@ def phase_convolutions():
                 rows.append(((c_in, c_out), "  the same into the lattice", time_ms(lambda: run(lattice)),
                              err(lattice)))
             print(rows[-1], flush=True)
-        kernel, smem = compile_phase_conv_wgmma(c_in, c_out)
-        run = lambda out: launch_phase_conv(kernel, smem, x_win, w_taps, out, bh=8, rows_per_warp=2)
         y = torch.full((16, c_out, 16, 32, 32), float("nan"), device="cuda")
+        run = lambda out: library_correlate(x_win, w_taps, out)
         run(y)
-        rows.append(((c_in, c_out), f"phase_conv_wgmma BH=8 ({smem} B shared)", time_ms(lambda: run(y)), err(y)))
+        rows.append(((c_in, c_out), "the library's wgmma phase correlation", time_ms(lambda: run(y)), err(y)))
         print(rows[-1], flush=True)
     print_table("| C_in, C_out | what | ms | rel. err. vs float64 |", rows)
 
@@ -578,14 +434,25 @@ def fused_problem77():
     print_table("| what | ms | rel. err. vs float64 | |", rows)
 
 
+def library_correlate(x_win, w_taps, y):
+    """The library's wgmma phase correlation on this script's operands: the window (N, D + 2, H + 2, W + 2, C_in)
+    and the weight (27, C_out, C_in) in correlation order, that is (3, 3, 3, C_out, C_in), taps ascending."""
+    from convt3d.backends import cuda
+
+    n, c_out, qd, qh, qw = y.shape
+    taps = w_taps.view(3, 3, 3, c_out, -1)
+    cuda.correlate(x_win, taps, None, y, 0, y.stride(), (qd, qh, qw), (0, 0, 0), (3, 3, 3), (0, 0, 0), (1, 1, 1),
+                   (1, 1, 1))
+
+
 def profile_once():
-    """One launch of phase_conv and of phase_conv_wgmma on problem 77's forward shape, for ncu."""
+    """One launch of phase_conv and of the library's wgmma correlation on problem 77's forward shape, for ncu."""
     x_win = round_tf32(torch.rand(16, 18, 34, 34, 32, device="cuda"))
     w_taps = round_tf32(torch.rand(27, 64, 32, device="cuda") - 0.5)
     y = torch.empty(16, 64, 16, 32, 32, device="cuda")
-    for compile_ in (compile_phase_conv, compile_phase_conv_wgmma):
-        kernel, smem = compile_(32, 64)
-        launch_phase_conv(kernel, smem, x_win, w_taps, y)
+    kernel, smem = compile_phase_conv(32, 64)
+    launch_phase_conv(kernel, smem, x_win, w_taps, y)
+    library_correlate(x_win, w_taps, y)
     torch.cuda.synchronize()
 
 

@@ -8,7 +8,7 @@ nvidia-cuda-nvrtc`, unzipped anywhere); point NVRTC_LIB at its libnvrtc.so.*. It
 machine's (13.0 there in 2026-11), so take counts as a guide.
 
     NVRTC_LIB=/path/to/libnvrtc.so.13 PYTHONPATH=src python3 scripts/compile_cuda.py
-        {library,phase_conv,phase_conv_wgmma,fused_forward} [C_IN C_OUT BH RW]     (library: 3x3x3 taps; RW unused)
+        {library,phase_conv,fused_forward} [C_IN C_OUT BH RW]     (library: the wgmma kernel, 3x3x3 taps; RW unused)
 """
 
 import collections
@@ -61,7 +61,7 @@ def sass_counts(cubin: bytes) -> collections.Counter:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in ("library", "phase_conv", "phase_conv_wgmma", "fused_forward"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("library", "phase_conv", "fused_forward"):
         sys.exit(__doc__)
     kernel = sys.argv[1]
     c_in, c_out, bh, rw = (list(map(int, sys.argv[2:])) + [32, 64, 8, 2][len(sys.argv) - 2:])[:4]
@@ -71,8 +71,7 @@ if __name__ == "__main__":
         source = phase_conv.source(c_in, c_out, min(c_out, 64), (3, 3, 3), (1, 1, 1), bh, has_bias=False)
         kernel = "phase_conv"
     else:
-        source = {"phase_conv": diag_conv_cuda.PHASE_CONV, "fused_forward": diag_conv_cuda.FUSED_FORWARD,
-                  "phase_conv_wgmma": diag_conv_cuda.wgmma_source(c_out)}[kernel]
+        source = {"phase_conv": diag_conv_cuda.PHASE_CONV, "fused_forward": diag_conv_cuda.FUSED_FORWARD}[kernel]
         source = source.format(c_in=c_in, c_out=c_out, kd=3, kh=3, kw=3, bh=bh, rows_per_warp=rw, lattice_rows_only=0)
     cubin, log = compile_cubin(source, kernel, "sm_90a" if "wgmma" in source else "sm_90")
     print("\n".join(line for line in log.splitlines() if "registers" in line or "spill" in line))

@@ -18,6 +18,7 @@ import threading
 
 import torch
 
+from ..triton.launch import _current_stream  # (imports no Triton)
 from . import phase_conv
 
 ENABLED = os.environ.get("CONVT3D_CUDA_KERNELS", "1") != "0"
@@ -108,14 +109,6 @@ class _Kernel:
                 slot.value = address
             _check(_driver().cuLaunchKernel(self.function, grid, 1, 1, 128, 1, 1, self.shared_bytes, stream, array,
                                             None))
-
-
-# The current stream as Triton's launcher gets it (torch's raw-stream call where it exists).
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def _current_stream(device: int) -> int:
-    return _raw_stream(device) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
 
 
 @functools.lru_cache(maxsize=1)
