@@ -18,7 +18,8 @@ import threading
 
 import torch
 
-from ..triton.launch import _current_stream  # (imports no Triton)
+from ..triton import cdiv  # (these two import no Triton)
+from ..triton.launch import _current_stream
 from . import phase_conv
 
 ENABLED = os.environ.get("CONVT3D_CUDA_KERNELS", "1") != "0"
@@ -140,8 +141,8 @@ def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets) -> tuple
     first position in the window): whole tiles of rows and columns, so that partial tiles read inside it too."""
     rows, _, _ = config(c_in, c_out, tuple(taps), tuple(dilation))
     (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
-    return (offsets[0] + qd + (kd - 1) * dd, offsets[1] + -(-qh // rows) * rows + (kh - 1) * dh,
-            offsets[2] + -(-qw // TILE_COLUMNS) * TILE_COLUMNS + (kw - 1) * dw)
+    return (offsets[0] + qd + (kd - 1) * dd, offsets[1] + cdiv(qh, rows) * rows + (kh - 1) * dh,
+            offsets[2] + cdiv(qw, TILE_COLUMNS) * TILE_COLUMNS + (kw - 1) * dw)
 
 
 def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_offset: int, out_strides,
@@ -156,7 +157,7 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
     rows, cob, _ = config(c_in, c_out, tuple(taps), tuple(dilation))
     kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None)
     qd, qh, qw = grid
-    qh_blocks, qw_blocks = -(-qh // rows), -(-qw // TILE_COLUMNS)
+    qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
     programs = n * qd * qh_blocks * qw_blocks * (c_out // cob)
     if programs == 0:
         return
