@@ -27,6 +27,7 @@ def use_cuda_kernels(on: bool) -> None:
     cuda.ENABLED = on
     cuda_phases.forward_unsupported.cache_clear()
     cuda_phases.grad_input_unsupported.cache_clear()
+    cuda_phases.grad_weight_unsupported.cache_clear()
 
 
 def main():
@@ -71,6 +72,10 @@ def main():
         use_cuda_kernels(on)
         row(f"{'cuda' if on else 'cudnn'}: forward+backward (module)", fwd_bwd(layer))
     use_cuda_kernels(True)
+    unsupported = cuda_phases.grad_weight_unsupported
+    cuda_phases.grad_weight_unsupported = lambda *args: "off (diagnostic)"
+    row("cuda, grad_weight by Triton: forward+backward (module)", fwd_bwd(layer))
+    cuda_phases.grad_weight_unsupported = unsupported
     # Gradients against float64, with the CUDA kernels.
     layer.zero_grad(set_to_none=True)
     xg.grad = None
@@ -118,6 +123,24 @@ def main():
     row("grad_input (operand pass + correlation)", lambda: cuda_phases.phase_grad_input(lattice, eager.weight, plan,
                                                                                         phases))
     row("cuDNN grad_input's conv3d (NCDHW)", lambda: F.conv3d(lattice, eager.weight, None, 1, 1))
+    # The weight gradient: the CUDA kernel reading x and grad_output in place, against the Triton path (its operand
+    # copies, then its kernel).
+    from convt3d.backends.triton import backward as triton_backward
+    from convt3d.backends.triton.forward import TF32
+
+    g_offset, _, g_strides = _lattice_geometry(plan, phases, grad.stride())
+    row("grad_input in place from grad_output (operand pass + correlation)",
+        lambda: cuda_phases.phase_grad_input_in_place(grad, g_offset, g_strides, eager.weight, plan, phases))
+
+    def triton_weight():
+        copied, windows = triton_backward.phase_operands(grad, x, plan, phases, TF32)
+        return triton_backward.phase_grad_weight(copied, x, plan, phases, TF32, lattice_rounded=True, windows=windows)
+
+    for what, fn in (("grad_weight, CUDA kernel in place", lambda: cuda_phases.phase_grad_weight(
+            grad, g_offset, g_strides, x, plan, phases)), ("grad_weight, Triton (operand copies + kernel)", triton_weight)):
+        t = time_cuda(fn, iters=iters)
+        rows.append((what, t.mean_ms, t.min_ms, relative_error(fn(), w64.grad), ""))
+        print(rows[-1], flush=True)
     # Tile rows: what config() chooses (two programs per multiprocessor) against other counts.
     g_window, g_taps = correlation_operands(lattice, 0, lattice.shape, lattice.stride(), g_start, g_extent,
                                             eager.weight, True)

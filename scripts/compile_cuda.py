@@ -8,7 +8,9 @@ nvidia-cuda-nvrtc`, unzipped anywhere); point NVRTC_LIB at its libnvrtc.so.*. It
 machine's (13.0 there in 2026-11), so take counts as a guide.
 
     NVRTC_LIB=/path/to/libnvrtc.so.13 PYTHONPATH=src python3 scripts/compile_cuda.py
-        {library,phase_conv,fused_forward} [C_IN C_OUT BH RW]     (library: the wgmma kernel, 3x3x3 taps; RW unused)
+        {library,grad_weight,phase_conv,fused_forward} [C_IN C_OUT BH RW]
+    (library: the wgmma phase correlation, 3x3x3 taps, RW unused; grad_weight: the wgmma weight gradient, 3x3x3 taps
+    of dilation 2, BH and RW unused)
 """
 
 import collections
@@ -61,7 +63,7 @@ def sass_counts(cubin: bytes) -> collections.Counter:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in ("library", "phase_conv", "fused_forward"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("library", "grad_weight", "phase_conv", "fused_forward"):
         sys.exit(__doc__)
     kernel = sys.argv[1]
     c_in, c_out, bh, rw = (list(map(int, sys.argv[2:])) + [32, 64, 8, 2][len(sys.argv) - 2:])[:4]
@@ -70,9 +72,16 @@ if __name__ == "__main__":
 
         source = phase_conv.source(c_in, c_out, min(c_out, 64), (3, 3, 3), (1, 1, 1), bh, has_bias=False)
         kernel = "phase_conv"
+    elif kernel == "grad_weight":
+        from convt3d.backends.cuda import grad_weight, grad_weight_config
+
+        taps, dilation = (3, 3, 3), (2, 2, 2)
+        cob, per_program, _, planes, _ = grad_weight_config(c_in, c_out, taps, dilation)
+        source = grad_weight.source(c_in, c_out, cob, taps, dilation, per_program, planes)
+        kernel = "phase_grad_weight"
     else:
         source = {"phase_conv": diag_conv_cuda.PHASE_CONV, "fused_forward": diag_conv_cuda.FUSED_FORWARD}[kernel]
         source = source.format(c_in=c_in, c_out=c_out, kd=3, kh=3, kw=3, bh=bh, rows_per_warp=rw, lattice_rows_only=0)
     cubin, log = compile_cubin(source, kernel, "sm_90a" if "wgmma" in source else "sm_90")
-    print("\n".join(line for line in log.splitlines() if "registers" in line or "spill" in line))
+    print("\n".join(line for line in log.splitlines() if "registers" in line or "spill" in line or "arning" in line))
     print(sass_counts(cubin).most_common(12))

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from convt3d.backends import cuda
 from convt3d.backends.cuda import phases as cuda_phases
-from convt3d.backends.torch_phase import _lattice_geometry, _regions, phase_grad_input
+from convt3d.backends.torch_phase import (_lattice_geometry, _regions, aten_phase_backward,
+                                         conv_transpose3d_backward, phase_grad_input)
 from convt3d.plan import make_plan
 from conftest import assert_close_rel
 
@@ -46,6 +47,29 @@ def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, 
     if bias is not None:
         y = y + bias.double().view(1, -1, 1, 1, 1)
     out.as_strided((n, c_out, qd, qh, qw), out_strides, out.storage_offset() + out_offset).copy_(y)
+
+
+def emulated_correlate_grad_weight(input, grad_output, lattice_offset, lattice_strides, grid, starts, taps, dilation,
+                                   splits):
+    """What grad_weight.py's kernel computes, in float64: grad[i, o, T - 1 - k] = sum over n and q of
+    round(x[n, i, start + q + k * dil]) * round(g[n, o, q]) (zero outside the input), per axis."""
+    assert splits >= 1
+    n, c_in = input.shape[:2]
+    c_out = grad_output.shape[1]
+    g = round_tf32(grad_output.as_strided((n, c_out, *grid), lattice_strides,
+                                          grad_output.storage_offset() + lattice_offset)).double()
+    pad = [max(0, -s) for s in starts]
+    far = [max(0, s + q + (t - 1) * d - size) for s, q, t, d, size in zip(starts, grid, taps, dilation, input.shape[2:])]
+    x = F.pad(round_tf32(input).double(), (pad[2], far[2], pad[1], far[1], pad[0], far[0]))
+    grad = torch.zeros((c_in, c_out, *taps), dtype=torch.float64, device=input.device)
+    for kd in range(taps[0]):
+        for kh in range(taps[1]):
+            for kw in range(taps[2]):
+                at = [s + p + k * d for s, p, k, d in zip(starts, pad, (kd, kh, kw), dilation)]
+                shifted = x[:, :, at[0]:at[0] + grid[0], at[1]:at[1] + grid[1], at[2]:at[2] + grid[2]]
+                grad[:, :, taps[0] - 1 - kd, taps[1] - 1 - kh, taps[2] - 1 - kw] = torch.einsum(
+                    "nidhw,nodhw->io", shifted, g)
+    return grad.float()
 
 
 # (C_in, C_out, kernel, stride, padding, dilation, output_padding, spatial): problem 77's geometry (one phase, every
@@ -105,6 +129,51 @@ def test_grad_input_phases_match_aten(layer, monkeypatch):
         assert_close_rel(ours, expected, 1e-6, f"grad_input of phase {phase.axes}")
 
 
+@pytest.mark.parametrize("layer", LAYERS)
+def test_grad_weight_phases_match_aten(layer, monkeypatch):
+    monkeypatch.setattr(cuda_phases, "correlate_grad_weight", emulated_correlate_grad_weight)
+    x, w, _, plan, _ = _layer(*layer, seed=random.randrange(2**31))
+    g = round_tf32(torch.randn(plan.output_shape, device=DEVICE))
+    for phase in plan.nonempty_phases:
+        index = (slice(None), slice(None), *(slice(p.out_start, None, a.stride) for p, a in zip(phase.axes, plan.axes)))
+        offset, _, strides = _lattice_geometry(plan, phase.axes, g.stride())
+        ours = cuda_phases.phase_grad_weight(g, offset, strides, x, plan, phase.axes)
+        _, expected = aten_phase_backward(g.double(), index, x.double(), w.double(), plan, phase.axes, False, True)
+        assert_close_rel(ours, expected, 1e-6, f"grad_weight of phase {phase.axes}")
+
+
+@pytest.mark.parametrize("layer", LAYERS[:3])
+def test_phase_backward_reads_grad_output_in_place(layer, monkeypatch):
+    """The Triton module's phase_backward with both CUDA kernels serving (emulated): the gradients of the whole
+    layer from grad_output's lattices in place, against aten's in float64."""
+    from convt3d.backends.triton import backward
+
+    monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
+    monkeypatch.setattr(cuda_phases, "correlate_grad_weight", emulated_correlate_grad_weight)
+    monkeypatch.setattr(cuda_phases, "grad_input_unsupported", lambda *args: None)
+    monkeypatch.setattr(cuda_phases, "grad_weight_unsupported", lambda *args: None)
+    monkeypatch.setattr(backward, "phase_operands", None)  # (no copy may be made)
+    x, w, _, plan, args = _layer(*layer, seed=random.randrange(2**31))
+    g = round_tf32(torch.randn(plan.output_shape, device=DEVICE))
+    grad_input, grad_weight = conv_transpose3d_backward(g, x, w, plan, phase_backward=backward.phase_backward)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    F.conv_transpose3d(x64, w64, **args).backward(g.double())
+    assert_close_rel(grad_input, x64.grad, 1e-6, "grad_input")
+    assert_close_rel(grad_weight, w64.grad, 1e-6, "grad_weight")
+
+
+def test_grad_weight_config():
+    # Problem 77: 27 taps x 32 channels = 13.5 tiles of 64 rows, two programs of 7 (two depth taps each).
+    cob, per_program, groups, planes, smem = cuda.grad_weight_config(32, 64, (3, 3, 3), (2, 2, 2))
+    assert (cob, per_program, groups, planes) == (64, 7, 2, 2)
+    assert smem <= cuda.MAX_SHARED_BYTES
+    assert cuda.grad_weight_config(32, 64, (1, 1, 1), (1, 1, 1))[1:4] == (1, 1, 1)  # a U-Net k2 s2 phase
+    assert cuda.grad_weight_config(64, 64, (3, 3, 3), (1, 8, 8)) is None  # rings past shared memory
+    # Splits: whole (n, qd, column block) planes per run where there are more planes than programs wanted.
+    assert cuda.grad_weight_splits(32, 64, (3, 3, 3), (2, 2, 2), (16, 32, 32), 16, 132) == 64
+    assert cuda.grad_weight_splits(32, 64, (3, 3, 3), (2, 2, 2), (2, 5, 7), 1, 132) == 10
+
+
 def test_operands_pass_pads_transposes_and_rounds():
     from convt3d.backends.triton.window import correlation_operands
 
@@ -128,6 +197,7 @@ def test_operands_pass_pads_transposes_and_rounds():
 def test_unsupported_reasons_name_the_cause(monkeypatch):
     cpu = torch.device("cpu")
     assert "sm_90" in cuda.phase_conv_unsupported(cpu, torch.float32, 32, 64, 1, (3, 3, 3), (1, 1, 1))
+    assert "sm_90" in cuda.grad_weight_kernel_unsupported(cpu, torch.float32, 32, 64, 1, (3, 3, 3), (1, 1, 1))
     monkeypatch.setattr(cuda, "ENABLED", False)
     assert "CONVT3D_CUDA_KERNELS" in cuda.phase_conv_unsupported(cpu, torch.float32, 32, 64, 1, (3, 3, 3), (1, 1, 1))
     assert cuda.config(32, 64, (3, 3, 3), (1, 1, 1))[0] == 8  # problem 77's forward: 8 rows, two programs per SM
@@ -153,7 +223,8 @@ def test_launcher_passes_every_argument_by_address(monkeypatch):
 
     monkeypatch.setattr(cuda, "_driver", lambda: FakeDriver())
     kernel = cuda._Kernel.__new__(cuda._Kernel)
-    kernel.function, kernel.shared_bytes, kernel._arrays, kernel._lock = 7, 1024, {}, threading.Lock()
+    kernel.function, kernel.shared_bytes, kernel.threads = 7, 1024, 128
+    kernel._arrays, kernel._lock = {}, threading.Lock()
     kernel.launch(5, (2**40 + 16, 32), (-3,), (2**33,), 99)
     kernel.launch(6, (48, 2**41), (-3,), (2**33,), 99)
     assert seen == [((2**40 + 16, 32), (-3,), (2**33,), (5, 128, 1024, 99)),

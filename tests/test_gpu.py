@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import convt3d
 from conftest import assert_close_rel
 from convt3d.backends.cuda import phases as cuda_phases
-from convt3d.backends.torch_phase import _lattice_geometry, _regions, phase_grad_input
+from convt3d.backends.torch_phase import _lattice_geometry, _regions, aten_phase_backward, phase_grad_input
 from test_cuda_phases import LAYERS as CUDA_PHASE_LAYERS, _layer as cuda_phase_layer
 
 pytestmark = pytest.mark.gpu
@@ -196,8 +196,8 @@ def test_problem_77_gradients(tf32):
 
 @pytest.mark.parametrize("layer", CUDA_PHASE_LAYERS)
 def test_cuda_phase_correlation_kernel(layer):
-    """The CUDA phase correlation itself (test_cuda_phases.py emulates it on the CPU) on its layers: every forward
-    phase into a NaN-filled output, and each phase's grad_input, against float64 PyTorch. The operands are
+    """The CUDA kernels themselves (test_cuda_phases.py emulates them on the CPU) on their layers: every forward
+    phase into a NaN-filled output, each phase's grad_input and grad_weight, against float64 PyTorch. The operands are
     TF32-exact, so only the float32 sums differ (Hopper's tensor cores also truncate as they accumulate: 1e-5)."""
     x, w, b, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31)
     regions = _regions(plan, False)
@@ -222,6 +222,15 @@ def test_cuda_phase_correlation_kernel(layer):
             ours = cuda_phases.phase_grad_input(g[index], w, plan, phase.axes)
             assert_close_rel(ours, phase_grad_input(g[index].double(), w.double(), plan, phase.axes), 1e-5,
                              "grad_input")
+        for phase in plan.nonempty_phases:
+            if cuda_phases.grad_weight_unsupported(plan, phase.axes, x.device, x.dtype, True) is not None:
+                continue
+            index = (slice(None), slice(None), *(slice(p.out_start, None, a.stride)
+                                                 for p, a in zip(phase.axes, plan.axes)))
+            offset, _, strides = _lattice_geometry(plan, phase.axes, g.stride())
+            ours = cuda_phases.phase_grad_weight(g, offset, strides, x, plan, phase.axes)
+            _, expected = aten_phase_backward(g.double(), index, x.double(), w.double(), plan, phase.axes, False, True)
+            assert_close_rel(ours, expected, 1e-5, "grad_weight")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

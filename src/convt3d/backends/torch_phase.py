@@ -236,8 +236,8 @@ def _cuda_module():
 
 
 @functools.lru_cache(maxsize=256)
-def _log_once(what: str, plan: Plan, reason: str) -> None:
-    logger.debug("convt3d: %s of %s by cuDNN, not the CUDA phase correlation: %s", what, plan.key, reason)
+def _log_once(what: str, plan: Plan, reason: str, fallback: str = "cuDNN") -> None:
+    logger.debug("convt3d: %s of %s by %s, not the CUDA kernel: %s", what, plan.key, fallback, reason)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -1,5 +1,5 @@
-"""CUDA C++ kernels of our own, compiled at run time by NVRTC, for what Triton does not reach: the phase correlation
-on Hopper's wgmma tensor-core instructions (phase_conv.py).
+"""CUDA C++ kernels of our own, compiled at run time by NVRTC, for what Triton does not reach: on Hopper's wgmma
+tensor-core instructions, the phase correlation (phase_conv.py) and a phase's weight gradient (grad_weight.py).
 
 Compiled through torch.cuda._compile_kernel (torch 2.11 and later; a private API, so every failure to find or use it
 falls back to cuDNN, logged at debug level), once per configuration, and launched here through the driver's
@@ -20,7 +20,7 @@ import torch
 
 from ..triton import cdiv  # (these two import no Triton)
 from ..triton.launch import _current_stream
-from . import phase_conv
+from . import grad_weight, phase_conv
 
 ENABLED = os.environ.get("CONVT3D_CUDA_KERNELS", "1") != "0"
 
@@ -34,14 +34,9 @@ def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, 
                            dilation) -> str | None:
     """None when the wgmma phase correlation serves a correlation of c_in -> c_out channels with these taps and tap
     dilations on this device, else a short reason."""
-    if not ENABLED:
-        return "CONVT3D_CUDA_KERNELS=0"
-    if device.type != "cuda" or _capability(device.index or 0) != ARCHITECTURE:
-        return f"needs an sm_90 GPU (Hopper), got {device}"
-    if dtype != torch.float32 or not torch.backends.cudnn.allow_tf32:
-        return "TF32 float32 only (torch.backends.cudnn.allow_tf32)"
-    if groups != 1:
-        return "groups > 1"
+    reason = _unsupported_setting(device, dtype, groups)
+    if reason is not None:
+        return reason
     if c_in not in (32, 64) or c_out % 8 or not (c_out <= 64 or c_out % 64 == 0):
         return f"channels {c_in} -> {c_out} (needs 32 or 64 in, a multiple of 8 up to 64, or of 64, out)"
     if _compile_kernel() is None:
@@ -53,6 +48,19 @@ def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, 
                 tuple(dilation), False)
     except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: any failure means cuDNN)
         return f"compiling the kernel failed: {error}"
+    return None
+
+
+def _unsupported_setting(device: torch.device, dtype: torch.dtype, groups: int) -> str | None:
+    """What both kernels need: enabled, an sm_90 GPU, float32 in TF32 mode, one group."""
+    if not ENABLED:
+        return "CONVT3D_CUDA_KERNELS=0"
+    if device.type != "cuda" or _capability(device.index or 0) != ARCHITECTURE:
+        return f"needs an sm_90 GPU (Hopper), got {device}"
+    if dtype != torch.float32 or not torch.backends.cudnn.allow_tf32:
+        return "TF32 float32 only (torch.backends.cudnn.allow_tf32)"
+    if groups != 1:
+        return "groups > 1"
     return None
 
 
@@ -84,12 +92,13 @@ def config(c_in: int, c_out: int, taps, dilation):
 class _Kernel:
     """A compiled kernel and its launches: cuLaunchKernel with an argument array kept per argument values."""
 
-    def __init__(self, source: str, shared_bytes: int):
-        kernel = _compile_kernel()(source, "phase_conv", compute_capability="90a")
+    def __init__(self, source: str, name: str, shared_bytes: int, threads: int):
+        kernel = _compile_kernel()(source, name, compute_capability="90a")
         kernel.set_shared_memory_config(shared_bytes)
         self.function = kernel.func
         self._keep = kernel  # holds the module loaded
         self.shared_bytes = shared_bytes
+        self.threads = threads
         self._arrays = {}
         self._lock = threading.Lock()
 
@@ -108,7 +117,7 @@ class _Kernel:
         with self._lock:  # the driver reads the array during the call
             for slot, address in zip(values, pointers):
                 slot.value = address
-            _check(_driver().cuLaunchKernel(self.function, grid, 1, 1, 128, 1, 1, self.shared_bytes, stream, array,
+            _check(_driver().cuLaunchKernel(self.function, grid, 1, 1, self.threads, 1, 1, self.shared_bytes, stream, array,
                                             None))
 
 
@@ -133,7 +142,7 @@ def _check(result: int) -> None:
 def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool) -> _Kernel:
     rows, cob, smem = config(c_in, c_out, taps, dilation)
     with torch.cuda.device(device_index):
-        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias), smem)
+        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias), "phase_conv", smem, 128)
 
 
 def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets) -> tuple[int, int, int]:
@@ -166,3 +175,89 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
     pointers = (window.data_ptr(), weight_taps.data_ptr(),
                 bias.data_ptr() if bias is not None else weight_taps.data_ptr(), out.data_ptr() + 4 * out_offset)
     kernel.launch(programs, pointers, ints, tuple(out_strides), _current_stream(device))
+
+
+def grad_weight_kernel_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,
+                            dilation) -> str | None:
+    """None when grad_weight.py's kernel computes the weight gradient of a phase correlation reading c_in channels
+    of the input with these taps and tap dilations into c_out channels, else a short reason."""
+    reason = _unsupported_setting(device, dtype, groups)
+    if reason is not None:
+        return reason
+    if c_in % 16 or c_out % 8 or not (c_out <= 64 or c_out % 64 == 0):
+        return f"channels {c_in} -> {c_out} (needs a multiple of 16 in, a multiple of 8 up to 64, or of 64, out)"
+    if _compile_kernel() is None:
+        return "torch.cuda._compile_kernel is missing"
+    if grad_weight_config(c_in, c_out, tuple(taps), tuple(dilation)) is None:
+        return "the input's row rings do not fit in shared memory"
+    try:  # compiled here, once per layer (the callers cache this answer), so that a failure falls back
+        _grad_weight_kernel(device.index if device.index is not None else torch.cuda.current_device(), c_in, c_out,
+                            tuple(taps), tuple(dilation))
+    except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: any failure falls back)
+        return f"compiling the kernel failed: {error}"
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def grad_weight_config(c_in: int, c_out: int, taps, dilation):
+    """(output channels per program, tiles of 64 GEMM rows per program, programs along the rows, depth taps per
+    program, shared bytes) or None where the shared memory does not suffice. A program takes at most
+    2 x MAX_TILES_PER_WARPGROUP tiles; the rows (tap, channel) are split evenly among as few programs as that allows,
+    so that each reads grad_output as few times as possible."""
+    kd, kh, kw = taps
+    cob = min(c_out, 64)
+    tiles = cdiv(kd * kh * kw * c_in, 64)
+    groups = cdiv(tiles, 2 * grad_weight.MAX_TILES_PER_WARPGROUP)
+    per_program = cdiv(tiles, groups)
+    groups = cdiv(tiles, per_program)
+    planes = 1
+    for group in range(groups):
+        first_tap = group * per_program * 64 // c_in
+        last_tap = min((min((group + 1) * per_program, tiles) * 64 - 1) // c_in, kd * kh * kw - 1)
+        planes = max(planes, last_tap // (kh * kw) - first_tap // (kh * kw) + 1)
+    smem = grad_weight.shared_bytes(c_in, cob, taps, dilation, planes)
+    return None if smem > MAX_SHARED_BYTES else (cob, per_program, groups, planes, smem)
+
+
+@functools.lru_cache(maxsize=256)
+def _grad_weight_kernel(device_index: int, c_in: int, c_out: int, taps, dilation) -> _Kernel:
+    cob, per_program, _, planes, smem = grad_weight_config(c_in, c_out, taps, dilation)
+    with torch.cuda.device(device_index):
+        return _Kernel(grad_weight.source(c_in, c_out, cob, taps, dilation, per_program, planes), "phase_grad_weight", smem,
+                       grad_weight.THREADS)
+
+
+def grad_weight_splits(c_in: int, c_out: int, taps, dilation, grid, batch: int, sms: int) -> int:
+    """How many runs of grid rows the reduction is split into: enough programs for one per multiprocessor, each
+    run at least one row; where there are more (n, qd, column block) planes than runs, whole planes per run."""
+    cob, _, groups, _, _ = grad_weight_config(c_in, c_out, tuple(taps), tuple(dilation))
+    qd, qh, qw = grid
+    planes = batch * qd * cdiv(qw, TILE_COLUMNS)
+    wanted = max(1, sms // (groups * (c_out // cob)))
+    if planes >= wanted:
+        return cdiv(planes, cdiv(planes, wanted))
+    return max(1, min(wanted, planes * qh))
+
+
+def correlate_grad_weight(input: torch.Tensor, grad_output: torch.Tensor, lattice_offset: int, lattice_strides, grid,
+                          starts, taps, dilation, splits: int) -> torch.Tensor:
+    """The weight gradient of a phase correlation (grad_weight.py): (C_in, C_out, taps per axis), the phase's taps in
+    ascending order, float32. input (N, C_in, D, H, W) with any strides; grad_output's lattice of the phase at
+    element lattice_offset with lattice_strides (N, C_out, QD, QH, QW), over grid (QD, QH, QW); starts: per axis the
+    input position of grid position 0 with tap 0 (the correlation reads start + q + k * dilation)."""
+    n, c_in, xd, xh, xw = input.shape
+    c_out = grad_output.shape[1]
+    device = input.device.index or 0
+    cob, per_program, groups, _, _ = grad_weight_config(c_in, c_out, tuple(taps), tuple(dilation))
+    kernel = _grad_weight_kernel(device, c_in, c_out, tuple(taps), tuple(dilation))
+    qd, qh, qw = grid
+    qw_blocks = cdiv(qw, TILE_COLUMNS)
+    rows = n * qd * qh * qw_blocks
+    if rows == 0:
+        return torch.zeros((c_in, c_out, *taps), dtype=torch.float32, device=input.device)
+    partial = torch.empty((splits, c_in, c_out, *taps), dtype=torch.float32, device=input.device)  # all written
+    ints = (xd, xh, xw, *starts, qd, qh, qw, qw_blocks, per_program, splits)
+    longs = (rows, *input.stride(), *lattice_strides)
+    kernel.launch(splits * groups * (c_out // cob), (input.data_ptr(), grad_output.data_ptr() + 4 * lattice_offset,
+                                                     partial.data_ptr()), ints, longs, _current_stream(device))
+    return partial.sum(0) if splits > 1 else partial[0]

@@ -23,6 +23,24 @@ Measured on the H200 for problem 77's phase (eleventh session, benchmarks/diag_c
 129 us under Nsight Compute against 154 for the same with mma.sync and 142 for cuDNN's kernel.
 """
 
+# What both wgmma kernels (this one and grad_weight.py's) use: shared-memory addresses, the weight-side descriptor and
+# the MMA (WGMMA_ASM is replaced by wgmma_asm(N)).
+WGMMA_HELPERS = r"""
+__device__ __forceinline__ unsigned smem_addr(const float* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ unsigned long long b_desc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32)
+           | (1ull << 62);
+}
+
+// d += A (64 x 8, from registers) x B (8 x COB, shared memory through desc).
+__device__ __forceinline__ void wgmma(float* d, const unsigned* a, unsigned long long desc) {
+    WGMMA_ASM
+}
+
+"""
+
 SOURCE = r"""
 #define BW 32
 #define HH (BH + (KH - 1) * DH)
@@ -36,8 +54,6 @@ SOURCE = r"""
 #define B_STAGE (KB * COB * 32)             // floats per weight stage
 #define STAGES 4                            // the stage refilled at tap t was read by tap t - 2's MMAs
 #define OCS (BH * BW + 4)                   // a channel's floats in the staged output tile
-
-__device__ __forceinline__ unsigned smem_addr(const float* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 // Four 8 x (4 floats) matrices, one row address per lane: lane l gets element (l / 4, l % 4) of each, the A
 // fragment layout of a TF32 MMA with 16 rows and 8 channels when lanes address the rows accordingly.
@@ -72,17 +88,6 @@ __device__ __forceinline__ void copy_weight(float* stage, const float* w_tap, in
         const int oc = e / (C_IN / 4), c4 = e % (C_IN / 4), kb = c4 / 8, c = c4 % 8;
         cp_async16(stage + (kb * COB + oc) * 32 + ((c ^ (oc & 7)) << 2), w_tap + (long long)oc * C_IN + c4 * 4);
     }
-}
-
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
-__device__ __forceinline__ unsigned long long b_desc(unsigned addr) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32)
-           | (1ull << 62);
-}
-
-// d += A (64 x 8, from registers) x B (8 x COB, shared memory through desc).
-__device__ __forceinline__ void wgmma(float* d, const unsigned* a, unsigned long long desc) {
-    WGMMA_ASM
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -212,7 +217,7 @@ def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: b
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
                    HAS_BIAS=int(has_bias))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return head + SOURCE.replace("WGMMA_ASM", wgmma_asm(cob))
+    return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob))
 
 
 def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int) -> int:

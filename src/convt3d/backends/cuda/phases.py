@@ -1,8 +1,10 @@
-"""The phase decomposition's convolutions through the CUDA phase correlation (phase_conv.py) instead of cuDNN.
+"""The phase decomposition's convolutions through the CUDA kernels (phase_conv.py, grad_weight.py) instead of cuDNN
+and Triton.
 
 Forward: one window of the input serves every phase that some tap reaches (each phase reads it from its own offset),
 and each phase's correlation writes the output's lattice of that phase directly, bias included: no copy of the
-phase's result into the output. grad_input: each phase's part from a window of its grad_output lattice.
+phase's result into the output. grad_input: each phase's part from a window of its grad_output lattice. grad_weight:
+each phase's slice straight from the input and grad_output's lattice, no copy of either.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import functools
 import torch
 
 from ...plan import Plan
+from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands
-from . import correlate, phase_conv_unsupported, window_extent
+from . import (correlate, correlate_grad_weight, grad_weight_kernel_unsupported, grad_weight_splits,
+               phase_conv_unsupported, window_extent)
 
 
 def _taps(phases, ascending: bool):
@@ -94,10 +98,48 @@ def _grad_input_geometry(plan: Plan, phases):
 def phase_grad_input(lattice: torch.Tensor, weight: torch.Tensor, plan: Plan, phases) -> torch.Tensor:
     """The phase's part of grad_input from lattice, grad_output's lattice of the phase (any strides): (N, C_in, D,
     H, W), contiguous."""
+    return phase_grad_input_in_place(lattice, 0, lattice.stride(), weight, plan, phases)
+
+
+def phase_grad_input_in_place(grad_output: torch.Tensor, lattice_offset: int, lattice_strides, weight: torch.Tensor,
+                              plan: Plan, phases) -> torch.Tensor:
+    """phase_grad_input of the lattice that starts at element lattice_offset of grad_output with lattice_strides
+    (torch_phase._lattice_geometry's): read in place, with no view made (a view's host time shows on the GPU)."""
     start, extent, counts, firsts, steps, dilation, grid = _grad_input_geometry(plan, phases)
-    window, weight_taps = correlation_operands(lattice, 0, lattice.shape, lattice.stride(),
+    shape = (plan.batch, plan.out_channels, *(p.out_count for p in phases))
+    window, weight_taps = correlation_operands(grad_output, lattice_offset, shape, lattice_strides,
                                                start, extent, weight, grad_input_orientation=True)
-    grad_input = torch.empty((plan.batch, plan.in_channels, *grid), dtype=lattice.dtype, device=lattice.device)
+    grad_input = torch.empty((plan.batch, plan.in_channels, *grid), dtype=grad_output.dtype,
+                             device=grad_output.device)
     correlate(window, weight_taps, None, grad_input, 0, grad_input.stride(), grid, (0, 0, 0), counts, firsts, steps,
               dilation)
     return grad_input
+
+
+@functools.lru_cache(maxsize=256)
+def grad_weight_unsupported(plan: Plan, phases, device: torch.device, dtype: torch.dtype, tf32: bool) -> str | None:
+    """None when grad_weight.py's kernel computes this phase's slice of grad_weight, else why not."""
+    del tf32
+    counts, _, _ = _taps(phases, ascending=False)
+    return grad_weight_kernel_unsupported(device, dtype, plan.in_channels, plan.out_channels, plan.groups, counts,
+                                          tuple(p.input_dilation for p in phases))
+
+
+@functools.lru_cache(maxsize=256)
+def _grad_weight_geometry(plan: Plan, phases, sms: int):
+    """(grid, input starts, taps, dilation, splits) of a phase's weight gradient."""
+    counts, _, _ = _taps(phases, ascending=False)
+    dilation = tuple(p.input_dilation for p in phases)
+    grid = tuple(p.out_count for p in phases)
+    splits = grad_weight_splits(plan.in_channels, plan.out_channels, counts, dilation, grid, plan.batch, sms)
+    return grid, tuple(p.input_start for p in phases), counts, dilation, splits
+
+
+def phase_grad_weight(grad_output: torch.Tensor, lattice_offset: int, lattice_strides, input: torch.Tensor,
+                      plan: Plan, phases) -> torch.Tensor:
+    """The phase's slice of grad_weight, (C_in, C_out, the phase's taps in ascending order), from the input and the
+    lattice that starts at element lattice_offset of grad_output with lattice_strides, both read in place."""
+    sms = _sm_count(input.device.index or 0) if input.is_cuda else 1
+    grid, starts, taps, dilation, splits = _grad_weight_geometry(plan, phases, sms)
+    return correlate_grad_weight(input, grad_output, lattice_offset, lattice_strides, grid, starts, taps, dilation,
+                                 splits)

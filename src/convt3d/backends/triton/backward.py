@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from ..cuda.phases import grad_input_unsupported, phase_grad_input as cuda_phase_grad_input
+from ..cuda import phases as cuda_phases
 from ..torch_phase import _lattice_geometry, _log_once, _phase_input, phase_grad_input
 from . import cdiv, interpreted, next_power_of_2
 from .forward import TF32, _round_to_tf32, _sm_count, precision_for
@@ -298,31 +298,53 @@ OFFSETS_64_FROM = 2**31
 
 
 def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_input: bool, need_weight: bool):
-    """One phase's parts of the gradients on CUDA (torch_phase.conv_transpose3d_backward's phase_backward): one launch
-    copies grad_output's lattice and the input's windows out, then grad_input (the CUDA phase correlation, or cuDNN),
-    then the Triton grad_weight.
+    """One phase's parts of the gradients on CUDA (torch_phase.conv_transpose3d_backward's phase_backward).
+
+    Where the CUDA kernels serve both (sm_90, TF32; backends/cuda), they read grad_output's lattice and the input in
+    place: no copy. Elsewhere one launch copies the lattice out (and the input's windows for the Triton weight
+    gradient), then grad_input (the CUDA phase correlation, or cuDNN), then grad_weight (CUDA or Triton).
 
     grad_input by cuDNN: on the H200 (problem 77) 0.55 ms against 0.74-0.93 for a Triton implicit GEMM on the
     phase's channels-last padded lattice (commit b8c8054, removed since; benchmarks/RESULTS.md). It comes first:
-    its convolution is a long kernel that keeps the GPU busy while the host prepares the Triton weight gradient;
-    on a second stream beside it the weight gradient measured within run-to-run spread (sixth session)."""
+    its convolution is a long kernel that keeps the GPU busy while the host prepares the weight gradient; on a
+    second stream beside it the weight gradient measured within run-to-run spread (sixth session)."""
+    tf32 = torch.backends.cudnn.allow_tf32
+    input_by_cuda = need_input and _served("grad_input", cuda_phases.grad_input_unsupported, plan, phases, input,
+                                           tf32, "cuDNN")
+    weight_by_cuda = need_weight and _served("grad_weight", cuda_phases.grad_weight_unsupported, plan, phases, input,
+                                             tf32, "Triton")
+    if input_by_cuda == need_input and weight_by_cuda == need_weight:
+        offset, _, strides = _lattice_geometry(plan, phases, grad_output.stride())
+        part_input = cuda_phases.phase_grad_input_in_place(grad_output, offset, strides, weight, plan, phases) \
+            if need_input else None
+        part_weight = cuda_phases.phase_grad_weight(grad_output, offset, strides, input, plan, phases) \
+            if need_weight else None
+        return part_input, part_weight
     precision = precision_for(input.dtype)
-    lattice, windows = phase_operands(grad_output, input if need_weight else None, plan, phases, precision)
-    part_input = _phase_grad_input(lattice, weight, plan, phases) if need_input else None
-    part_weight = phase_grad_weight(lattice, input, plan, phases, precision, lattice_rounded=precision == TF32,
-                                    windows=windows) if need_weight else None
+    lattice, windows = phase_operands(grad_output, input if need_weight and not weight_by_cuda else None, plan,
+                                      phases, precision)
+    part_input = part_weight = None
+    if input_by_cuda:
+        part_input = cuda_phases.phase_grad_input(lattice, weight, plan, phases)
+    elif need_input:
+        part_input = phase_grad_input(lattice, weight, plan, phases)
+    if weight_by_cuda:
+        part_weight = cuda_phases.phase_grad_weight(lattice, 0, lattice.stride(), input, plan, phases)
+    elif need_weight:
+        part_weight = phase_grad_weight(lattice, input, plan, phases, precision, lattice_rounded=precision == TF32,
+                                        windows=windows)
     return part_input, part_weight
 
 
-def _phase_grad_input(lattice, weight, plan: Plan, phases):
-    """The phase's part of grad_input: by the CUDA phase correlation where it serves (sm_90, TF32; on the H200
-    problem 77's took 0.285-0.295 ms with its operand pass against 0.323-0.324 for cuDNN's convolution alone, whose
-    layout conversions it also saves: benchmarks/RESULTS.md, twelfth session), else cuDNN."""
-    reason = grad_input_unsupported(plan, phases, lattice.device, lattice.dtype, torch.backends.cudnn.allow_tf32)
-    if reason is None:
-        return cuda_phase_grad_input(lattice, weight, plan, phases)
-    _log_once("grad_input", plan, reason)
-    return phase_grad_input(lattice, weight, plan, phases)
+def _served(what: str, unsupported, plan: Plan, phases, input, tf32: bool, fallback: str) -> bool:
+    """Whether the CUDA kernel computes `what` of this phase (unsupported: cuda.phases' cached check); why not is
+    logged once at debug level. grad_input by the CUDA phase correlation: on the H200, problem 77's took
+    0.285-0.295 ms with its operand pass against 0.323-0.324 for cuDNN's convolution alone, whose layout conversions
+    it also saves (benchmarks/RESULTS.md, twelfth session)."""
+    reason = unsupported(plan, phases, input.device, input.dtype, tf32)
+    if reason is not None:
+        _log_once(what, plan, reason, fallback)
+    return reason is None
 
 
 def phase_operands(grad_output, input, plan: Plan, phases, precision: int):

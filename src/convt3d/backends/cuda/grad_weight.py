@@ -1,0 +1,236 @@
+"""CUDA C++ source of a phase's weight gradient on Hopper's tensor cores (wgmma, TF32), compiled at run time by NVRTC.
+
+Within a phase the forward is the correlation y[n, o, q] = sum over taps k and channels i of x[n, i, start + q + k *
+dil] * w[tap(k), o, i] (phase_conv.py), so the phase's slice of grad_weight is one GEMM,
+
+    grad[i, o, k] = sum over n and q of x[n, i, start + q + k * dil] * g[n, o, q],
+
+with g grad_output's lattice of the phase. Rows of the GEMM are (tap k, channel i), columns the COB output channels
+of a block, and the reduction runs over every position q of the phase's grid: 864 x 64 x 262144 for problem 77.
+Both operands are read in place: x from the input (any strides, zero outside it) and g from grad_output (the
+lattice's strides), TF32-rounded to nearest as they are staged in shared memory. No copy of either is made.
+
+A program is two warpgroups (256 threads); each owns up to MT tiles of 64 rows, accumulated in registers, and the
+program walks its share of the reduction one grid row (n, qd, qh, 32 columns) at a time. Per row it stages g's
+row (COB x 32, K-major, 128-byte swizzled: wgmma's B operand through a descriptor, as phase_conv.py's weight) and
+one new row of x per depth tap it needs (C_IN x HW columns, in a ring of R rows per depth tap, so that the KH taps
+of a row reuse what earlier rows loaded). The A fragments come from the ring by 32-bit loads at each tap's offset:
+odd offsets (a tap dilation of 1) rule out wider loads and descriptors, and a row pitch P = 4 (mod 32) makes the
+fragment loads free of bank conflicts. Registers carry the next row's elements across the current row's MMAs.
+
+A program's reduction share is a contiguous run of grid rows; its partial sums go to partial[split] in the phase's
+slice layout (C_in, C_out, taps ascending: the phase stores taps descending, so index T - 1 - k per axis), summed
+over splits afterwards in a fixed order: deterministic.
+"""
+
+from .phase_conv import WGMMA_HELPERS, wgmma_asm
+
+SOURCE = r"""
+#define THREADS 256
+#define BW 32
+#define HW (BW + (KW - 1) * DW)                // x columns a 32-column row reads
+#define SPAN ((KH - 1) * DH + 1)               // x rows one grid row reads per depth tap
+#define ROWF (C_IN * P)                        // one x row in the ring: C_IN channels of P floats
+#define PLANEF (R * ROWF)                      // one depth tap's ring
+#define TAPS (KD * KH * KW)
+#define TILES ((TAPS * C_IN + 63) / 64)
+#define G_STAGE (COB * 32)                     // floats of one staged g row
+#define G_STAGES 3                             // the stage written after row i's MMAs was read by row i - 2's
+#define X_ELEMS (NPL * C_IN * HW)              // new x elements per grid row
+#define X_PER_THREAD ((X_ELEMS + THREADS - 1) / THREADS)
+#define G_PER_THREAD (G_STAGE / THREADS)
+
+// 4 bytes from global to shared memory, asynchronously; zeros where not inside (nothing is read then).
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool inside) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(smem_addr(dst)), "l"(src), "r"(inside ? 4 : 0));
+}
+
+__device__ __forceinline__ float round_tf32(float v) {  // to nearest, ties away from zero (cvt.rna.tf32.f32)
+    return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xFFFFE000u);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ partial,
+                  int XD, int XH, int XW, int start_d, int start_h, int start_w, int QD, int QH, int QW,
+                  int qw_blocks, int tiles_per_program, int splits, long long rows_total,
+                  long long sxn, long long sxc, long long sxd, long long sxh, long long sxw,
+                  long long sgn, long long sgc, long long sgd, long long sgh, long long sgw)
+{
+    extern __shared__ __align__(1024) float4 smem4[];
+    float* g_ring = (float*)smem4;                  // [G_STAGES][COB][32], swizzled
+    float* x_ring = g_ring + G_STAGES * G_STAGE;    // [NPL][R][C_IN][P]
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, gr = lane >> 2, t = lane & 3;
+    // Programs: output-channel blocks fastest, then tile groups (together they share the same rows in L2), splits.
+    int program = blockIdx.x;
+    const int cb = program % (C_OUT / COB); program /= C_OUT / COB;
+    const int groups = (TILES + tiles_per_program - 1) / tiles_per_program;
+    const int tile_group = program % groups, split = program / groups;
+    const int first_tile = tile_group * tiles_per_program;
+    const int end_tile = min(first_tile + tiles_per_program, TILES);
+    const int kd_first = first_tile * 64 / C_IN / (KH * KW);  // the program's first depth tap: ring 0
+
+    // Per tile of this warpgroup: the fragment's offset in the rings (depth tap's ring, channel, column) and its
+    // row tap's kh * DH. Rows past the program's last tap (tiles past its last, the last tile's padding) read that
+    // tap, in the program's rings, and are not stored.
+    const int last_tap = min((end_tile * 64 - 1) / C_IN, TAPS - 1);
+    int a_offset[MT], kh_rows[MT];
+    #pragma unroll
+    for (int m = 0; m < MT; m++) {
+        const int row = (first_tile + wg * MT + m) * 64 + 16 * warp;
+        const int tap = min(row / C_IN, last_tap), ci = row % C_IN + gr;
+        a_offset[m] = (tap / (KH * KW) - kd_first) * PLANEF + ci * P + (tap % KW) * DW + t;
+        kh_rows[m] = (tap / KW % KH) * DH;
+    }
+    float d[MT][COB / 2];
+    #pragma unroll
+    for (int m = 0; m < MT; m++)
+        #pragma unroll
+        for (int k = 0; k < COB / 2; k++) d[m][k] = 0.f;
+    unsigned a[2][MT][4];
+
+    // x element e of window row hx (rows from start_h): its place, (depth tap's ring, channel, column) of a ring
+    // row; then where it lies in the input and whether inside (else zero). g element e of grid row qh likewise:
+    // (output channel, column) of a stage.
+    #define X_PLACE(e, hx)                                                                                          \
+        const int plane = (e) / (C_IN * HW), ci = (e) / HW % C_IN, c = (e) % HW;                                   \
+        float* dst = x_ring + plane * PLANEF + ((hx) % R) * ROWF + ci * P + c;
+    #define X_SOURCE(hx)                                                                                            \
+        const int xd = d_first + plane * DD, xh = start_h + (hx), xw = w_first + c;                                \
+        const bool inside = xd >= 0 && xd < XD && xh >= 0 && xh < XH && xw >= 0 && xw < XW;                        \
+        const float* src = x_n + (inside ? ci * sxc + xd * sxd + xh * sxh + xw * sxw : 0);
+    #define G_PLACE(e, stage)                                                                                       \
+        const int oc = (e) / 32, c = (e) % 32;                                                                      \
+        float* dst = g_ring + (stage) * G_STAGE + oc * 32 + (((c >> 2) ^ (oc & 7)) << 2) + (c & 3);
+    #define G_SOURCE(qh)                                                                                            \
+        const bool inside = qw0 + c < QW;                                                                           \
+        const float* src = g_row + (inside ? oc * sgc + (qh) * sgh + c * sgw : 0);
+    // A ring row of x, or a stage of g: copied by 4-byte cp.async (zero-filled outside), then, once arrived,
+    // rounded in place by the thread that copied it.
+    #define COPY_X_ROW(hx)                                                                                          \
+        _Pragma("unroll") for (int j = 0; j < X_PER_THREAD; j++)                                                    \
+            if (tid + j * THREADS < X_ELEMS) { X_PLACE(tid + j * THREADS, hx) X_SOURCE(hx) cp_async4(dst, src, inside); }
+    #define ROUND_X_ROW(hx)                                                                                         \
+        _Pragma("unroll") for (int j = 0; j < X_PER_THREAD; j++)                                                    \
+            if (tid + j * THREADS < X_ELEMS) { X_PLACE(tid + j * THREADS, hx) *dst = round_tf32(*dst); }
+    #define COPY_G_ROW(qh, stage)                                                                                   \
+        _Pragma("unroll") for (int j = 0; j < G_PER_THREAD; j++) {                                                  \
+            G_PLACE(tid + j * THREADS, stage) G_SOURCE(qh) cp_async4(dst, src, inside); }
+    #define ROUND_G_ROW(stage)                                                                                      \
+        _Pragma("unroll") for (int j = 0; j < G_PER_THREAD; j++) {                                                  \
+            G_PLACE(tid + j * THREADS, stage) *dst = round_tf32(*dst); }
+
+    const long long first_row = rows_total * split / splits, end_row = rows_total * (split + 1) / splits;
+    for (long long row = first_row; row < end_row;) {
+        // A segment: rows h0 .. h1 - 1 of one (n, qd, column block).
+        long long plane_index = row / QH;
+        const int h0 = (int)(row % QH), h1 = (int)min((long long)QH, h0 + (end_row - row));
+        const int qw0 = (int)(plane_index % qw_blocks) * BW;
+        plane_index /= qw_blocks;
+        const int qd = (int)(plane_index % QD);
+        const long long n = plane_index / QD;
+        const float* x_n = x + n * sxn;
+        const float* g_row = g + n * sgn + (long long)(cb * COB) * sgc + qd * sgd + qw0 * sgw;
+        const int d_first = start_d + qd + kd_first * DD, w_first = start_w + qw0;
+
+        // Once everything before is done with shared memory: the first row's SPAN x rows and its g row, all in
+        // flight at once.
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        __syncthreads();
+        for (int hx = h0; hx < h0 + SPAN; hx++) { COPY_X_ROW(hx) }
+        COPY_G_ROW(h0, 0)
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        for (int hx = h0; hx < h0 + SPAN; hx++) { ROUND_X_ROW(hx) }
+        ROUND_G_ROW(0)
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // stores visible to the tensor cores
+        __syncthreads();
+
+        for (int qh = h0; qh < h1; qh++) {
+            const int i = qh - h0;
+            const bool more = qh + 1 < h1;
+            // The next row's new x row and g row, in flight during this row's MMAs: ring row (qh + SPAN) % R was last
+            // read by row qh - 1 (R > SPAN), whose loads every thread finished before the last barrier; g stage
+            // (i + 1) % 3 by row i - 2's MMAs, done before it.
+            if (more) {
+                COPY_X_ROW(qh + SPAN)
+                COPY_G_ROW(qh + 1, (i + 1) % G_STAGES)
+            }
+            const unsigned stage = smem_addr(g_ring + (i % G_STAGES) * G_STAGE);
+            #pragma unroll
+            for (int ks = 0; ks < BW / 8; ks++) {
+                // A fragments double-buffered: buffer ks & 1 was read by the group before last, done once at most
+                // one group (the previous k-step's) is in flight.
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                #pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    const float* at = x_ring + a_offset[m] + ((qh + kh_rows[m]) % R) * ROWF + 8 * ks;
+                    a[ks & 1][m][0] = __float_as_uint(at[0]);
+                    a[ks & 1][m][1] = __float_as_uint(at[8 * P]);
+                    a[ks & 1][m][2] = __float_as_uint(at[4]);
+                    a[ks & 1][m][3] = __float_as_uint(at[8 * P + 4]);
+                }
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                const unsigned long long desc = b_desc(stage + 4 * 8 * ks);
+                // Every tile, also those past the program's last (they read the last tap and are not stored): a
+                // condition around wgmma makes the compiler serialize them.
+                #pragma unroll
+                for (int m = 0; m < MT; m++) wgmma(d[m], a[ks & 1][m], desc);
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            }
+            if (more) {
+                asm volatile("cp.async.wait_all;\n" ::: "memory");
+                ROUND_X_ROW(qh + SPAN)
+                ROUND_G_ROW((i + 1) % G_STAGES)
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+        }
+        row += h1 - h0;
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+
+    // Accumulator element (row 16 * warp + gr (+ 8), column 8 j + 2 t (+ 1)) of each tile.
+    #pragma unroll
+    for (int m = 0; m < MT; m++) {
+        const int tile = first_tile + wg * MT + m;
+        if (tile >= end_tile) continue;  // (a warpgroup-uniform condition: no MMA follows)
+        #pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = tile * 64 + 16 * warp + gr + 8 * half, tap = r / C_IN, ci = r % C_IN;
+            if (tap >= TAPS) continue;
+            const int ascending = ((KD - 1 - tap / (KH * KW)) * KH + KH - 1 - tap / KW % KH) * KW + KW - 1 - tap % KW;
+            float* out = partial + (((long long)split * C_IN + ci) * C_OUT + cb * COB + 2 * t) * TAPS + ascending;
+            #pragma unroll
+            for (int j = 0; j < COB / 8; j++) {
+                out[(8 * j) * TAPS] = d[m][4 * j + 2 * half];
+                out[(8 * j + 1) * TAPS] = d[m][4 * j + 2 * half + 1];
+            }
+        }
+    }
+}
+"""
+
+THREADS = 256
+MAX_TILES_PER_WARPGROUP = 4  # MT: 4 tiles of 64 x 64 are 128 accumulator registers a thread
+G_STAGES = 3
+
+
+def row_pitch(c_in: int, kw: int, dw: int) -> int:
+    """P: the floats of one channel's x row in the ring, at least the HW columns a grid row reads and 4 (mod 32)."""
+    columns = 32 + (kw - 1) * dw
+    return columns + (4 - columns) % 32
+
+
+def shared_bytes(c_in: int, cob: int, taps, dilation, planes: int) -> int:
+    (_, kh, kw), (_, dh, dw) = taps, dilation
+    ring_rows = (kh - 1) * dh + 2
+    return 4 * (G_STAGES * cob * 32 + planes * ring_rows * c_in * row_pitch(c_in, kw, dw))
+
+
+def source(c_in: int, c_out: int, cob: int, taps, dilation, tiles_per_program: int, planes: int) -> str:
+    """The kernel's source for one configuration: sizes as macros, so that every loop unrolls. Each warpgroup
+    takes half the program's tiles (rounded up)."""
+    (kd, kh, kw), (dd, dh, dw) = taps, dilation
+    defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, NPL=planes,
+                   MT=-(-tiles_per_program // 2), R=(kh - 1) * dh + 2, P=row_pitch(c_in, kw, dw))
+    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
+    return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob))
