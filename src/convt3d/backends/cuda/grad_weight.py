@@ -35,7 +35,7 @@ SOURCE = r"""
 #define TAPS (KD * KH * KW)
 #define TILES ((TAPS * C_IN + 63) / 64)
 #define G_STAGE (COB * 32)                     // floats of one staged g row
-#define G_STAGES 3                             // the stage written after row i's MMAs was read by row i - 2's
+#define G_STAGES (AHEAD + 2)                    // rows i - 1 .. i + AHEAD in use at row i
 #define X_ELEMS (NPL * C_IN * HW)              // new x elements per grid row
 #define X_PER_THREAD ((X_ELEMS + THREADS - 1) / THREADS)
 #define G_PER_THREAD (G_STAGE / THREADS)
@@ -44,6 +44,9 @@ SOURCE = r"""
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, bool inside) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(smem_addr(dst)), "l"(src), "r"(inside ? 4 : 0));
 }
+
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
 
 __device__ __forceinline__ float round_tf32(float v) {  // to nearest, ties away from zero (cvt.rna.tf32.f32)
     return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xFFFFE000u);
@@ -132,13 +135,22 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
         const float* g_row = g + n * sgn + (long long)(cb * COB) * sgc + qd * sgd + qw0 * sgw;
         const int d_first = start_d + qd + kd_first * DD, w_first = start_w + qw0;
 
-        // Once everything before is done with shared memory: the first row's SPAN x rows and its g row, all in
-        // flight at once.
+        // Once everything before is done with shared memory: the first row's SPAN x rows and its g row (copy group
+        // 0), and the new rows of the next AHEAD - 1 grid rows (one group each, empty past the segment), all in flight
+        // at once; group 0 rounded once arrived.
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         __syncthreads();
         for (int hx = h0; hx < h0 + SPAN; hx++) { COPY_X_ROW(hx) }
         COPY_G_ROW(h0, 0)
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        cp_commit();
+        for (int r = 1; r < AHEAD; r++) {
+            if (h0 + r < h1) {
+                COPY_X_ROW(h0 + SPAN - 1 + r)
+                COPY_G_ROW(h0 + r, r)
+            }
+            cp_commit();
+        }
+        cp_wait<AHEAD - 1>();
         for (int hx = h0; hx < h0 + SPAN; hx++) { ROUND_X_ROW(hx) }
         ROUND_G_ROW(0)
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // stores visible to the tensor cores
@@ -146,14 +158,14 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
 
         for (int qh = h0; qh < h1; qh++) {
             const int i = qh - h0;
-            const bool more = qh + 1 < h1;
-            // The next row's new x row and g row, in flight during this row's MMAs: ring row (qh + SPAN) % R was last
-            // read by row qh - 1 (R > SPAN), whose loads every thread finished before the last barrier; g stage
-            // (i + 1) % 3 by row i - 2's MMAs, done before it.
-            if (more) {
-                COPY_X_ROW(qh + SPAN)
-                COPY_G_ROW(qh + 1, (i + 1) % G_STAGES)
+            // Row qh + AHEAD's new x row and g row, in flight during the next AHEAD rows' MMAs. The rows in use
+            // span qh .. qh + SPAN + AHEAD - 2, so its ring row is row qh - 1's, whose loads every thread finished
+            // before the last barrier; its g stage (i + AHEAD) % (AHEAD + 2) is row i - 2's, whose MMAs are done.
+            if (qh + AHEAD < h1) {
+                COPY_X_ROW(qh + SPAN - 1 + AHEAD)
+                COPY_G_ROW(qh + AHEAD, (i + AHEAD) % G_STAGES)
             }
+            cp_commit();
             const unsigned stage = smem_addr(g_ring + (i % G_STAGES) * G_STAGE);
             #pragma unroll
             for (int ks = 0; ks < BW / 8; ks++) {
@@ -176,8 +188,9 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
                 for (int m = 0; m < MT; m++) wgmma(d[m], a[ks & 1][m], desc);
                 asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             }
-            if (more) {
-                asm volatile("cp.async.wait_all;\n" ::: "memory");
+            // The next row's copies (AHEAD - 1 groups ago) arrived: rounded in place by the threads that made them.
+            cp_wait<AHEAD - 1>();
+            if (qh + 1 < h1) {
                 ROUND_X_ROW(qh + SPAN)
                 ROUND_G_ROW((i + 1) % G_STAGES)
             }
@@ -211,7 +224,7 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
 
 THREADS = 256
 MAX_TILES_PER_WARPGROUP = 4  # MT: 4 tiles of 64 x 64 are 128 accumulator registers a thread
-G_STAGES = 3
+AHEAD = 4  # grid rows whose copies are in flight while a row's MMAs run
 
 
 def row_pitch(c_in: int, kw: int, dw: int) -> int:
@@ -222,8 +235,8 @@ def row_pitch(c_in: int, kw: int, dw: int) -> int:
 
 def shared_bytes(c_in: int, cob: int, taps, dilation, planes: int) -> int:
     (_, kh, kw), (_, dh, dw) = taps, dilation
-    ring_rows = (kh - 1) * dh + 2
-    return 4 * (G_STAGES * cob * 32 + planes * ring_rows * c_in * row_pitch(c_in, kw, dw))
+    ring_rows = (kh - 1) * dh + 1 + AHEAD
+    return 4 * ((AHEAD + 2) * cob * 32 + planes * ring_rows * c_in * row_pitch(c_in, kw, dw))
 
 
 def source(c_in: int, c_out: int, cob: int, taps, dilation, tiles_per_program: int, planes: int) -> str:
@@ -231,6 +244,6 @@ def source(c_in: int, c_out: int, cob: int, taps, dilation, tiles_per_program: i
     takes half the program's tiles (rounded up)."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, NPL=planes,
-                   MT=-(-tiles_per_program // 2), R=(kh - 1) * dh + 2, P=row_pitch(c_in, kw, dw))
+                   MT=-(-tiles_per_program // 2), AHEAD=AHEAD, R=(kh - 1) * dh + 1 + AHEAD, P=row_pitch(c_in, kw, dw))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob))

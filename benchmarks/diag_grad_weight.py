@@ -1,0 +1,87 @@
+"""Problem 77's weight gradient on the H200: the CUDA kernel (backends/cuda/grad_weight.py) at several prefetch depths
+against the Triton path (operand copies + kernel), and forward+backward of the module with each (GPU).
+
+    PYTHONPATH=src python3 benchmarks/diag_grad_weight.py [--iters 50] [--ahead 2 4 6]
+
+Rows: bench.protocol.time_cuda's mean and minimum (L2 flushed before each call), relative error against float64.
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import convt3d
+from convt3d.backends import cuda
+from convt3d.backends.cuda import grad_weight, phases as cuda_phases
+from convt3d.backends.torch_phase import _lattice_geometry, _regions
+from convt3d.backends.triton import backward as triton_backward
+from convt3d.backends.triton.forward import TF32
+from convt3d.bench.protocol import relative_error, time_cuda
+from convt3d.plan import make_plan
+
+P77 = dict(stride=2, padding=1, dilation=2)
+
+
+def set_ahead(ahead: int) -> None:
+    grad_weight.AHEAD = ahead
+    cuda.grad_weight_config.cache_clear()
+    cuda._grad_weight_kernel.cache_clear()
+    cuda_phases._grad_weight_geometry.cache_clear()
+    cuda_phases.grad_weight_unsupported.cache_clear()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--ahead", type=int, nargs="*", default=[2, 4, 6])
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    eager = torch.nn.ConvTranspose3d(32, 64, 3, bias=False, **P77).cuda()
+    layer = convt3d.convert(torch.nn.ConvTranspose3d(32, 64, 3, bias=False, **P77).cuda())
+    layer.load_state_dict(eager.state_dict())
+    x = torch.rand(16, 32, 16, 32, 32, device="cuda")
+    grad = torch.randn(16, 64, 33, 65, 65, device="cuda")
+    x64 = x.double().requires_grad_()
+    w64 = eager.weight.detach().double().requires_grad_()
+    F.conv_transpose3d(x64, w64, None, **P77).backward(grad.double())
+    plan = make_plan(tuple(x.shape), tuple(eager.weight.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
+    (phases,) = tuple(p for _, p in _regions(plan, True) if p is not None)
+    offset, _, strides = _lattice_geometry(plan, phases, grad.stride())
+    rows = []
+
+    def row(what, fn, reference=None):
+        t = time_cuda(fn, iters=args.iters)
+        err = relative_error(fn(), reference) if reference is not None else float("nan")
+        rows.append((what, t.mean_ms, t.min_ms, err))
+        print(rows[-1], flush=True)
+
+    xg = x.clone().requires_grad_()
+
+    def fwd_bwd(module):
+        def run():
+            module.zero_grad(set_to_none=True)
+            xg.grad = None
+            module(xg).backward(grad)
+        return run
+
+    def triton_weight():
+        copied, windows = triton_backward.phase_operands(grad, x, plan, phases, TF32)
+        return triton_backward.phase_grad_weight(copied, x, plan, phases, TF32, lattice_rounded=True, windows=windows)
+
+    row("grad_weight, Triton (operand copies + kernel)", triton_weight, w64.grad)
+    for ahead in args.ahead:
+        set_ahead(ahead)
+        config = cuda.grad_weight_config(32, 64, (3, 3, 3), (1, 1, 1))
+        row(f"grad_weight, CUDA, {ahead} rows ahead ({config[-1]} B shared)",
+            lambda: cuda_phases.phase_grad_weight(grad, offset, strides, x, plan, phases), w64.grad)
+        row(f"forward+backward (module), CUDA grad_weight {ahead} ahead", fwd_bwd(layer))
+    row("eager forward+backward", fwd_bwd(eager))
+    print("| what | mean ms | min ms | rel. err. vs float64 |")
+    print("|---|---|---|---|")
+    for what, mean, low, err in rows:
+        print(f"| {what} | {mean:.4f} | {low:.4f} | {err:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
