@@ -256,8 +256,9 @@ def correlate_grad_weight(input: torch.Tensor, grad_output: torch.Tensor, lattic
     if rows == 0:
         return torch.zeros((c_in, c_out, *taps), dtype=torch.float32, device=input.device)
     partial = torch.empty((splits, c_in, c_out, *taps), dtype=torch.float32, device=input.device)  # all written
-    ints = (xd, xh, xw, *starts, qd, qh, qw, qw_blocks, per_program, splits)
-    longs = (rows, *input.stride(), *lattice_strides)
+    ints = (xd, xh, xw, *starts, qd, qh, qw, qw_blocks, per_program, splits, *input.stride()[1:],
+            *lattice_strides[1:])
+    longs = (rows, input.stride(0), lattice_strides[0])
     kernel.launch(splits * groups * (c_out // cob), (input.data_ptr(), grad_output.data_ptr() + 4 * lattice_offset,
                                                      partial.data_ptr()), ints, longs, _current_stream(device))
     return partial.sum(0) if splits > 1 else partial[0]

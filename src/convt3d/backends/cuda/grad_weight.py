@@ -36,9 +36,6 @@ SOURCE = r"""
 #define TILES ((TAPS * C_IN + 63) / 64)
 #define G_STAGE (COB * 32)                     // floats of one staged g row
 #define G_STAGES (AHEAD + 2)                    // rows i - 1 .. i + AHEAD in use at row i
-#define X_ELEMS (NPL * C_IN * HW)              // new x elements per grid row
-#define X_PER_THREAD ((X_ELEMS + THREADS - 1) / THREADS)
-#define G_PER_THREAD (G_STAGE / THREADS)
 
 // 4 bytes from global to shared memory, asynchronously; zeros where not inside (nothing is read then).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, bool inside) {
@@ -55,9 +52,8 @@ __device__ __forceinline__ float round_tf32(float v) {  // to nearest, ties away
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ partial,
                   int XD, int XH, int XW, int start_d, int start_h, int start_w, int QD, int QH, int QW,
-                  int qw_blocks, int tiles_per_program, int splits, long long rows_total,
-                  long long sxn, long long sxc, long long sxd, long long sxh, long long sxw,
-                  long long sgn, long long sgc, long long sgd, long long sgh, long long sgw)
+                  int qw_blocks, int tiles_per_program, int splits, int sxc, int sxd, int sxh, int sxw,
+                  int sgc, int sgd, int sgh, int sgw, long long rows_total, long long sxn, long long sgn)
 {
     extern __shared__ __align__(1024) float4 smem4[];
     float* g_ring = (float*)smem4;                  // [G_STAGES][COB][32], swizzled
@@ -91,36 +87,58 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
         for (int k = 0; k < COB / 2; k++) d[m][k] = 0.f;
     unsigned a[2][MT][4];
 
-    // x element e of window row hx (rows from start_h): its place, (depth tap's ring, channel, column) of a ring
-    // row; then where it lies in the input and whether inside (else zero). g element e of grid row qh likewise:
-    // (output channel, column) of a stage.
-    #define X_PLACE(e, hx)                                                                                          \
-        const int plane = (e) / (C_IN * HW), ci = (e) / HW % C_IN, c = (e) % HW;                                   \
-        float* dst = x_ring + plane * PLANEF + ((hx) % R) * ROWF + ci * P + c;
-    #define X_SOURCE(hx)                                                                                            \
-        const int xd = d_first + plane * DD, xh = start_h + (hx), xw = w_first + c;                                \
-        const bool inside = xd >= 0 && xd < XD && xh >= 0 && xh < XH && xw >= 0 && xw < XW;                        \
-        const float* src = x_n + (inside ? ci * sxc + xd * sxd + xh * sxh + xw * sxw : 0);
-    #define G_PLACE(e, stage)                                                                                       \
-        const int oc = (e) / 32, c = (e) % 32;                                                                      \
-        float* dst = g_ring + (stage) * G_STAGE + oc * 32 + (((c >> 2) ^ (oc & 7)) << 2) + (c & 3);
-    #define G_SOURCE(qh)                                                                                            \
-        const bool inside = qw0 + c < QW;                                                                           \
-        const float* src = g_row + (inside ? oc * sgc + (qh) * sgh + c * sgw : 0);
-    // A ring row of x, or a stage of g: copied by 4-byte cp.async (zero-filled outside), then, once arrived,
-    // rounded in place by the thread that copied it.
+    // The copies: warp v takes channel rows v, v + 8, ... (x: (depth tap's ring, channel) of a ring row; g: output
+    // channels), its lanes the 32 columns, so that an element's address is the row's (the same for the warp) plus the
+    // lane's; offsets inside a sample are 32-bit (the launcher checks). A ring row of x or a stage of g is copied by
+    // 4-byte cp.async (zero-filled outside the input), then, once arrived, rounded in place by the same thread.
+    const int warp8 = tid >> 5;
+    float* const x_lane = x_ring + warp8 * P + lane;
+    float* const g_lane = g_ring + warp8 * 32 + ((((lane >> 2) ^ warp8) & 7) << 2) + (lane & 3);  // (oc & 7 == warp8)
+    // Columns 0..31 so; the HW - 32 columns past them (the taps' reach) flat over all threads, few per thread.
+    #define TAIL (HW - BW)
+    #define TAIL_ELEMENTS (NPL * C_IN * TAIL)
+    #define TAIL_PER_THREAD ((TAIL_ELEMENTS + THREADS - 1) / THREADS)
     #define COPY_X_ROW(hx)                                                                                          \
-        _Pragma("unroll") for (int j = 0; j < X_PER_THREAD; j++)                                                    \
-            if (tid + j * THREADS < X_ELEMS) { X_PLACE(tid + j * THREADS, hx) X_SOURCE(hx) cp_async4(dst, src, inside); }
+        {                                                                                                           \
+            const int xh = start_h + (hx), row_offset = x_first + xh * sxh;                                        \
+            const bool h_inside = xh >= 0 && xh < XH;                                                               \
+            float* const ring_row = x_ring + ((hx) % R) * ROWF;                                                    \
+            _Pragma("unroll") for (int k = 0; k < NPL * C_IN / 8; k++) {                                            \
+                const int plane = 8 * k / C_IN, ci = 8 * k % C_IN;  /* (plus warp8) */                              \
+                const bool inside = h_inside && d_inside[plane] && w_inside;                                        \
+                cp_async4(x_lane + ((hx) % R) * ROWF + plane * PLANEF + ci * P,                                     \
+                          inside ? x_n + (row_offset + ci * sxc + plane * DD * sxd + w_offset) : x_n, inside);      \
+            }                                                                                                       \
+            _Pragma("unroll") for (int j = 0; j < TAIL_PER_THREAD; j++) {                                           \
+                const int e = tid + j * THREADS, r = e / TAIL, c = BW + e % TAIL;                                   \
+                const int plane = r / C_IN, ci = r % C_IN, xd = d_first + plane * DD, xw = w_first + c;            \
+                const bool inside = e < TAIL_ELEMENTS && h_inside && xd >= 0 && xd < XD && xw >= 0 && xw < XW;     \
+                if (e < TAIL_ELEMENTS)                                                                              \
+                    cp_async4(ring_row + plane * PLANEF + ci * P + c,                                               \
+                              inside ? x_n + (ci * sxc + xd * sxd + xh * sxh + xw * sxw) : x_n, inside);            \
+            }                                                                                                       \
+        }
     #define ROUND_X_ROW(hx)                                                                                         \
-        _Pragma("unroll") for (int j = 0; j < X_PER_THREAD; j++)                                                    \
-            if (tid + j * THREADS < X_ELEMS) { X_PLACE(tid + j * THREADS, hx) *dst = round_tf32(*dst); }
+        {                                                                                                           \
+            _Pragma("unroll") for (int k = 0; k < NPL * C_IN / 8; k++) {                                            \
+                float* const at = x_lane + ((hx) % R) * ROWF + (8 * k / C_IN) * PLANEF + (8 * k % C_IN) * P;       \
+                *at = round_tf32(*at);                                                                              \
+            }                                                                                                       \
+            _Pragma("unroll") for (int j = 0; j < TAIL_PER_THREAD; j++) {                                           \
+                const int e = tid + j * THREADS, r = e / TAIL;                                                      \
+                float* const at = x_ring + ((hx) % R) * ROWF + (r / C_IN) * PLANEF + (r % C_IN) * P + BW + e % TAIL; \
+                if (e < TAIL_ELEMENTS) *at = round_tf32(*at);                                                       \
+            }                                                                                                       \
+        }
     #define COPY_G_ROW(qh, stage)                                                                                   \
-        _Pragma("unroll") for (int j = 0; j < G_PER_THREAD; j++) {                                                  \
-            G_PLACE(tid + j * THREADS, stage) G_SOURCE(qh) cp_async4(dst, src, inside); }
+        _Pragma("unroll") for (int k = 0; k < COB / 8; k++)                                                         \
+            cp_async4(g_lane + (stage) * G_STAGE + 8 * k * 32, g_inside ? g_n + (g_first + 8 * k * sgc + (qh) * sgh) \
+                      : g_n, g_inside);
     #define ROUND_G_ROW(stage)                                                                                      \
-        _Pragma("unroll") for (int j = 0; j < G_PER_THREAD; j++) {                                                  \
-            G_PLACE(tid + j * THREADS, stage) *dst = round_tf32(*dst); }
+        _Pragma("unroll") for (int k = 0; k < COB / 8; k++) {                                                       \
+            float* const at = g_lane + (stage) * G_STAGE + 8 * k * 32;                                              \
+            *at = round_tf32(*at);                                                                                  \
+        }
 
     const long long first_row = rows_total * split / splits, end_row = rows_total * (split + 1) / splits;
     for (long long row = first_row; row < end_row;) {
@@ -131,9 +149,19 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
         plane_index /= qw_blocks;
         const int qd = (int)(plane_index % QD);
         const long long n = plane_index / QD;
+        // This segment's bases: the sample's, this thread's first elements' offsets in it, and which of its columns
+        // and depth taps lie inside the input.
         const float* x_n = x + n * sxn;
-        const float* g_row = g + n * sgn + (long long)(cb * COB) * sgc + qd * sgd + qw0 * sgw;
+        const float* g_n = g + n * sgn;
         const int d_first = start_d + qd + kd_first * DD, w_first = start_w + qw0;
+        const int x_first = warp8 * sxc + d_first * sxd;
+        const int g_first = (cb * COB + warp8) * sgc + qd * sgd + (qw0 + lane) * sgw;
+        const bool g_inside = qw0 + lane < QW;
+        bool d_inside[NPL];
+        #pragma unroll
+        for (int p = 0; p < NPL; p++) d_inside[p] = d_first + p * DD >= 0 && d_first + p * DD < XD;
+        const bool w_inside = w_first + lane >= 0 && w_first + lane < XW;
+        const int w_offset = (w_first + lane) * sxw;
 
         // Once everything before is done with shared memory: the first row's SPAN x rows and its g row (copy group
         // 0), and the new rows of the next AHEAD - 1 grid rows (one group each, empty past the segment), all in flight
