@@ -49,6 +49,14 @@ def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, 
     out.as_strided((n, c_out, qd, qh, qw), out_strides, out.storage_offset() + out_offset).copy_(y)
 
 
+def row_aligned(x: torch.Tensor) -> torch.Tensor:
+    """x as a view whose rows start 16 bytes apart (padded to a multiple of 4 elements, the padding NaN), as the CUDA
+    weight gradient reads them."""
+    padded = x.new_full((*x.shape[:4], -(-x.shape[4] // 4) * 4), float("nan"))
+    padded[..., :x.shape[4]] = x
+    return padded[..., :x.shape[4]]
+
+
 def emulated_correlate_grad_weight(input, grad_output, lattice_offset, lattice_strides, grid, starts, taps, dilation,
                                    splits):
     """What grad_weight.py's kernel computes, in float64: grad[i, o, T - 1 - k] = sum over n and q of
@@ -154,12 +162,22 @@ def test_phase_backward_reads_grad_output_in_place(layer, monkeypatch):
     monkeypatch.setattr(cuda_phases, "grad_weight_unsupported", lambda *args: None)
     monkeypatch.setattr(backward, "phase_operands", None)  # (no copy may be made)
     x, w, _, plan, args = _layer(*layer, seed=random.randrange(2**31))
+    x = row_aligned(x)
     g = round_tf32(torch.randn(plan.output_shape, device=DEVICE))
     grad_input, grad_weight = conv_transpose3d_backward(g, x, w, plan, phase_backward=backward.phase_backward)
     x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
     F.conv_transpose3d(x64, w64, **args).backward(g.double())
     assert_close_rel(grad_input, x64.grad, 1e-6, "grad_input")
     assert_close_rel(grad_weight, w64.grad, 1e-6, "grad_weight")
+
+
+def test_grad_weight_operands_check():
+    x = torch.randn(2, 32, 3, 4, 9)
+    g_shape, g_strides = (2, 64, 3, 4, 9), (6912, 108, 36, 9, 1)
+    assert "aligned" in cuda.grad_weight_operands_unsupported(x, g_shape, g_strides)  # rows of 9 floats
+    assert cuda.grad_weight_operands_unsupported(row_aligned(x), g_shape, g_strides) is None
+    assert "aligned" in cuda.grad_weight_operands_unsupported(row_aligned(x).transpose(3, 4), g_shape, g_strides)
+    assert "2**31" in cuda.grad_weight_operands_unsupported(row_aligned(x), (2, 64, 3, 4, 9), (0, 2**30, 36, 9, 1))
 
 
 def test_grad_weight_config():

@@ -11,9 +11,10 @@ import torch.nn.functional as F
 
 import convt3d
 from conftest import assert_close_rel
+from convt3d.backends import cuda
 from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.torch_phase import _lattice_geometry, _regions, aten_phase_backward, phase_grad_input
-from test_cuda_phases import LAYERS as CUDA_PHASE_LAYERS, _layer as cuda_phase_layer
+from test_cuda_phases import LAYERS as CUDA_PHASE_LAYERS, _layer as cuda_phase_layer, row_aligned as cuda_phase_row_aligned
 
 pytestmark = pytest.mark.gpu
 
@@ -227,8 +228,10 @@ def test_cuda_phase_correlation_kernel(layer):
                 continue
             index = (slice(None), slice(None), *(slice(p.out_start, None, a.stride)
                                                  for p, a in zip(phase.axes, plan.axes)))
-            offset, _, strides = _lattice_geometry(plan, phase.axes, g.stride())
-            ours = cuda_phases.phase_grad_weight(g, offset, strides, x, plan, phase.axes)
+            offset, shape, strides = _lattice_geometry(plan, phase.axes, g.stride())
+            aligned = cuda_phase_row_aligned(x)  # (the kernel reads 16-byte aligned input rows)
+            assert cuda.grad_weight_operands_unsupported(aligned, shape, strides) is None
+            ours = cuda_phases.phase_grad_weight(g, offset, strides, aligned, plan, phase.axes)
             _, expected = aten_phase_backward(g.double(), index, x.double(), w.double(), plan, phase.axes, False, True)
             assert_close_rel(ours, expected, 1e-5, "grad_weight")
 

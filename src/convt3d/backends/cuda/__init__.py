@@ -239,10 +239,21 @@ def grad_weight_splits(c_in: int, c_out: int, taps, dilation, grid, batch: int, 
     return max(1, min(wanted, planes * qh))
 
 
+def grad_weight_operands_unsupported(input: torch.Tensor, lattice_shape, lattice_strides) -> str | None:
+    """None when grad_weight.py's kernel reads these operands as they lie, else why not: the input's rows contiguous
+    and every row 16-byte aligned (its 16-byte copies), offsets inside a sample 32-bit (input and lattice)."""
+    sample = lambda shape, strides: sum((size - 1) * stride for size, stride in zip(shape[1:], strides[1:]))
+    if input.stride(4) != 1 or input.data_ptr() % 16 or any(stride % 4 for stride in input.stride()[:4]):
+        return "the input's rows are not contiguous and 16-byte aligned"
+    if max(sample(input.shape, input.stride()), sample(lattice_shape, lattice_strides)) >= 2**31:
+        return "a sample spans 2**31 elements or more"
+    return None
+
+
 def correlate_grad_weight(input: torch.Tensor, grad_output: torch.Tensor, lattice_offset: int, lattice_strides, grid,
                           starts, taps, dilation, splits: int) -> torch.Tensor:
     """The weight gradient of a phase correlation (grad_weight.py): (C_in, C_out, taps per axis), the phase's taps in
-    ascending order, float32. input (N, C_in, D, H, W) with any strides; grad_output's lattice of the phase at
+    ascending order, float32. input (N, C_in, D, H, W) with strides grad_weight_operands_unsupported accepts; grad_output's lattice of the phase at
     element lattice_offset with lattice_strides (N, C_out, QD, QH, QW), over grid (QD, QH, QW); starts: per axis the
     input position of grid position 0 with tap 0 (the correlation reads start + q + k * dilation)."""
     n, c_in, xd, xh, xw = input.shape
@@ -256,7 +267,7 @@ def correlate_grad_weight(input: torch.Tensor, grad_output: torch.Tensor, lattic
     if rows == 0:
         return torch.zeros((c_in, c_out, *taps), dtype=torch.float32, device=input.device)
     partial = torch.empty((splits, c_in, c_out, *taps), dtype=torch.float32, device=input.device)  # all written
-    ints = (xd, xh, xw, *starts, qd, qh, qw, qw_blocks, per_program, splits, *input.stride()[1:],
+    ints = (xd, xh, xw, *starts, qd, qh, qw, qw_blocks, per_program, splits, *input.stride()[1:4],
             *lattice_strides[1:])
     longs = (rows, input.stride(0), lattice_strides[0])
     kernel.launch(splits * groups * (c_out // cob), (input.data_ptr(), grad_output.data_ptr() + 4 * lattice_offset,

@@ -29,30 +29,41 @@ SOURCE = r"""
 #define THREADS 256
 #define BW 32
 #define HW (BW + (KW - 1) * DW)                // x columns a 32-column row reads
+#define CHUNKS ((HW + 3 + 3) / 4)              // 16-byte chunks that cover them from a 16-byte boundary
 #define SPAN ((KH - 1) * DH + 1)               // x rows one grid row reads per depth tap
 #define ROWF (C_IN * P)                        // one x row in the ring: C_IN channels of P floats
 #define PLANEF (R * ROWF)                      // one depth tap's ring
 #define TAPS (KD * KH * KW)
 #define TILES ((TAPS * C_IN + 63) / 64)
 #define G_STAGE (COB * 32)                     // floats of one staged g row
-#define G_STAGES (AHEAD + 2)                    // rows i - 1 .. i + AHEAD in use at row i
+#define G_STAGES (AHEAD + 2)                   // rows i - 1 .. i + AHEAD in use at row i
+#define X_CHUNKS (NPL * C_IN * CHUNKS)         // x chunks of one ring row (every depth tap's)
+#define X_PER_THREAD ((X_CHUNKS + THREADS - 1) / THREADS)
+#define G_PER_THREAD (COB / 8)                 // g elements of one row per thread
 
-// 4 bytes from global to shared memory, asynchronously; zeros where not inside (nothing is read then).
+// 16 (x) or 4 (g) bytes from global to shared memory, asynchronously, the first `bytes` of them read and the rest
+// zero-filled (nothing is read where bytes is 0).
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, bool inside) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(smem_addr(dst)), "l"(src), "r"(inside ? 4 : 0));
 }
-
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
 
 __device__ __forceinline__ float round_tf32(float v) {  // to nearest, ties away from zero (cvt.rna.tf32.f32)
     return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xFFFFE000u);
 }
+__device__ __forceinline__ void round_tf32_in_place(float4* at) {
+    float4 v = *at;
+    *at = make_float4(round_tf32(v.x), round_tf32(v.y), round_tf32(v.z), round_tf32(v.w));
+}
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, float* __restrict__ partial,
                   int XD, int XH, int XW, int start_d, int start_h, int start_w, int QD, int QH, int QW,
-                  int qw_blocks, int tiles_per_program, int splits, int sxc, int sxd, int sxh, int sxw,
+                  int qw_blocks, int tiles_per_program, int splits, int sxc, int sxd, int sxh,
                   int sgc, int sgd, int sgh, int sgw, long long rows_total, long long sxn, long long sgn)
 {
     extern __shared__ __align__(1024) float4 smem4[];
@@ -67,6 +78,9 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
     const int first_tile = tile_group * tiles_per_program;
     const int end_tile = min(first_tile + tiles_per_program, TILES);
     const int kd_first = first_tile * 64 / C_IN / (KH * KW);  // the program's first depth tap: ring 0
+    // x is copied in 16-byte chunks from the one that holds the first column a row reads (w = start_w + qw0, qw0 a
+    // multiple of 32), so that column lies `shift` floats into its ring row.
+    const int shift = start_w & 3;
 
     // Per tile of this warpgroup: the fragment's offset in the rings (depth tap's ring, channel, column) and its
     // row tap's kh * DH. Rows past the program's last tap (tiles past its last, the last tile's padding) read that
@@ -77,7 +91,7 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
     for (int m = 0; m < MT; m++) {
         const int row = (first_tile + wg * MT + m) * 64 + 16 * warp;
         const int tap = min(row / C_IN, last_tap), ci = row % C_IN + gr;
-        a_offset[m] = (tap / (KH * KW) - kd_first) * PLANEF + ci * P + (tap % KW) * DW + t;
+        a_offset[m] = (tap / (KH * KW) - kd_first) * PLANEF + ci * P + shift + (tap % KW) * DW + t;
         kh_rows[m] = (tap / KW % KH) * DH;
     }
     float d[MT][COB / 2];
@@ -87,119 +101,120 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
         for (int k = 0; k < COB / 2; k++) d[m][k] = 0.f;
     unsigned a[2][MT][4];
 
-    // The copies: warp v takes channel rows v, v + 8, ... (x: (depth tap's ring, channel) of a ring row; g: output
-    // channels), its lanes the 32 columns, so that an element's address is the row's (the same for the warp) plus the
-    // lane's; offsets inside a sample are 32-bit (the launcher checks). A ring row of x or a stage of g is copied by
-    // 4-byte cp.async (zero-filled outside the input), then, once arrived, rounded in place by the same thread.
+    // The copies. x: ring row chunks, flat over the threads (thread tid takes chunks tid, tid + THREADS, ...: (depth
+    // tap's ring, channel, chunk)), read whole where inside the input, zero outside, the partial chunk at the right
+    // edge zero-filled past it. g: warp v takes output channels v, v + 8, ..., its lanes the 32 columns, 4 bytes
+    // each (the lattice's columns are not contiguous). Offsets inside a sample are 32-bit (the launcher checks).
+    // Once arrived, each thread rounds what it copied, in place. Part `part` (of 4) of each, so that the copies
+    // and roundings of a row spread over its four k-steps' MMAs. Threads past the last x chunk copy and round the
+    // last chunk again (a branch would make the compiler serialize the MMAs): the same bytes, and rounding twice
+    // rounds once, in whatever order the two threads' copies land and roundings run, each after its own copy.
     const int warp8 = tid >> 5;
-    float* const x_lane = x_ring + warp8 * P + lane;
     float* const g_lane = g_ring + warp8 * 32 + ((((lane >> 2) ^ warp8) & 7) << 2) + (lane & 3);  // (oc & 7 == warp8)
-    // Columns 0..31 so; the HW - 32 columns past them (the taps' reach) flat over all threads, few per thread.
-    #define TAIL (HW - BW)
-    #define TAIL_ELEMENTS (NPL * C_IN * TAIL)
-    #define TAIL_PER_THREAD ((TAIL_ELEMENTS + THREADS - 1) / THREADS)
-    #define COPY_X_ROW(hx)                                                                                          \
-        {                                                                                                           \
-            const int xh = start_h + (hx), row_offset = x_first + xh * sxh;                                        \
-            const bool h_inside = xh >= 0 && xh < XH;                                                               \
-            float* const ring_row = x_ring + ((hx) % R) * ROWF;                                                    \
-            _Pragma("unroll") for (int k = 0; k < NPL * C_IN / 8; k++) {                                            \
-                const int plane = 8 * k / C_IN, ci = 8 * k % C_IN;  /* (plus warp8) */                              \
-                const bool inside = h_inside && d_inside[plane] && w_inside;                                        \
-                cp_async4(x_lane + ((hx) % R) * ROWF + plane * PLANEF + ci * P,                                     \
-                          inside ? x_n + (row_offset + ci * sxc + plane * DD * sxd + w_offset) : x_n, inside);      \
-            }                                                                                                       \
-            _Pragma("unroll") for (int j = 0; j < TAIL_PER_THREAD; j++) {                                           \
-                const int e = tid + j * THREADS, r = e / TAIL, c = BW + e % TAIL;                                   \
-                const int plane = r / C_IN, ci = r % C_IN, xd = d_first + plane * DD, xw = w_first + c;            \
-                const bool inside = e < TAIL_ELEMENTS && h_inside && xd >= 0 && xd < XD && xw >= 0 && xw < XW;     \
-                if (e < TAIL_ELEMENTS)                                                                              \
-                    cp_async4(ring_row + plane * PLANEF + ci * P + c,                                               \
-                              inside ? x_n + (ci * sxc + xd * sxd + xh * sxh + xw * sxw) : x_n, inside);            \
-            }                                                                                                       \
-        }
-    #define ROUND_X_ROW(hx)                                                                                         \
-        {                                                                                                           \
-            _Pragma("unroll") for (int k = 0; k < NPL * C_IN / 8; k++) {                                            \
-                float* const at = x_lane + ((hx) % R) * ROWF + (8 * k / C_IN) * PLANEF + (8 * k % C_IN) * P;       \
+    #define X_CHUNK(j, hx)                                                                                          \
+        const int e = min(tid + (j) * THREADS, X_CHUNKS - 1), r = e / CHUNKS, chunk = e % CHUNKS, plane = r / C_IN, ci = r % C_IN;    \
+        float4* const at = (float4*)(x_ring + ((hx) % R) * ROWF + plane * PLANEF + ci * P + 4 * chunk);
+    #define COPY_X(hx, part, enabled)                                                                               \
+        _Pragma("unroll") for (int j = 0; j < X_PER_THREAD; j++)                                                    \
+            if (j % 4 == (part)) {                                                                                  \
+                X_CHUNK(j, hx)                                                                                      \
+                const int xd = d_first + plane * DD, xh = start_h + (hx), xw = w_first - shift + 4 * chunk;        \
+                const bool inside = (enabled) && xd >= 0 && xd < XD && xh >= 0 && xh < XH && xw >= 0 && xw < XW;  \
+                cp_async16((float*)at, inside ? x_n + (ci * sxc + xd * sxd + xh * sxh + xw) : x_n,                 \
+                           inside ? 4 * min(4, XW - xw) : 0);                                                       \
+            }
+    #define ROUND_X(hx, part)                                                                                       \
+        _Pragma("unroll") for (int j = 0; j < X_PER_THREAD; j++)                                                    \
+            if (j % 4 == (part)) {                                                                                  \
+                X_CHUNK(j, hx)                                                                                      \
+                round_tf32_in_place(at);                                                                            \
+            }
+    #define COPY_G(qh, stage, part, enabled)                                                                        \
+        _Pragma("unroll") for (int k = 0; k < G_PER_THREAD; k++)                                                    \
+            if (k % 4 == (part))                                                                                    \
+                cp_async4(g_lane + (stage) * G_STAGE + 8 * k * 32,                                                  \
+                          g_inside && (enabled) ? g_n + (g_first + 8 * k * sgc + (qh) * sgh) : g_n, g_inside && (enabled));
+    #define ROUND_G(stage, part)                                                                                    \
+        _Pragma("unroll") for (int k = 0; k < G_PER_THREAD; k++)                                                    \
+            if (k % 4 == (part)) {                                                                                  \
+                float* const at = g_lane + (stage) * G_STAGE + 8 * k * 32;                                          \
                 *at = round_tf32(*at);                                                                              \
-            }                                                                                                       \
-            _Pragma("unroll") for (int j = 0; j < TAIL_PER_THREAD; j++) {                                           \
-                const int e = tid + j * THREADS, r = e / TAIL;                                                      \
-                float* const at = x_ring + ((hx) % R) * ROWF + (r / C_IN) * PLANEF + (r % C_IN) * P + BW + e % TAIL; \
-                if (e < TAIL_ELEMENTS) *at = round_tf32(*at);                                                       \
-            }                                                                                                       \
-        }
-    #define COPY_G_ROW(qh, stage)                                                                                   \
-        _Pragma("unroll") for (int k = 0; k < COB / 8; k++)                                                         \
-            cp_async4(g_lane + (stage) * G_STAGE + 8 * k * 32, g_inside ? g_n + (g_first + 8 * k * sgc + (qh) * sgh) \
-                      : g_n, g_inside);
-    #define ROUND_G_ROW(stage)                                                                                      \
-        _Pragma("unroll") for (int k = 0; k < COB / 8; k++) {                                                       \
-            float* const at = g_lane + (stage) * G_STAGE + 8 * k * 32;                                              \
-            *at = round_tf32(*at);                                                                                  \
-        }
+            }
+    #define ALL_PARTS(step) step(0) step(1) step(2) step(3)
 
     const long long first_row = rows_total * split / splits, end_row = rows_total * (split + 1) / splits;
     for (long long row = first_row; row < end_row;) {
-        // A segment: rows h0 .. h1 - 1 of one (n, qd, column block).
+        // A segment: rows h0 .. h1 - 1 of one (n, qd, column block), and its bases: the sample's and this thread's
+        // g offset in it.
         long long plane_index = row / QH;
         const int h0 = (int)(row % QH), h1 = (int)min((long long)QH, h0 + (end_row - row));
         const int qw0 = (int)(plane_index % qw_blocks) * BW;
         plane_index /= qw_blocks;
         const int qd = (int)(plane_index % QD);
         const long long n = plane_index / QD;
-        // This segment's bases: the sample's, this thread's first elements' offsets in it, and which of its columns
-        // and depth taps lie inside the input.
         const float* x_n = x + n * sxn;
         const float* g_n = g + n * sgn;
         const int d_first = start_d + qd + kd_first * DD, w_first = start_w + qw0;
-        const int x_first = warp8 * sxc + d_first * sxd;
         const int g_first = (cb * COB + warp8) * sgc + qd * sgd + (qw0 + lane) * sgw;
         const bool g_inside = qw0 + lane < QW;
-        bool d_inside[NPL];
-        #pragma unroll
-        for (int p = 0; p < NPL; p++) d_inside[p] = d_first + p * DD >= 0 && d_first + p * DD < XD;
-        const bool w_inside = w_first + lane >= 0 && w_first + lane < XW;
-        const int w_offset = (w_first + lane) * sxw;
 
-        // Once everything before is done with shared memory: the first row's SPAN x rows and its g row (copy group
-        // 0), and the new rows of the next AHEAD - 1 grid rows (one group each, empty past the segment), all in flight
-        // at once; group 0 rounded once arrived.
+        // Once everything before is done with shared memory (the MMAs, and the zero-filling copies past the last
+        // segment's end): the first row's SPAN x rows and its g row (copy group 0), and the new rows of the next
+        // AHEAD - 1 grid rows (one group each, empty past the segment), all in flight at once; group 0 rounded once
+        // arrived.
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        cp_wait<0>();
         __syncthreads();
-        for (int hx = h0; hx < h0 + SPAN; hx++) { COPY_X_ROW(hx) }
-        COPY_G_ROW(h0, 0)
+        for (int hx = h0; hx < h0 + SPAN; hx++) {
+            #define STEP(part) COPY_X(hx, part, true)
+            ALL_PARTS(STEP)
+            #undef STEP
+        }
+        #define STEP(part) COPY_G(h0, 0, part, true)
+        ALL_PARTS(STEP)
+        #undef STEP
         cp_commit();
         for (int r = 1; r < AHEAD; r++) {
             if (h0 + r < h1) {
-                COPY_X_ROW(h0 + SPAN - 1 + r)
-                COPY_G_ROW(h0 + r, r)
+                #define STEP(part) COPY_X(h0 + SPAN - 1 + r, part, true) COPY_G(h0 + r, r, part, true)
+                ALL_PARTS(STEP)
+                #undef STEP
             }
             cp_commit();
         }
         cp_wait<AHEAD - 1>();
-        for (int hx = h0; hx < h0 + SPAN; hx++) { ROUND_X_ROW(hx) }
-        ROUND_G_ROW(0)
+        for (int hx = h0; hx < h0 + SPAN; hx++) {
+            #define STEP(part) ROUND_X(hx, part)
+            ALL_PARTS(STEP)
+            #undef STEP
+        }
+        #define STEP(part) ROUND_G(0, part)
+        ALL_PARTS(STEP)
+        #undef STEP
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // stores visible to the tensor cores
         __syncthreads();
 
         for (int qh = h0; qh < h1; qh++) {
             const int i = qh - h0;
-            // Row qh + AHEAD's new x row and g row, in flight during the next AHEAD rows' MMAs. The rows in use
-            // span qh .. qh + SPAN + AHEAD - 2, so its ring row is row qh - 1's, whose loads every thread finished
-            // before the last barrier; its g stage (i + AHEAD) % (AHEAD + 2) is row i - 2's, whose MMAs are done.
-            if (qh + AHEAD < h1) {
-                COPY_X_ROW(qh + SPAN - 1 + AHEAD)
-                COPY_G_ROW(qh + AHEAD, (i + AHEAD) % G_STAGES)
-            }
-            cp_commit();
+            // Row qh + 1's copies (committed AHEAD - 1 rows ago) have arrived once at most the AHEAD - 2 groups
+            // after them are in flight.
+            cp_wait<AHEAD - 2>();
             const unsigned stage = smem_addr(g_ring + (i % G_STAGES) * G_STAGE);
             #pragma unroll
             for (int ks = 0; ks < BW / 8; ks++) {
                 // A fragments double-buffered: buffer ks & 1 was read by the group before last, done once at most
                 // one group (the previous k-step's) is in flight.
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                // While that group runs: a quarter of row qh + AHEAD's copies and of row qh + 1's rounding. Row
+                // qh + AHEAD's new x row takes ring row qh - 1's, whose loads every thread finished before the last
+                // barrier (the rows in use span qh .. qh + SPAN + AHEAD - 2, R = SPAN + AHEAD); its g stage (i +
+                // AHEAD) % (AHEAD + 2) is row i - 2's, whose MMAs are done. Without branches (a branch here makes
+                // the compiler serialize the MMAs): past the segment's end the copies write zeros and the rounding
+                // rounds what is there, in places no row of the segment reads.
+                COPY_X(qh + SPAN - 1 + AHEAD, ks, qh + AHEAD < h1)
+                COPY_G(qh + AHEAD, (i + AHEAD) % G_STAGES, ks, qh + AHEAD < h1)
+                ROUND_X(qh + SPAN, ks)
+                ROUND_G((i + 1) % G_STAGES, ks)
                 #pragma unroll
                 for (int m = 0; m < MT; m++) {
                     const float* at = x_ring + a_offset[m] + ((qh + kh_rows[m]) % R) * ROWF + 8 * ks;
@@ -216,13 +231,8 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
                 for (int m = 0; m < MT; m++) wgmma(d[m], a[ks & 1][m], desc);
                 asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
             }
-            // The next row's copies (AHEAD - 1 groups ago) arrived: rounded in place by the threads that made them.
-            cp_wait<AHEAD - 1>();
-            if (qh + 1 < h1) {
-                ROUND_X_ROW(qh + SPAN)
-                ROUND_G_ROW((i + 1) % G_STAGES)
-            }
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            cp_commit();
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the roundings visible to the tensor cores
             __syncthreads();
         }
         row += h1 - h0;
@@ -256,9 +266,11 @@ AHEAD = 4  # grid rows whose copies are in flight while a row's MMAs run
 
 
 def row_pitch(c_in: int, kw: int, dw: int) -> int:
-    """P: the floats of one channel's x row in the ring, at least the HW columns a grid row reads and 4 (mod 32)."""
-    columns = 32 + (kw - 1) * dw
-    return columns + (4 - columns) % 32
+    """P: the floats of one channel's x row in the ring: at least the 16-byte chunks that cover the HW columns a grid
+    row reads from a 16-byte boundary, and 4 times an odd number (mod 32), so that the 8 x 4 A-fragment loads of a
+    warp (8 channels, 4 columns) hit 32 different banks."""
+    columns = 4 * ((32 + (kw - 1) * dw + 3 + 3) // 4)
+    return next(p for p in range(columns, columns + 32) if p % 8 == 4)
 
 
 def shared_bytes(c_in: int, cob: int, taps, dilation, planes: int) -> int:

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from ..cuda import phases as cuda_phases
+from ..cuda import grad_weight_operands_unsupported as cuda_grad_weight_operands_unsupported, phases as cuda_phases
 from ..torch_phase import _lattice_geometry, _log_once, _phase_input, phase_grad_input
 from . import cdiv, interpreted, next_power_of_2
 from .forward import TF32, _round_to_tf32, _sm_count, precision_for
@@ -312,7 +312,7 @@ def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_i
     input_by_cuda = need_input and _served("grad_input", cuda_phases.grad_input_unsupported, plan, phases, input,
                                            tf32, "cuDNN")
     weight_by_cuda = need_weight and _served("grad_weight", cuda_phases.grad_weight_unsupported, plan, phases, input,
-                                             tf32, "Triton")
+                                             tf32, "Triton") and _operands_served(grad_output, input, plan, phases)
     if input_by_cuda == need_input and weight_by_cuda == need_weight:
         offset, _, strides = _lattice_geometry(plan, phases, grad_output.stride())
         part_input = cuda_phases.phase_grad_input_in_place(grad_output, offset, strides, weight, plan, phases) \
@@ -334,6 +334,16 @@ def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_i
         part_weight = phase_grad_weight(lattice, input, plan, phases, precision, lattice_rounded=precision == TF32,
                                         windows=windows)
     return part_input, part_weight
+
+
+def _operands_served(grad_output, input, plan: Plan, phases) -> bool:
+    """Whether the CUDA weight gradient reads these tensors as they lie (backends/cuda: aligned input rows, 32-bit
+    offsets in a sample); why not is logged at debug level."""
+    _, shape, strides = _lattice_geometry(plan, phases, grad_output.stride())
+    reason = cuda_grad_weight_operands_unsupported(input, shape, strides)
+    if reason is not None:
+        _log_once("grad_weight", plan, reason, "Triton")
+    return reason is None
 
 
 def _served(what: str, unsupported, plan: Plan, phases, input, tf32: bool, fallback: str) -> bool:
