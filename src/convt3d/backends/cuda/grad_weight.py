@@ -112,7 +112,8 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
     const int warp8 = tid >> 5;
     float* const g_lane = g_ring + warp8 * 32 + ((((lane >> 2) ^ warp8) & 7) << 2) + (lane & 3);  // (oc & 7 == warp8)
     #define X_CHUNK(j, hx)                                                                                          \
-        const int e = min(tid + (j) * THREADS, X_CHUNKS - 1), r = e / CHUNKS, chunk = e % CHUNKS, plane = r / C_IN, ci = r % C_IN;    \
+        const int e = min(tid + (j) * THREADS, X_CHUNKS - 1), chunk = e % CHUNKS;                                  \
+        const int plane = e / CHUNKS / C_IN, ci = e / CHUNKS % C_IN;                                                \
         float4* const at = (float4*)(x_ring + ((hx) % R) * ROWF + plane * PLANEF + ci * P + 4 * chunk);
     #define COPY_X(hx, part, enabled)                                                                               \
         _Pragma("unroll") for (int j = 0; j < X_PER_THREAD; j++)                                                    \
@@ -141,6 +142,7 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
                 *at = round_tf32(*at);                                                                              \
             }
     #define ALL_PARTS(step) step(0) step(1) step(2) step(3)
+    // (The macros' own names, e, chunk, plane, ci, at, xd, xh, xw, inside and k, must not appear in their arguments.)
 
     const long long first_row = rows_total * split / splits, end_row = rows_total * (split + 1) / splits;
     for (long long row = first_row; row < end_row;) {
@@ -174,9 +176,9 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
         ALL_PARTS(STEP)
         #undef STEP
         cp_commit();
-        for (int r = 1; r < AHEAD; r++) {
-            if (h0 + r < h1) {
-                #define STEP(part) COPY_X(h0 + SPAN - 1 + r, part, true) COPY_G(h0 + r, r, part, true)
+        for (int ahead = 1; ahead < AHEAD; ahead++) {
+            if (h0 + ahead < h1) {
+                #define STEP(part) COPY_X(h0 + SPAN - 1 + ahead, part, true) COPY_G(h0 + ahead, ahead, part, true)
                 ALL_PARTS(STEP)
                 #undef STEP
             }
