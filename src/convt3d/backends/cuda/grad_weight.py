@@ -102,8 +102,8 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
     unsigned a[2][MT][4];
 
     // The copies. x: ring row chunks, flat over the threads (thread tid takes chunks tid, tid + THREADS, ...: (depth
-    // tap's ring, channel, chunk)), read whole where inside the input, zero outside, the partial chunk at the right
-    // edge zero-filled past it. g: warp v takes output channels v, v + 8, ..., its lanes the 32 columns, 4 bytes
+    // tap's ring, channel, chunk), their places and sources computed once), read whole where inside the input, zero
+    // outside, the partial chunk at the right edge zero-filled past it. g: warp v takes output channels v, v + 8, ..., its lanes the 32 columns, 4 bytes
     // each (the lattice's columns are not contiguous). Offsets inside a sample are 32-bit (the launcher checks).
     // Once arrived, each thread rounds what it copied, in place. Part `part` (of 4) of each, so that the copies
     // and roundings of a row spread over its four k-steps' MMAs. Threads past the last x chunk copy and round the
@@ -111,25 +111,27 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
     // rounds once, in whatever order the two threads' copies land and roundings run, each after its own copy.
     const int warp8 = tid >> 5;
     float* const g_lane = g_ring + warp8 * 32 + ((((lane >> 2) ^ warp8) & 7) << 2) + (lane & 3);  // (oc & 7 == warp8)
-    #define X_CHUNK(j, hx)                                                                                          \
-        const int e = min(tid + (j) * THREADS, X_CHUNKS - 1), chunk = e % CHUNKS;                                  \
-        const int plane = e / CHUNKS / C_IN, ci = e / CHUNKS % C_IN;                                                \
-        float4* const at = (float4*)(x_ring + ((hx) % R) * ROWF + plane * PLANEF + ci * P + 4 * chunk);
+    int x_place[X_PER_THREAD], x_source[X_PER_THREAD], x_bytes[X_PER_THREAD];  // (x_bytes: per segment)
+    #pragma unroll
+    for (int j = 0; j < X_PER_THREAD; j++) {  // chunk (depth tap's ring, channel, chunk): its place and source
+        const int e = min(tid + j * THREADS, X_CHUNKS - 1), chunk = e % CHUNKS;
+        const int plane = e / CHUNKS / C_IN, ci = e / CHUNKS % C_IN;
+        x_place[j] = plane * PLANEF + ci * P + 4 * chunk;
+        x_source[j] = ci * sxc + plane * DD * sxd + 4 * chunk;
+    }
     #define COPY_X(hx, part, enabled)                                                                               \
-        _Pragma("unroll") for (int j = 0; j < X_PER_THREAD; j++)                                                    \
-            if (j % 4 == (part)) {                                                                                  \
-                X_CHUNK(j, hx)                                                                                      \
-                const int xd = d_first + plane * DD, xh = start_h + (hx), xw = w_first - shift + 4 * chunk;        \
-                const bool inside = (enabled) && xd >= 0 && xd < XD && xh >= 0 && xh < XH && xw >= 0 && xw < XW;  \
-                cp_async16((float*)at, inside ? x_n + (ci * sxc + xd * sxd + xh * sxh + xw) : x_n,                 \
-                           inside ? 4 * min(4, XW - xw) : 0);                                                       \
-            }
+        {                                                                                                           \
+            const int xh = start_h + (hx);                                                                          \
+            const bool row_inside = (enabled) && xh >= 0 && xh < XH;                                                \
+            const float* const x_row = x_segment + xh * sxh;                                                        \
+            _Pragma("unroll") for (int j = 0; j < X_PER_THREAD; j++)                                                \
+                if (j % 4 == (part))                                                                                \
+                    cp_async16(x_ring + ((hx) & (R - 1)) * ROWF + x_place[j],                                        \
+                               row_inside && x_bytes[j] ? x_row + x_source[j] : x, row_inside ? x_bytes[j] : 0);     \
+        }
     #define ROUND_X(hx, part)                                                                                       \
         _Pragma("unroll") for (int j = 0; j < X_PER_THREAD; j++)                                                    \
-            if (j % 4 == (part)) {                                                                                  \
-                X_CHUNK(j, hx)                                                                                      \
-                round_tf32_in_place(at);                                                                            \
-            }
+            if (j % 4 == (part)) round_tf32_in_place((float4*)(x_ring + ((hx) & (R - 1)) * ROWF + x_place[j]));
     #define COPY_G(qh, stage, part, enabled)                                                                        \
         _Pragma("unroll") for (int k = 0; k < G_PER_THREAD; k++)                                                    \
             if (k % 4 == (part))                                                                                    \
@@ -142,7 +144,7 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
                 *at = round_tf32(*at);                                                                              \
             }
     #define ALL_PARTS(step) step(0) step(1) step(2) step(3)
-    // (The macros' own names, e, chunk, plane, ci, at, xd, xh, xw, inside and k, must not appear in their arguments.)
+    // (The macros' own names, xh, row_inside, x_row, j, k and at, must not appear in their arguments.)
 
     const long long first_row = rows_total * split / splits, end_row = rows_total * (split + 1) / splits;
     for (long long row = first_row; row < end_row;) {
@@ -154,9 +156,16 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
         plane_index /= qw_blocks;
         const int qd = (int)(plane_index % QD);
         const long long n = plane_index / QD;
-        const float* x_n = x + n * sxn;
         const float* g_n = g + n * sgn;
         const int d_first = start_d + qd + kd_first * DD, w_first = start_w + qw0;
+        // x chunk j's first column lies at w_first - shift + 4 chunk: the bytes of it inside the input.
+        const float* const x_segment = x + n * sxn + (long long)d_first * sxd + (w_first - shift);
+        #pragma unroll
+        for (int j = 0; j < X_PER_THREAD; j++) {
+            const int e = min(tid + j * THREADS, X_CHUNKS - 1), xd = d_first + e / CHUNKS / C_IN * DD;
+            const int xw = w_first - shift + 4 * (e % CHUNKS);
+            x_bytes[j] = xd >= 0 && xd < XD && xw >= 0 && xw < XW ? 4 * min(4, XW - xw) : 0;
+        }
         const int g_first = (cb * COB + warp8) * sgc + qd * sgd + (qw0 + lane) * sgw;
         const bool g_inside = qw0 + lane < QW;
 
@@ -209,7 +218,7 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
                 asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
                 // While that group runs: a quarter of row qh + AHEAD's copies and of row qh + 1's rounding. Row
                 // qh + AHEAD's new x row takes ring row qh - 1's, whose loads every thread finished before the last
-                // barrier (the rows in use span qh .. qh + SPAN + AHEAD - 2, R = SPAN + AHEAD); its g stage (i +
+                // barrier (the rows in use span qh .. qh + SPAN + AHEAD - 2, R >= SPAN + AHEAD); its g stage (i +
                 // AHEAD) % (AHEAD + 2) is row i - 2's, whose MMAs are done. Without branches (a branch here makes
                 // the compiler serialize the MMAs): past the segment's end the copies write zeros and the rounding
                 // rounds what is there, in places no row of the segment reads.
@@ -219,7 +228,7 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
                 ROUND_G((i + 1) % G_STAGES, ks)
                 #pragma unroll
                 for (int m = 0; m < MT; m++) {
-                    const float* at = x_ring + a_offset[m] + ((qh + kh_rows[m]) % R) * ROWF + 8 * ks;
+                    const float* at = x_ring + a_offset[m] + ((qh + kh_rows[m]) & (R - 1)) * ROWF + 8 * ks;
                     a[ks & 1][m][0] = __float_as_uint(at[0]);
                     a[ks & 1][m][1] = __float_as_uint(at[8 * P]);
                     a[ks & 1][m][2] = __float_as_uint(at[4]);
@@ -267,6 +276,12 @@ MAX_TILES_PER_WARPGROUP = 4  # MT: 4 tiles of 64 x 64 are 128 accumulator regist
 AHEAD = 4  # grid rows whose copies are in flight while a row's MMAs run
 
 
+def ring_rows(kh: int, dh: int) -> int:
+    """R: the x rows a ring holds, those of a grid row and of the AHEAD rows after it, rounded up to a power of two
+    (the ring index is then a mask)."""
+    return 1 << ((kh - 1) * dh + AHEAD).bit_length()
+
+
 def row_pitch(c_in: int, kw: int, dw: int) -> int:
     """P: the floats of one channel's x row in the ring: at least the 16-byte chunks that cover the HW columns a grid
     row reads from a 16-byte boundary, and 4 times an odd number (mod 32), so that the 8 x 4 A-fragment loads of a
@@ -277,8 +292,7 @@ def row_pitch(c_in: int, kw: int, dw: int) -> int:
 
 def shared_bytes(c_in: int, cob: int, taps, dilation, planes: int) -> int:
     (_, kh, kw), (_, dh, dw) = taps, dilation
-    ring_rows = (kh - 1) * dh + 1 + AHEAD
-    return 4 * ((AHEAD + 2) * cob * 32 + planes * ring_rows * c_in * row_pitch(c_in, kw, dw))
+    return 4 * ((AHEAD + 2) * cob * 32 + planes * ring_rows(kh, dh) * c_in * row_pitch(c_in, kw, dw))
 
 
 def source(c_in: int, c_out: int, cob: int, taps, dilation, tiles_per_program: int, planes: int) -> str:
@@ -286,6 +300,6 @@ def source(c_in: int, c_out: int, cob: int, taps, dilation, tiles_per_program: i
     takes half the program's tiles (rounded up)."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, NPL=planes,
-                   MT=-(-tiles_per_program // 2), AHEAD=AHEAD, R=(kh - 1) * dh + 1 + AHEAD, P=row_pitch(c_in, kw, dw))
+                   MT=-(-tiles_per_program // 2), AHEAD=AHEAD, R=ring_rows(kh, dh), P=row_pitch(c_in, kw, dw))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob))
