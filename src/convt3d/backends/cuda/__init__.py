@@ -242,10 +242,16 @@ def grad_weight_splits(c_in: int, c_out: int, taps, dilation, grid, batch: int, 
 def grad_weight_operands_unsupported(input: torch.Tensor, lattice_shape, lattice_strides) -> str | None:
     """None when grad_weight.py's kernel reads these operands as they lie, else why not: the input's rows contiguous
     and every row 16-byte aligned (its 16-byte copies), offsets inside a sample 32-bit (input and lattice)."""
+    return _operands_unsupported(tuple(input.shape), input.stride(), input.data_ptr() % 16 == 0, tuple(lattice_shape),
+                                 tuple(lattice_strides))
+
+
+@functools.lru_cache(maxsize=1024)
+def _operands_unsupported(input_shape, input_strides, aligned: bool, lattice_shape, lattice_strides) -> str | None:
     sample = lambda shape, strides: sum((size - 1) * stride for size, stride in zip(shape[1:], strides[1:]))
-    if input.stride(4) != 1 or input.data_ptr() % 16 or any(stride % 4 for stride in input.stride()[:4]):
+    if input_strides[4] != 1 or not aligned or any(stride % 4 for stride in input_strides[:4]):
         return "the input's rows are not contiguous and 16-byte aligned"
-    if max(sample(input.shape, input.stride()), sample(lattice_shape, lattice_strides)) >= 2**31:
+    if max(sample(input_shape, input_strides), sample(lattice_shape, lattice_strides)) >= 2**31:
         return "a sample spans 2**31 elements or more"
     return None
 

@@ -13,10 +13,17 @@ lattice's strides), TF32-rounded to nearest as they are staged in shared memory.
 A program is two warpgroups (256 threads); each owns up to MT tiles of 64 rows, accumulated in registers, and the
 program walks its share of the reduction one grid row (n, qd, qh, 32 columns) at a time. Per row it stages g's
 row (COB x 32, K-major, 128-byte swizzled: wgmma's B operand through a descriptor, as phase_conv.py's weight) and
-one new row of x per depth tap it needs (C_IN x HW columns, in a ring of R rows per depth tap, so that the KH taps
-of a row reuse what earlier rows loaded). The A fragments come from the ring by 32-bit loads at each tap's offset:
-odd offsets (a tap dilation of 1) rule out wider loads and descriptors, and a row pitch P = 4 (mod 32) makes the
-fragment loads free of bank conflicts. Registers carry the next row's elements across the current row's MMAs.
+one new row of x per depth tap it needs (C_IN channels x the HW columns of the taps' reach, in a ring of R rows per
+depth tap, so that the KH taps of a row reuse what earlier rows loaded). The A fragments come from the ring by
+32-bit loads at each tap's offset: odd offsets (a tap dilation of 1) rule out wider loads and descriptors, and a
+row pitch P = 4 x odd (mod 32) makes the fragment loads free of bank conflicts. Copies run AHEAD rows ahead by
+cp.async (x in 16-byte chunks: the input's rows must be contiguous and 16-byte aligned; g 4 bytes at a time, its
+lattice's columns being strided), spread over a row's k-steps, each element rounded in place once arrived.
+
+On the H200, problem 77: 0.25 ms against 0.33 for the Triton path (its operand copies, 0.225 ms for its kernel).
+Per row a thread runs about 380 instructions at 2 warps per scheduler (one program per multiprocessor: 239
+registers a thread), and shared memory moves about 1,450 wavefronts a row against the MMAs' 1,024 cycles: those
+two bound it now (Nsight Compute: tensor pipe 30% busy; benchmarks/RESULTS.md, thirteenth session).
 
 A program's reduction share is a contiguous run of grid rows; its partial sums go to partial[split] in the phase's
 slice layout (C_in, C_out, taps ascending: the phase stores taps descending, so index T - 1 - k per axis), summed
