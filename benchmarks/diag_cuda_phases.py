@@ -1,13 +1,15 @@
-"""Problem 77 with the CUDA phase correlation (backends/cuda) against cuDNN for the phases, and against eager (GPU).
+"""Problem 77 with the CUDA kernels (backends/cuda) against cuDNN and Triton for the phases, and against eager (GPU).
 
     PYTHONPATH=src python3 benchmarks/diag_cuda_phases.py [--iters 100]
 
 Each row: bench.protocol.time_cuda's mean and minimum (L2 flushed and the GPU idle before each call, as KernelBench
 times), the relative error against float64, and for the forward KernelBench's check against the eager module.
-"cuda" rows use the CUDA phase correlation (forward phase, grad_input), "cudnn" rows the same code with it off
-(backends.cuda.ENABLED False); both with backend="torch" for the forward, and the module's autograd for the backward.
-The pieces: the operand pass (window + weight taps) and the correlation kernel alone, forward and grad_input shapes;
-the compact correlation beside a fill of the output on a second stream; other tile row counts than config()'s.
+"cuda" rows use the CUDA kernels (forward phase, grad_input, grad_weight), "cudnn" rows the same code with them off
+(backends.cuda.ENABLED False: cuDNN and the Triton weight gradient), "grad_weight by Triton" the CUDA kernels but
+that; all with backend="torch" for the forward, and the module's autograd for the backward. The pieces: the operand
+pass (window + weight taps) and the correlation kernel alone, forward and grad_input shapes; the compact correlation
+beside a fill of the output on a second stream; grad_input and grad_weight in place against the copies; other tile
+row counts than config()'s.
 """
 
 import argparse
