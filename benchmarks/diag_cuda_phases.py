@@ -138,8 +138,9 @@ def main():
         copied, windows = triton_backward.phase_operands(grad, x, plan, phases, TF32)
         return triton_backward.phase_grad_weight(copied, x, plan, phases, TF32, lattice_rounded=True, windows=windows)
 
-    for what, fn in (("grad_weight, CUDA kernel in place", lambda: cuda_phases.phase_grad_weight(
-            grad, g_offset, g_strides, x, plan, phases)), ("grad_weight, Triton (operand copies + kernel)", triton_weight)):
+    cuda_weight = lambda: cuda_phases.phase_grad_weight(grad, g_offset, g_strides, x, plan, phases)
+    for what, fn in (("grad_weight, CUDA kernel in place", cuda_weight),
+                     ("grad_weight, Triton (operand copies + kernel)", triton_weight)):
         t = time_cuda(fn, iters=iters)
         rows.append((what, t.mean_ms, t.min_ms, relative_error(fn(), w64.grad), ""))
         print(rows[-1], flush=True)

@@ -67,7 +67,8 @@ def emulated_correlate_grad_weight(input, grad_output, lattice_offset, lattice_s
     g = round_tf32(grad_output.as_strided((n, c_out, *grid), lattice_strides,
                                           grad_output.storage_offset() + lattice_offset)).double()
     pad = [max(0, -s) for s in starts]
-    far = [max(0, s + q + (t - 1) * d - size) for s, q, t, d, size in zip(starts, grid, taps, dilation, input.shape[2:])]
+    far = [max(0, s + q + (t - 1) * d - size)
+           for s, q, t, d, size in zip(starts, grid, taps, dilation, input.shape[2:])]
     x = F.pad(round_tf32(input).double(), (pad[2], far[2], pad[1], far[1], pad[0], far[0]))
     grad = torch.zeros((c_in, c_out, *taps), dtype=torch.float64, device=input.device)
     for kd in range(taps[0]):

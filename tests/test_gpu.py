@@ -14,7 +14,8 @@ from conftest import assert_close_rel
 from convt3d.backends import cuda
 from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.torch_phase import _lattice_geometry, _regions, aten_phase_backward, phase_grad_input
-from test_cuda_phases import LAYERS as CUDA_PHASE_LAYERS, _layer as cuda_phase_layer, row_aligned as cuda_phase_row_aligned
+from test_cuda_phases import LAYERS as CUDA_PHASE_LAYERS, _layer as cuda_phase_layer
+from test_cuda_phases import row_aligned as cuda_phase_row_aligned
 
 pytestmark = pytest.mark.gpu
 

@@ -117,8 +117,8 @@ class _Kernel:
         with self._lock:  # the driver reads the array during the call
             for slot, address in zip(values, pointers):
                 slot.value = address
-            _check(_driver().cuLaunchKernel(self.function, grid, 1, 1, self.threads, 1, 1, self.shared_bytes, stream, array,
-                                            None))
+            _check(_driver().cuLaunchKernel(self.function, grid, 1, 1, self.threads, 1, 1, self.shared_bytes, stream,
+                                            array, None))
 
 
 @functools.lru_cache(maxsize=1)
@@ -178,7 +178,7 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
 
 
 def grad_weight_kernel_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,
-                            dilation) -> str | None:
+                                   dilation) -> str | None:
     """None when grad_weight.py's kernel computes the weight gradient of a phase correlation reading c_in channels
     of the input with these taps and tap dilations into c_out channels, else a short reason."""
     reason = _unsupported_setting(device, dtype, groups)
@@ -223,8 +223,8 @@ def grad_weight_config(c_in: int, c_out: int, taps, dilation):
 def _grad_weight_kernel(device_index: int, c_in: int, c_out: int, taps, dilation) -> _Kernel:
     cob, per_program, _, planes, smem = grad_weight_config(c_in, c_out, taps, dilation)
     with torch.cuda.device(device_index):
-        return _Kernel(grad_weight.source(c_in, c_out, cob, taps, dilation, per_program, planes), "phase_grad_weight", smem,
-                       grad_weight.THREADS)
+        return _Kernel(grad_weight.source(c_in, c_out, cob, taps, dilation, per_program, planes), "phase_grad_weight",
+                       smem, grad_weight.THREADS)
 
 
 def grad_weight_splits(c_in: int, c_out: int, taps, dilation, grid, batch: int, sms: int) -> int:
@@ -259,9 +259,10 @@ def _operands_unsupported(input_shape, input_strides, aligned: bool, lattice_sha
 def correlate_grad_weight(input: torch.Tensor, grad_output: torch.Tensor, lattice_offset: int, lattice_strides, grid,
                           starts, taps, dilation, splits: int) -> torch.Tensor:
     """The weight gradient of a phase correlation (grad_weight.py): (C_in, C_out, taps per axis), the phase's taps in
-    ascending order, float32. input (N, C_in, D, H, W) with strides grad_weight_operands_unsupported accepts; grad_output's lattice of the phase at
-    element lattice_offset with lattice_strides (N, C_out, QD, QH, QW), over grid (QD, QH, QW); starts: per axis the
-    input position of grid position 0 with tap 0 (the correlation reads start + q + k * dilation)."""
+    ascending order, float32. input (N, C_in, D, H, W) with strides that grad_weight_operands_unsupported accepts;
+    grad_output's lattice of the phase at element lattice_offset with lattice_strides (N, C_out, QD, QH, QW), over
+    grid (QD, QH, QW); starts: per axis the input position of grid position 0 with tap 0 (the correlation reads
+    start + q + k * dilation)."""
     n, c_in, xd, xh, xw = input.shape
     c_out = grad_output.shape[1]
     device = input.device.index or 0

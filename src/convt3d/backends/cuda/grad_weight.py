@@ -54,10 +54,13 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src, int byt
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(smem_addr(dst)), "l"(src), "r"(bytes));
 }
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, bool inside) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" :: "r"(smem_addr(dst)), "l"(src), "r"(inside ? 4 : 0));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(inside ? 4 : 0));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
 
 __device__ __forceinline__ float round_tf32(float v) {  // to nearest, ties away from zero (cvt.rna.tf32.f32)
     return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xFFFFE000u);
@@ -110,12 +113,13 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
 
     // The copies. x: ring row chunks, flat over the threads (thread tid takes chunks tid, tid + THREADS, ...: (depth
     // tap's ring, channel, chunk), their places and sources computed once), read whole where inside the input, zero
-    // outside, the partial chunk at the right edge zero-filled past it. g: warp v takes output channels v, v + 8, ..., its lanes the 32 columns, 4 bytes
-    // each (the lattice's columns are not contiguous). Offsets inside a sample are 32-bit (the launcher checks).
-    // Once arrived, each thread rounds what it copied, in place. Part `part` (of 4) of each, so that the copies
-    // and roundings of a row spread over its four k-steps' MMAs. Threads past the last x chunk copy and round the
-    // last chunk again (a branch would make the compiler serialize the MMAs): the same bytes, and rounding twice
-    // rounds once, in whatever order the two threads' copies land and roundings run, each after its own copy.
+    // outside, the partial chunk at the right edge zero-filled past it. g: warp v takes output channels v, v + 8,
+    // ..., its lanes the 32 columns, 4 bytes each (the lattice's columns are not contiguous). Offsets inside a sample
+    // are 32-bit (the launcher checks). Once arrived, each thread rounds what it copied, in place. Part `part` (of 4)
+    // of each, so that the copies and roundings of a row spread over its four k-steps' MMAs. Threads past the last x
+    // chunk copy and round the last chunk again (a branch would make the compiler serialize the MMAs): the same
+    // bytes, and rounding twice rounds once, in whatever order the two threads' copies land and roundings run, each
+    // after its own copy.
     const int warp8 = tid >> 5;
     float* const g_lane = g_ring + warp8 * 32 + ((((lane >> 2) ^ warp8) & 7) << 2) + (lane & 3);  // (oc & 7 == warp8)
     int x_place[X_PER_THREAD], x_source[X_PER_THREAD], x_bytes[X_PER_THREAD];  // (x_bytes: per segment)
@@ -142,8 +146,8 @@ phase_grad_weight(const float* __restrict__ x, const float* __restrict__ g, floa
     #define COPY_G(qh, stage, part, enabled)                                                                        \
         _Pragma("unroll") for (int k = 0; k < G_PER_THREAD; k++)                                                    \
             if (k % 4 == (part))                                                                                    \
-                cp_async4(g_lane + (stage) * G_STAGE + 8 * k * 32,                                                  \
-                          g_inside && (enabled) ? g_n + (g_first + 8 * k * sgc + (qh) * sgh) : g_n, g_inside && (enabled));
+                cp_async4(g_lane + (stage) * G_STAGE + 8 * k * 32, g_inside && (enabled)                            \
+                          ? g_n + (g_first + 8 * k * sgc + (qh) * sgh) : g_n, g_inside && (enabled));
     #define ROUND_G(stage, part)                                                                                    \
         _Pragma("unroll") for (int k = 0; k < G_PER_THREAD; k++)                                                    \
             if (k % 4 == (part)) {                                                                                  \
