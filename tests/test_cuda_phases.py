@@ -152,16 +152,19 @@ def test_grad_weight_phases_match_aten(layer, monkeypatch):
 
 
 @pytest.mark.parametrize("layer", LAYERS[:3])
-def test_phase_backward_reads_grad_output_in_place(layer, monkeypatch):
-    """The Triton module's phase_backward with both CUDA kernels serving (emulated): the gradients of the whole
-    layer from grad_output's lattices in place, against aten's in float64."""
+@pytest.mark.parametrize("input_by_cuda, weight_by_cuda", [(True, True), (False, True), (True, False)])
+def test_phase_backward_with_the_cuda_kernels(layer, input_by_cuda, weight_by_cuda, monkeypatch):
+    """The Triton module's phase_backward with the CUDA kernels (emulated) serving both gradients (then grad_output's
+    lattices are read in place: no copy may be made), or one of them (then the lattice is copied, and grad_input is
+    aten's or grad_weight Triton's, in the interpreter): the whole layer's gradients against aten's in float64."""
     from convt3d.backends.triton import backward
 
     monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
     monkeypatch.setattr(cuda_phases, "correlate_grad_weight", emulated_correlate_grad_weight)
-    monkeypatch.setattr(cuda_phases, "grad_input_unsupported", lambda *args: None)
-    monkeypatch.setattr(cuda_phases, "grad_weight_unsupported", lambda *args: None)
-    monkeypatch.setattr(backward, "phase_operands", None)  # (no copy may be made)
+    monkeypatch.setattr(cuda_phases, "grad_input_unsupported", lambda *args: None if input_by_cuda else "off")
+    monkeypatch.setattr(cuda_phases, "grad_weight_unsupported", lambda *args: None if weight_by_cuda else "off")
+    if input_by_cuda and weight_by_cuda:
+        monkeypatch.setattr(backward, "phase_operands", None)
     x, w, _, plan, args = _layer(*layer, seed=random.randrange(2**31))
     x = row_aligned(x)
     g = round_tf32(torch.randn(plan.output_shape, device=DEVICE))
