@@ -311,12 +311,13 @@ def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_i
     its convolution is a long kernel that keeps the GPU busy while the host prepares the weight gradient; on a
     second stream beside it the weight gradient measured within run-to-run spread (sixth session)."""
     tf32 = torch.backends.cudnn.allow_tf32
-    input_by_cuda = need_input and _served("grad_input", cuda_phases.grad_input_unsupported, plan, phases, input,
-                                           tf32, "cuDNN")
-    weight_by_cuda = need_weight and _served("grad_weight", cuda_phases.grad_weight_unsupported, plan, phases, input,
-                                             tf32, "Triton") and _operands_served(grad_output, input, plan, phases)
+    offset, shape, strides = _lattice_geometry(plan, phases, grad_output.stride())
+    input_by_cuda = need_input and _cuda_serves(
+        "grad_input", plan, cuda_phases.grad_input_unsupported(plan, phases, input.device, input.dtype, tf32), "cuDNN")
+    weight_by_cuda = need_weight and _cuda_serves(
+        "grad_weight", plan, cuda_phases.grad_weight_unsupported(plan, phases, input.device, input.dtype, tf32)
+        or cuda_grad_weight_operands_unsupported(input, shape, strides), "Triton")
     if input_by_cuda == need_input and weight_by_cuda == need_weight:
-        offset, _, strides = _lattice_geometry(plan, phases, grad_output.stride())
         part_input = cuda_phases.phase_grad_input_in_place(grad_output, offset, strides, weight, plan, phases) \
             if need_input else None
         part_weight = cuda_phases.phase_grad_weight(grad_output, offset, strides, input, plan, phases) \
@@ -338,22 +339,11 @@ def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_i
     return part_input, part_weight
 
 
-def _operands_served(grad_output, input, plan: Plan, phases) -> bool:
-    """Whether the CUDA weight gradient reads these tensors as they lie (backends/cuda: aligned input rows, 32-bit
-    offsets in a sample); why not is logged at debug level."""
-    _, shape, strides = _lattice_geometry(plan, phases, grad_output.stride())
-    reason = cuda_grad_weight_operands_unsupported(input, shape, strides)
-    if reason is not None:
-        _log_once("grad_weight", plan, reason, "Triton")
-    return reason is None
-
-
-def _served(what: str, unsupported, plan: Plan, phases, input, tf32: bool, fallback: str) -> bool:
-    """Whether the CUDA kernel computes `what` of this phase (unsupported: cuda.phases' cached check); why not is
-    logged once at debug level. grad_input by the CUDA phase correlation: on the H200, problem 77's took
-    0.285-0.295 ms with its operand pass against 0.323-0.324 for cuDNN's convolution alone, whose layout conversions
-    it also saves (benchmarks/RESULTS.md, twelfth session)."""
-    reason = unsupported(plan, phases, input.device, input.dtype, tf32)
+def _cuda_serves(what: str, plan: Plan, reason: str | None, fallback: str) -> bool:
+    """Whether the CUDA kernel computes `what` of this phase (reason: why not, or None); why not is logged at debug
+    level. grad_input by the CUDA phase correlation: on the H200, problem 77's took 0.285-0.295 ms with its operand
+    pass against 0.323-0.324 for cuDNN's convolution alone, whose layout conversions it also saves
+    (benchmarks/RESULTS.md, twelfth session)."""
     if reason is not None:
         _log_once(what, plan, reason, fallback)
     return reason is None
