@@ -11,16 +11,13 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-import convt3d
 from convt3d.backends import cuda
 from convt3d.backends.cuda import grad_weight, phases as cuda_phases
-from convt3d.backends.torch_phase import _lattice_geometry, _regions
+from convt3d.backends.torch_phase import _lattice_geometry
 from convt3d.backends.triton import backward as triton_backward
 from convt3d.backends.triton.forward import TF32
 from convt3d.bench.protocol import relative_error, time_cuda
-from convt3d.plan import make_plan
-
-P77 = dict(stride=2, padding=1, dilation=2)
+from convt3d.bench.workloads import PROBLEM_77
 
 
 def set_ahead(ahead: int) -> None:
@@ -37,16 +34,15 @@ def main():
     parser.add_argument("--ahead", type=int, nargs="*", default=[2, 4])
     args = parser.parse_args()
     torch.manual_seed(0)
-    eager = torch.nn.ConvTranspose3d(32, 64, 3, bias=False, **P77).cuda()
-    layer = convt3d.convert(torch.nn.ConvTranspose3d(32, 64, 3, bias=False, **P77).cuda())
-    layer.load_state_dict(eager.state_dict())
-    x = torch.rand(16, 32, 16, 32, 32, device="cuda")
-    grad = torch.randn(16, 64, 33, 65, 65, device="cuda")
+    eager, layer, xg, grad = PROBLEM_77.training_case("cuda")
+    x = xg.detach()
     x64 = x.double().requires_grad_()
     w64 = eager.weight.detach().double().requires_grad_()
-    F.conv_transpose3d(x64, w64, None, **P77).backward(grad.double())
-    plan = make_plan(tuple(x.shape), tuple(eager.weight.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
-    (phases,) = tuple(p for _, p in _regions(plan, True) if p is not None)
+    F.conv_transpose3d(x64, w64, None, PROBLEM_77.stride, PROBLEM_77.padding, PROBLEM_77.output_padding,
+                       PROBLEM_77.groups, PROBLEM_77.dilation).backward(grad.double())
+    plan = PROBLEM_77.plan()
+    (phase,) = plan.nonempty_phases
+    phases = phase.axes
     offset, _, strides = _lattice_geometry(plan, phases, grad.stride())
     rows = []
 
@@ -55,8 +51,6 @@ def main():
         err = relative_error(fn(), reference) if reference is not None else float("nan")
         rows.append((what, t.mean_ms, t.min_ms, err))
         print(rows[-1], flush=True)
-
-    xg = x.clone().requires_grad_()
 
     def fwd_bwd(module):
         def run():
