@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from convt3d.backends import cuda
 from convt3d.backends.cuda import phases as cuda_phases
-from convt3d.backends.torch_phase import (_lattice_geometry, _regions, aten_phase_backward,
+from convt3d.backends.torch_phase import (_backward_phases, _lattice_geometry, _regions, aten_phase_backward,
                                          conv_transpose3d_backward, phase_grad_input)
 from convt3d.plan import make_plan
 from conftest import assert_close_rel
@@ -130,12 +130,11 @@ def test_grad_input_phases_match_aten(layer, monkeypatch):
     monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
     x, w, _, plan, _ = _layer(*layer, seed=random.randrange(2**31))
     g = round_tf32(torch.randn(plan.output_shape, device=DEVICE))
-    for phase in plan.nonempty_phases:
-        index = (slice(None), slice(None), *(slice(p.out_start, None, a.stride) for p, a in zip(phase.axes, plan.axes)))
+    for phases, index in _backward_phases(plan):
         lattice = g[index]  # a strided view: the window pass reads through its strides
-        ours = cuda_phases.phase_grad_input(lattice, w, plan, phase.axes)
-        expected = phase_grad_input(lattice.double(), w.double(), plan, phase.axes)
-        assert_close_rel(ours, expected, 1e-6, f"grad_input of phase {phase.axes}")
+        ours = cuda_phases.phase_grad_input(lattice, w, plan, phases)
+        expected = phase_grad_input(lattice.double(), w.double(), plan, phases)
+        assert_close_rel(ours, expected, 1e-6, f"grad_input of phase {phases}")
 
 
 @pytest.mark.parametrize("layer", LAYERS)
@@ -143,12 +142,11 @@ def test_grad_weight_phases_match_aten(layer, monkeypatch):
     monkeypatch.setattr(cuda_phases, "correlate_grad_weight", emulated_correlate_grad_weight)
     x, w, _, plan, _ = _layer(*layer, seed=random.randrange(2**31))
     g = round_tf32(torch.randn(plan.output_shape, device=DEVICE))
-    for phase in plan.nonempty_phases:
-        index = (slice(None), slice(None), *(slice(p.out_start, None, a.stride) for p, a in zip(phase.axes, plan.axes)))
-        offset, _, strides = _lattice_geometry(plan, phase.axes, g.stride())
-        ours = cuda_phases.phase_grad_weight(g, offset, strides, x, plan, phase.axes)
-        _, expected = aten_phase_backward(g.double(), index, x.double(), w.double(), plan, phase.axes, False, True)
-        assert_close_rel(ours, expected, 1e-6, f"grad_weight of phase {phase.axes}")
+    for phases, index in _backward_phases(plan):
+        offset, _, strides = _lattice_geometry(plan, phases, g.stride())
+        ours = cuda_phases.phase_grad_weight(g, offset, strides, x, plan, phases)
+        _, expected = aten_phase_backward(g.double(), index, x.double(), w.double(), plan, phases, False, True)
+        assert_close_rel(ours, expected, 1e-6, f"grad_weight of phase {phases}")
 
 
 @pytest.mark.parametrize("layer", LAYERS[:3])

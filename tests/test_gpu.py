@@ -13,7 +13,8 @@ import convt3d
 from conftest import assert_close_rel
 from convt3d.backends import cuda
 from convt3d.backends.cuda import phases as cuda_phases
-from convt3d.backends.torch_phase import _lattice_geometry, _regions, aten_phase_backward, phase_grad_input
+from convt3d.backends.torch_phase import (_backward_phases, _lattice_geometry, _regions, aten_phase_backward,
+                                         phase_grad_input)
 from test_cuda_phases import LAYERS as CUDA_PHASE_LAYERS, _layer as cuda_phase_layer
 from test_cuda_phases import row_aligned as cuda_phase_row_aligned
 
@@ -216,24 +217,18 @@ def test_cuda_phase_correlation_kernel(layer):
         assert_close_rel(out, F.conv_transpose3d(x.double(), w.double(), b.double(), **args), 1e-5, "forward")
         g = torch.randn(plan.output_shape, device="cuda")
         g = ((g.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
-        for phase in plan.nonempty_phases:
-            if cuda_phases.grad_input_unsupported(plan, phase.axes, x.device, x.dtype, True) is not None:
+        for phases, index in _backward_phases(plan):
+            if cuda_phases.grad_input_unsupported(plan, phases, x.device, x.dtype, True) is None:
+                ours = cuda_phases.phase_grad_input(g[index], w, plan, phases)
+                assert_close_rel(ours, phase_grad_input(g[index].double(), w.double(), plan, phases), 1e-5,
+                                 "grad_input")
+            if cuda_phases.grad_weight_unsupported(plan, phases, x.device, x.dtype, True) is not None:
                 continue
-            index = (slice(None), slice(None), *(slice(p.out_start, None, a.stride)
-                                                 for p, a in zip(phase.axes, plan.axes)))
-            ours = cuda_phases.phase_grad_input(g[index], w, plan, phase.axes)
-            assert_close_rel(ours, phase_grad_input(g[index].double(), w.double(), plan, phase.axes), 1e-5,
-                             "grad_input")
-        for phase in plan.nonempty_phases:
-            if cuda_phases.grad_weight_unsupported(plan, phase.axes, x.device, x.dtype, True) is not None:
-                continue
-            index = (slice(None), slice(None), *(slice(p.out_start, None, a.stride)
-                                                 for p, a in zip(phase.axes, plan.axes)))
-            offset, shape, strides = _lattice_geometry(plan, phase.axes, g.stride())
+            offset, shape, strides = _lattice_geometry(plan, phases, g.stride())
             aligned = cuda_phase_row_aligned(x)  # (the kernel reads 16-byte aligned input rows)
             assert cuda.grad_weight_operands_unsupported(aligned, shape, strides) is None
-            ours = cuda_phases.phase_grad_weight(g, offset, strides, aligned, plan, phase.axes)
-            _, expected = aten_phase_backward(g.double(), index, x.double(), w.double(), plan, phase.axes, False, True)
+            ours = cuda_phases.phase_grad_weight(g, offset, strides, aligned, plan, phases)
+            _, expected = aten_phase_backward(g.double(), index, x.double(), w.double(), plan, phases, False, True)
             assert_close_rel(ours, expected, 1e-5, "grad_weight")
 
 
