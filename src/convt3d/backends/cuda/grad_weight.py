@@ -57,10 +57,6 @@ __device__ __forceinline__ void cp_async4(float* dst, const float* src, bool ins
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
                  :: "r"(smem_addr(dst)), "l"(src), "r"(inside ? 4 : 0));
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
-}
 
 __device__ __forceinline__ float round_tf32(float v) {  // to nearest, ties away from zero (cvt.rna.tf32.f32)
     return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xFFFFE000u);

@@ -23,10 +23,16 @@ Measured on the H200 for problem 77's phase (eleventh session, benchmarks/diag_c
 129 us under Nsight Compute against 154 for the same with mma.sync and 142 for cuDNN's kernel.
 """
 
-# What both wgmma kernels (this one and grad_weight.py's) use: shared-memory addresses, the weight-side descriptor and
-# the MMA (WGMMA_ASM is replaced by wgmma_asm(N)).
+# What both wgmma kernels (this one and grad_weight.py's) use: shared-memory addresses, cp.async groups, the
+# weight-side descriptor and the MMA (WGMMA_ASM is replaced by wgmma_asm(N)).
 WGMMA_HELPERS = r"""
 __device__ __forceinline__ unsigned smem_addr(const float* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// cp.async groups; "memory": shared-memory reads after a wait stay after it.
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
 
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
 __device__ __forceinline__ unsigned long long b_desc(unsigned addr) {
@@ -64,8 +70,6 @@ __device__ __forceinline__ void ldmatrix4(unsigned* r, unsigned addr) {
 __device__ __forceinline__ void cp_async16(float* dst, const float* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem_addr(dst)), "l"(src));
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
 
 // The window plane one depth tap reads for a tile: HH rows of HW positions of C_IN channels, each row contiguous
 // in the window. Warps take rows, lanes the row's 16-byte chunks.
