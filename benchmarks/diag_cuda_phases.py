@@ -96,7 +96,7 @@ def main():
 
     plan = make_plan(tuple(x.shape), tuple(eager.weight.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
     phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
-    start, extent, launches = cuda_phases._forward_geometry(plan, phase_list)
+    start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, False)
     row("forward operand pass", lambda: correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight,
                                                              False))
     window, taps = correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight, False)
@@ -120,7 +120,7 @@ def main():
         torch.cuda.current_stream().wait_stream(side)
     row("compact correlation beside out.zero_() on a second stream", overlapped)
     lattice = torch.randn(16, 64, 16, 32, 32, device="cuda")
-    g_start, g_extent, *_ = cuda_phases._grad_input_geometry(plan, phases)
+    g_start, g_extent, *_ = cuda_phases._grad_input_geometry(plan, phases, False)
     row("grad_input operand pass", lambda: correlation_operands(lattice, 0, lattice.shape, lattice.stride(), g_start,
                                                                 g_extent, eager.weight, True))
     row("grad_input (operand pass + correlation)", lambda: cuda_phases.phase_grad_input(lattice, eager.weight, plan,

@@ -8,8 +8,8 @@ nvidia-cuda-nvrtc`, unzipped anywhere); point NVRTC_LIB at its libnvrtc.so.*. It
 machine's (13.0 there in 2026-11), so take counts as a guide.
 
     NVRTC_LIB=/path/to/libnvrtc.so.13 PYTHONPATH=src python3 scripts/compile_cuda.py
-        {library,grad_weight,phase_conv,fused_forward} [C_IN C_OUT BH RW]
-    (library: the wgmma phase correlation, 3x3x3 taps, RW unused; grad_weight: the wgmma weight gradient, 3x3x3 taps
+        {library,library3x,grad_weight,phase_conv,fused_forward} [C_IN C_OUT BH RW]
+    (library: the wgmma phase correlation, 3x3x3 taps, RW unused; library3x: the same in 3xTF32; grad_weight: the wgmma weight gradient, 3x3x3 taps
     of dilation 2, BH and RW unused)
 """
 
@@ -63,14 +63,15 @@ def sass_counts(cubin: bytes) -> collections.Counter:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in ("library", "grad_weight", "phase_conv", "fused_forward"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("library", "library3x", "grad_weight", "phase_conv", "fused_forward"):
         sys.exit(__doc__)
     kernel = sys.argv[1]
     c_in, c_out, bh, rw = (list(map(int, sys.argv[2:])) + [32, 64, 8, 2][len(sys.argv) - 2:])[:4]
-    if kernel == "library":
+    if kernel in ("library", "library3x"):
         from convt3d.backends.cuda import phase_conv
 
-        source = phase_conv.source(c_in, c_out, min(c_out, 64), (3, 3, 3), (1, 1, 1), bh, has_bias=False)
+        source = phase_conv.source(c_in, c_out, min(c_out, 64), (3, 3, 3), (1, 1, 1), bh, has_bias=False,
+                                   split=kernel == "library3x")
         kernel = "phase_conv"
     elif kernel == "grad_weight":
         from convt3d.backends.cuda import grad_weight, grad_weight_config

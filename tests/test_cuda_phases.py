@@ -31,19 +31,30 @@ def round_tf32(t: torch.Tensor) -> torch.Tensor:
 def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, grid, offsets, taps, first_taps,
                        tap_steps, dilation):
     """What the kernel computes (phase_conv.py), in float64; it also checks that every read of every whole tile lies
-    inside the window, as the kernel assumes."""
+    inside the window, as the kernel assumes. 3xTF32 (weight_taps' hi and lo parts): the window's values split as the
+    kernel splits them, and the three products it adds."""
     n, xd, xh, xw, c_in = window.shape
-    c_out = weight_taps.shape[3]
-    rows, _, _ = cuda.config(c_in, c_out, tuple(taps), tuple(dilation))
+    split = weight_taps.dim() == 6
+    c_out = weight_taps.shape[3 + split]
+    rows, _, _ = cuda.config(c_in, c_out, tuple(taps), tuple(dilation), split)
     (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
     assert xd >= offsets[0] + qd + (kd - 1) * dd
     assert xh >= offsets[1] + -(-qh // rows) * rows + (kh - 1) * dh
     assert xw >= offsets[2] + -(-qw // 32) * 32 + (kw - 1) * dw
-    x = window.permute(0, 4, 1, 2, 3).double()
-    x = x[:, :, offsets[0]:, offsets[1]:, offsets[2]:]
     index = [[f + k * s for k in range(count)] for f, s, count in zip(first_taps, tap_steps, taps)]
-    w = weight_taps.double()[index[0]][:, index[1]][:, :, index[2]].permute(3, 4, 0, 1, 2)
-    y = F.conv3d(x, w, dilation=dilation)[:, :, :qd, :qh, :qw]
+
+    def correlation(window, weight_taps):
+        x = window.permute(0, 4, 1, 2, 3).double()[:, :, offsets[0]:, offsets[1]:, offsets[2]:]
+        w = weight_taps.double()[index[0]][:, index[1]][:, :, index[2]].permute(3, 4, 0, 1, 2)
+        return F.conv3d(x, w, dilation=dilation)[:, :, :qd, :qh, :qw]
+
+    if split:
+        x_hi = round_tf32(window)
+        x_lo = round_tf32(window - x_hi)
+        w_hi, w_lo = weight_taps
+        y = correlation(x_hi, w_hi) + correlation(x_hi, w_lo) + correlation(x_lo, w_hi)
+    else:
+        y = correlation(window, weight_taps)
     if bias is not None:
         y = y + bias.double().view(1, -1, 1, 1, 1)
     out.as_strided((n, c_out, qd, qh, qw), out_strides, out.storage_offset() + out_offset).copy_(y)
@@ -96,11 +107,13 @@ LAYERS = [
 ]
 
 
-def _layer(c_in, c_out, kernel, stride, padding, dilation, output_padding, spatial, seed):
+def _layer(c_in, c_out, kernel, stride, padding, dilation, output_padding, spatial, seed, tf32_exact=True):
+    """x, w (TF32-exact unless tf32_exact is False), b, the plan and conv_transpose3d's arguments of a layer."""
     gen = torch.Generator().manual_seed(seed)
     kernel = (kernel,) * 3 if isinstance(kernel, int) else kernel
-    x = round_tf32(torch.randn(2, c_in, *spatial, generator=gen)).to(DEVICE)
-    w = round_tf32(torch.randn(c_in, c_out, *kernel, generator=gen)).to(DEVICE)
+    exact = round_tf32 if tf32_exact else lambda t: t
+    x = exact(torch.randn(2, c_in, *spatial, generator=gen)).to(DEVICE)
+    w = exact(torch.randn(c_in, c_out, *kernel, generator=gen)).to(DEVICE)
     b = torch.randn(c_out, generator=gen).to(DEVICE)
     args = [(v,) * 3 if isinstance(v, int) else v for v in (stride, padding, output_padding, dilation)]
     plan = make_plan(tuple(x.shape), tuple(w.shape), *args[:3], 1, args[3])
@@ -109,16 +122,19 @@ def _layer(c_in, c_out, kernel, stride, padding, dilation, output_padding, spati
 
 @pytest.mark.parametrize("layer", LAYERS)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_forward_phases_match_conv_transpose3d(layer, with_bias, monkeypatch):
+@pytest.mark.parametrize("tf32", [True, False])
+def test_forward_phases_match_conv_transpose3d(layer, with_bias, tf32, monkeypatch):
+    """In TF32 mode on TF32-exact operands (so the emulated kernel's float64 sums match float64 PyTorch closely); with
+    TF32 off (3xTF32) on operands that are not, which only the split reaches to 1e-6 (TF32 alone: about 3e-4)."""
     monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
-    x, w, b, plan, args = _layer(*layer, seed=random.randrange(2**31))
+    x, w, b, plan, args = _layer(*layer, seed=random.randrange(2**31), tf32_exact=tf32)
     b = b if with_bias else None
-    # The operands are TF32-rounded already, so the emulated kernel's float64 sums match float64 PyTorch closely.
     expected = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), **args)
     out = torch.full(plan.output_shape, float("nan"), device=DEVICE)
     regions = _regions(plan, False)
     phase_list = tuple(phases for _, phases in regions if phases is not None)
-    cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+        cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
     for index, phases in regions:  # the regions no tap reaches, as the backend fills them
         if phases is None:
             out[index] = 0 if b is None else b.view(1, -1, 1, 1, 1).expand_as(out[index])
@@ -126,13 +142,16 @@ def test_forward_phases_match_conv_transpose3d(layer, with_bias, monkeypatch):
 
 
 @pytest.mark.parametrize("layer", LAYERS)
-def test_grad_input_phases_match_aten(layer, monkeypatch):
+@pytest.mark.parametrize("tf32", [True, False])
+def test_grad_input_phases_match_aten(layer, tf32, monkeypatch):
     monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
-    x, w, _, plan, _ = _layer(*layer, seed=random.randrange(2**31))
-    g = round_tf32(torch.randn(plan.output_shape, device=DEVICE))
+    x, w, _, plan, _ = _layer(*layer, seed=random.randrange(2**31), tf32_exact=tf32)
+    g = torch.randn(plan.output_shape, device=DEVICE)
+    g = round_tf32(g) if tf32 else g
     for phases, index in _backward_phases(plan):
         lattice = g[index]  # a strided view: the window pass reads through its strides
-        ours = cuda_phases.phase_grad_input(lattice, w, plan, phases)
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+            ours = cuda_phases.phase_grad_input(lattice, w, plan, phases)
         expected = phase_grad_input(lattice.double(), w.double(), plan, phases)
         assert_close_rel(ours, expected, 1e-6, f"grad_input of phase {phases}")
 
@@ -207,11 +226,19 @@ def test_operands_pass_pads_transposes_and_rounds():
     window_of_source = padded[:, :, pad + start[0]:pad + start[0] + extent[0], pad + start[1]:pad + start[1] + extent[1],
                               pad + start[2]:pad + start[2] + extent[2]]
     for orientation in (False, True):
+        expected_window = window_of_source.permute(0, 2, 3, 4, 1).contiguous()
+        expected_taps = (weight.permute(2, 3, 4, 0, 1) if orientation else weight.permute(2, 3, 4, 1, 0)).contiguous()
         window, taps = correlation_operands(source, 0, source.shape, source.stride(), start, extent, weight,
                                             grad_input_orientation=orientation)
-        assert torch.equal(window, round_tf32(window_of_source.permute(0, 2, 3, 4, 1).contiguous()))
-        expected = weight.permute(2, 3, 4, 0, 1) if orientation else weight.permute(2, 3, 4, 1, 0)
-        assert torch.equal(taps, round_tf32(expected.contiguous()))
+        assert torch.equal(window, round_tf32(expected_window))
+        assert torch.equal(taps, round_tf32(expected_taps))
+        # 3xTF32: the window as it is, the weight's TF32 hi and lo parts.
+        window, taps = correlation_operands(source, 0, source.shape, source.stride(), start, extent, weight,
+                                            grad_input_orientation=orientation, split=True)
+        assert torch.equal(window, expected_window)
+        hi = round_tf32(expected_taps)
+        assert taps.shape == (2, *hi.shape)
+        assert torch.equal(taps[0], hi) and torch.equal(taps[1], round_tf32(expected_taps - hi))
 
 
 def test_unsupported_reasons_name_the_cause(monkeypatch):
@@ -223,6 +250,21 @@ def test_unsupported_reasons_name_the_cause(monkeypatch):
     assert cuda.config(32, 64, (3, 3, 3), (1, 1, 1))[0] == 8  # problem 77's forward: 8 rows, two programs per SM
     assert cuda.config(64, 32, (3, 3, 3), (1, 1, 1))[0] == 4  # its grad_input: 4 rows fit twice
     assert cuda.config(64, 64, (1, 1, 40), (1, 1, 8)) is None  # a plane wider than shared memory
+    # 3xTF32: the weight ring doubles; at most 4 rows (8 spill registers), still two programs per SM on problem 77.
+    rows, _, smem = cuda.config(32, 64, (3, 3, 3), (1, 1, 1), split=True)
+    assert rows == 4 and smem <= cuda.MAX_SHARED_BYTES // 2 - 1024
+    assert smem > cuda.config(32, 64, (3, 3, 3), (1, 1, 1))[2]
+
+
+def test_only_the_weight_gradient_needs_tf32(monkeypatch):
+    """With TF32 off the phase correlation serves (in 3xTF32) and the weight gradient does not; checked on a
+    pretended sm_90 device up to the first check that needs one."""
+    monkeypatch.setattr(cuda, "_capability", lambda index: cuda.ARCHITECTURE)
+    gpu = torch.device("cuda", 0)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        assert "TF32" in cuda.grad_weight_kernel_unsupported(gpu, torch.float32, 32, 64, 1, (3, 3, 3), (1, 1, 1))
+        assert "channels" in cuda.phase_conv_unsupported(gpu, torch.float32, 16, 64, 1, (3, 3, 3), (1, 1, 1), True)
+        assert "float32" in cuda.phase_conv_unsupported(gpu, torch.float16, 32, 64, 1, (3, 3, 3), (1, 1, 1), True)
 
 
 def test_launcher_passes_every_argument_by_address(monkeypatch):

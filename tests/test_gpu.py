@@ -232,6 +232,32 @@ def test_cuda_phase_correlation_kernel(layer):
             assert_close_rel(ours, expected, 1e-5, "grad_weight")
 
 
+@pytest.mark.parametrize("layer", CUDA_PHASE_LAYERS)
+def test_cuda_phase_correlation_kernel_in_3xtf32(layer):
+    """The CUDA phase correlation with TF32 off (3xTF32) on operands that are not TF32-exact: every forward phase
+    into a NaN-filled output and each phase's grad_input, against float64 PyTorch to float32's accuracy (TF32 alone
+    misses 1e-6 by two orders)."""
+    x, w, b, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31, tf32_exact=False)
+    regions = _regions(plan, False)
+    phase_list = tuple(phases for _, phases in regions if phases is not None)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        reason = cuda_phases.forward_unsupported(plan, phase_list, x.device, x.dtype, False)
+        if reason is not None:
+            pytest.skip(reason)
+        out = torch.full(plan.output_shape, float("nan"), device="cuda")
+        cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
+        for index, phases in regions:
+            if phases is None:
+                out[index] = b.view(1, -1, 1, 1, 1).expand_as(out[index])
+        assert_close_rel(out, F.conv_transpose3d(x.double(), w.double(), b.double(), **args), 1e-6, "forward")
+        g = torch.randn(plan.output_shape, device="cuda")
+        for phases, index in _backward_phases(plan):
+            if cuda_phases.grad_input_unsupported(plan, phases, x.device, x.dtype, False) is None:
+                ours = cuda_phases.phase_grad_input(g[index], w, plan, phases)
+                assert_close_rel(ours, phase_grad_input(g[index].double(), w.double(), plan, phases), 1e-6,
+                                 "grad_input")
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("backend", ["triton", "torch", "auto"])
 def test_layer_on_another_gpu_than_the_current_one(backend):

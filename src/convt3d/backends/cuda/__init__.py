@@ -31,34 +31,36 @@ MAX_SHARED_BYTES = 227 * 1024
 
 
 def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,
-                           dilation) -> str | None:
+                           dilation, split: bool = False) -> str | None:
     """None when the wgmma phase correlation serves a correlation of c_in -> c_out channels with these taps and tap
-    dilations on this device, else a short reason."""
-    reason = _unsupported_setting(device, dtype, groups)
+    dilations on this device, in TF32 or (split) 3xTF32, else a short reason."""
+    reason = _unsupported_setting(device, dtype, groups, tf32_only=False)
     if reason is not None:
         return reason
     if c_in not in (32, 64) or c_out % 8 or not (c_out <= 64 or c_out % 64 == 0):
         return f"channels {c_in} -> {c_out} (needs 32 or 64 in, a multiple of 8 up to 64, or of 64, out)"
     if _compile_kernel() is None:
         return "torch.cuda._compile_kernel is missing"
-    if config(c_in, c_out, tuple(taps), tuple(dilation)) is None:
+    if config(c_in, c_out, tuple(taps), tuple(dilation), split) is None:
         return "the taps' window plane does not fit in shared memory"
     try:  # compiled here, once per layer (the callers cache this answer), so that a failure falls back to cuDNN
         _kernel(device.index if device.index is not None else torch.cuda.current_device(), c_in, c_out, tuple(taps),
-                tuple(dilation), False)
+                tuple(dilation), False, split)
     except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: any failure means cuDNN)
         return f"compiling the kernel failed: {error}"
     return None
 
 
-def _unsupported_setting(device: torch.device, dtype: torch.dtype, groups: int) -> str | None:
-    """What both kernels need: enabled, an sm_90 GPU, float32 in TF32 mode, one group."""
+def _unsupported_setting(device: torch.device, dtype: torch.dtype, groups: int, tf32_only: bool) -> str | None:
+    """What both kernels need: enabled, an sm_90 GPU, float32 (in TF32 mode if tf32_only), one group."""
     if not ENABLED:
         return "CONVT3D_CUDA_KERNELS=0"
     if device.type != "cuda" or _capability(device.index or 0) != ARCHITECTURE:
         return f"needs an sm_90 GPU (Hopper), got {device}"
-    if dtype != torch.float32 or not torch.backends.cudnn.allow_tf32:
-        return "TF32 float32 only (torch.backends.cudnn.allow_tf32)"
+    if dtype != torch.float32:
+        return "float32 only"
+    if tf32_only and not torch.backends.cudnn.allow_tf32:
+        return "TF32 mode only (torch.backends.cudnn.allow_tf32)"
     if groups != 1:
         return "groups > 1"
     return None
@@ -74,16 +76,17 @@ def _compile_kernel():
 
 
 @functools.lru_cache(maxsize=1024)
-def config(c_in: int, c_out: int, taps, dilation):
-    """(tile rows BH, output channels per program, shared bytes) or None: the most rows (up to 8) whose program's
-    shared memory lets two programs share a multiprocessor, else one. On the H200, problem 77's forward correlation
+def config(c_in: int, c_out: int, taps, dilation, split: bool = False):
+    """(tile rows BH, output channels per program, shared bytes) or None: the most rows (up to 8; 4 in 3xTF32, whose
+    second A fragments spill registers with 8) whose program's shared memory lets two programs share a
+    multiprocessor, else one. On the H200, problem 77's forward correlation
     took 0.157 ms with 8 rows, 0.167 with 4 and 0.561 with 16 (one program per multiprocessor); its grad_input's
     about 0.24 with 4 rows and 0.283 with 8 (one program per multiprocessor; benchmarks/RESULTS.md, twelfth
     session)."""
     cob = min(c_out, 64)
     for limit in (MAX_SHARED_BYTES // 2 - 1024, MAX_SHARED_BYTES):
-        for rows in (8, 4, 2):
-            smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows)
+        for rows in (4, 2) if split else (8, 4, 2):
+            smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split)
             if smem <= limit:
                 return rows, cob, smem
     return None
@@ -139,16 +142,17 @@ def _check(result: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool) -> _Kernel:
-    rows, cob, smem = config(c_in, c_out, taps, dilation)
+def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: bool) -> _Kernel:
+    rows, cob, smem = config(c_in, c_out, taps, dilation, split)
     with torch.cuda.device(device_index):
-        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias), "phase_conv", smem, 128)
+        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split), "phase_conv", smem,
+                       128)
 
 
-def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets) -> tuple[int, int, int]:
+def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: bool = False) -> tuple[int, int, int]:
     """The window sizes (depth, rows, columns) that a correlation over grid (QD, QH, QW) reads from offsets on (its
     first position in the window): whole tiles of rows and columns, so that partial tiles read inside it too."""
-    rows, _, _ = config(c_in, c_out, tuple(taps), tuple(dilation))
+    rows, _, _ = config(c_in, c_out, tuple(taps), tuple(dilation), split)
     (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
     return (offsets[0] + qd + (kd - 1) * dd, offsets[1] + cdiv(qh, rows) * rows + (kh - 1) * dh,
             offsets[2] + cdiv(qw, TILE_COLUMNS) * TILE_COLUMNS + (kw - 1) * dw)
@@ -158,13 +162,15 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
               grid, offsets, taps, first_taps, tap_steps, dilation) -> None:
     """out (float32) at element out_offset with out_strides, over grid (QD, QH, QW) x C_out: the correlation of
     phase_conv.py plus bias. window: (N, XD, XH, XW, C_in) with XD, XH, XW at least window_extent(...); weight_taps:
-    (kD, kH, kW, C_out, C_in) of the whole kernel, contiguous; first_taps, tap_steps: per axis the correlation's
-    first kernel tap and the step between its taps."""
+    (kD, kH, kW, C_out, C_in) of the whole kernel, contiguous, TF32-rounded like the window (TF32), or (2, kD, kH,
+    kW, C_out, C_in), its hi and lo parts, with the window as it is (3xTF32); first_taps, tap_steps: per axis the
+    correlation's first kernel tap and the step between its taps."""
     n, xd, xh, xw, c_in = window.shape
-    kdf, khf, kwf, c_out, _ = weight_taps.shape
+    split = weight_taps.dim() == 6
+    kdf, khf, kwf, c_out, _ = weight_taps.shape[split:]
     device = window.device.index or 0
-    rows, cob, _ = config(c_in, c_out, tuple(taps), tuple(dilation))
-    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None)
+    rows, cob, _ = config(c_in, c_out, tuple(taps), tuple(dilation), split)
+    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
     programs = n * qd * qh_blocks * qw_blocks * (c_out // cob)
@@ -172,8 +178,8 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
         return
     ints = (xd, xh, xw, *offsets, first_taps[0], tap_steps[0], first_taps[1], tap_steps[1], first_taps[2],
             tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks)
-    pointers = (window.data_ptr(), weight_taps.data_ptr(),
-                bias.data_ptr() if bias is not None else weight_taps.data_ptr(), out.data_ptr() + 4 * out_offset)
+    pointers = (window.data_ptr(), weight_taps.data_ptr(), weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split else 0,
+                bias.data_ptr() if bias is not None else 0, out.data_ptr() + 4 * out_offset)
     kernel.launch(programs, pointers, ints, tuple(out_strides), _current_stream(device))
 
 
@@ -181,7 +187,7 @@ def grad_weight_kernel_unsupported(device: torch.device, dtype: torch.dtype, c_i
                                    dilation) -> str | None:
     """None when grad_weight.py's kernel computes the weight gradient of a phase correlation reading c_in channels
     of the input with these taps and tap dilations into c_out channels, else a short reason."""
-    reason = _unsupported_setting(device, dtype, groups)
+    reason = _unsupported_setting(device, dtype, groups, tf32_only=True)
     if reason is not None:
         return reason
     if c_in % 16 or c_out % 8 or not (c_out <= 64 or c_out % 64 == 0):

@@ -6,10 +6,15 @@ grad_input. This kernel computes
     y[n, o, q] = bias[o] + sum over taps k and channels i of window[n, q + offset + k * dil, i] * w[tap(k), o, i]
 
 with q = (qd, qh, qw) over the grid (QD, QH, QW), k = (kd, kh, kw) < (KD, KH, KW), the window channels-last,
-zero-padded so that every tile's reads lie inside it and TF32-rounded (backends/triton/window.py makes it), and the
-weight as (kernel taps, C_OUT, C_IN), TF32-rounded; tap(k) = ((td0 + kd*tds) * KHF + th0 + kh*ths) * KWF + tw0 +
+zero-padded so that every tile's reads lie inside it (backends/triton/window.py makes it), and the weight as
+(kernel taps, C_OUT, C_IN); tap(k) = ((td0 + kd*tds) * KHF + th0 + kh*ths) * KWF + tw0 +
 kw*tws picks the phase's taps among the kernel's KDF x KHF x KWF. y is written through any 64-bit strides: the
 output's lattice of the phase, so that no copy follows.
+
+Two precisions. TF32 (SPLIT 0): window and weight TF32-rounded beforehand, one MMA per k-step. 3xTF32 (SPLIT 1, for
+float32 with TF32 off): the window as it is and the weight as two TF32 parts, hi + lo (hi = tf32(w), lo = tf32(w -
+hi)); each A fragment is split the same way in registers, and three MMAs add a_hi b_hi + a_hi b_lo + a_lo b_hi,
+leaving out only a_lo b_lo (about 2^-22 of a product), so the result has about float32's accuracy.
 
 A program (one warpgroup, 128 threads) owns BH rows x 32 columns of one qd plane and COB output channels. Per depth
 tap it copies the window plane its positions read into shared memory once (rows padded to C_IN + 4 floats, so that
@@ -57,7 +62,8 @@ SOURCE = r"""
 #define CPA (C_IN + 4)                      // a window position's floats in shared memory
 #define SLABS (BH * BW / 64)                // M = 64 positions per wgmma
 #define KB (C_IN / 32)                      // 32-channel blocks: one 128-byte swizzle atom wide
-#define B_STAGE (KB * COB * 32)             // floats per weight stage
+#define B_PART (KB * COB * 32)              // floats of a tap's weight block (one of its parts with SPLIT)
+#define B_STAGE (B_PART * (1 + SPLIT))      // floats per weight stage: the block, or its hi and lo parts
 #define STAGES 4                            // the stage refilled at tap t was read by tap t - 2's MMAs
 #define OCS (BH * BW + 4)                   // a channel's floats in the staged output tile
 
@@ -67,6 +73,9 @@ __device__ __forceinline__ void ldmatrix4(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
+// To TF32, rounding to nearest (ties away from zero) as the operand pass rounds: two integer instructions, where
+// cvt.rna.tf32.f32 compiles to about ten on sm_90.
+__device__ __forceinline__ unsigned to_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xFFFFE000u; }
 __device__ __forceinline__ void cp_async16(float* dst, const float* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem_addr(dst)), "l"(src));
 }
@@ -86,16 +95,20 @@ __device__ __forceinline__ void copy_plane(float* halo, const float* plane, long
 
 // The tap's COB x C_IN weight block, K-major: 32-channel blocks of COB rows of 128 bytes, whose 16-byte chunks are
 // swizzled by (row & 7), as wgmma's 128-byte swizzle mode reads them.
-__device__ __forceinline__ void copy_weight(float* stage, const float* w_tap, int tid) {
+// With SPLIT the lo part follows the hi part in the stage.
+__device__ __forceinline__ void copy_weight(float* stage, const float* w_tap, const float* w_lo_tap, int tid) {
     #pragma unroll
     for (int e = tid; e < COB * C_IN / 4; e += THREADS) {
         const int oc = e / (C_IN / 4), c4 = e % (C_IN / 4), kb = c4 / 8, c = c4 % 8;
-        cp_async16(stage + (kb * COB + oc) * 32 + ((c ^ (oc & 7)) << 2), w_tap + (long long)oc * C_IN + c4 * 4);
+        float* dst = stage + (kb * COB + oc) * 32 + ((c ^ (oc & 7)) << 2);
+        cp_async16(dst, w_tap + (long long)oc * C_IN + c4 * 4);
+        if (SPLIT) cp_async16(dst + B_PART, w_lo_tap + (long long)oc * C_IN + c4 * 4);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,
+           const float* __restrict__ bias,
            float* __restrict__ y, int XD, int XH, int XW, int off_d, int off_h, int off_w,
            int td0, int tds, int th0, int ths, int tw0, int tws, int KHF, int KWF,
            int QD, int QH, int QW, int qh_blocks, int qw_blocks,
@@ -114,13 +127,14 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     const long long row_floats = (long long)XW * C_IN;
     const float* plane0 = x + (((long long)n * XD + qd + off_d) * XH + qh0 + off_h) * row_floats
                           + (long long)(qw0 + off_w) * C_IN;
-    const float* w_block = w + (long long)ob * COB * C_IN;
+    const long long w_block = (long long)ob * COB * C_IN;
     #define W_TAP(tap) (w_block + (long long)(((td0 + ((tap) / (KH * KW)) * tds) * KHF + th0 \
         + ((tap) / KW % KH) * ths) * KWF + tw0 + ((tap) % KW) * tws) * C_OUT * C_IN)
+    #define COPY_WEIGHT(stage, tap) copy_weight(stage, w + W_TAP(tap), w_lo + W_TAP(tap), tid)
 
-    copy_weight(ring, W_TAP(0), tid);
+    COPY_WEIGHT(ring, 0);
     cp_commit();
-    if (KD * KH * KW > 1) copy_weight(ring + B_STAGE, W_TAP(1), tid);
+    if (KD * KH * KW > 1) COPY_WEIGHT(ring + B_STAGE, 1);
     cp_commit();
     copy_plane(halo, plane0, row_floats, warp, lane);
     cp_commit();
@@ -131,7 +145,8 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     const unsigned a_lane = smem_addr(halo + ((p / BW) * HW + p % BW) * CPA + a_k);
     const unsigned ring_addr = smem_addr(ring);
     float d[SLABS][COB / 2];
-    unsigned a[2][SLABS][4];
+    unsigned a[2][SLABS][4];                          // with SPLIT: the hi parts
+    unsigned a_lo[2][SLABS][SPLIT ? 4 : 1];
     #pragma unroll
     for (int s = 0; s < SLABS; s++)
         #pragma unroll
@@ -156,7 +171,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                 if (kh == 0 && kw == 0) cp_wait<0>(); else cp_wait<1>();
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // copies visible to the tensor cores
                 __syncthreads();
-                if (tap + 2 < KD * KH * KW) copy_weight(ring + ((tap + 2) % STAGES) * B_STAGE, W_TAP(tap + 2), tid);
+                if (tap + 2 < KD * KH * KW) COPY_WEIGHT(ring + ((tap + 2) % STAGES) * B_STAGE, tap + 2);
                 cp_commit();
                 const unsigned stage = ring_addr + 4 * (tap % STAGES) * B_STAGE;
                 #pragma unroll
@@ -165,10 +180,29 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                     #pragma unroll
                     for (int s = 0; s < SLABS; s++)
                         ldmatrix4(a[ks & 1][s], a_lane + 4 * (((2 * s + kh * DH) * HW + kw * DW) * CPA + 8 * ks));
+                    if (SPLIT) {
+                        #pragma unroll
+                        for (int s = 0; s < SLABS; s++)
+                            #pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                const float value = __uint_as_float(a[ks & 1][s][e]);
+                                const unsigned hi = to_tf32(value);
+                                a_lo[ks & 1][s][SPLIT ? e : 0] = to_tf32(value - __uint_as_float(hi));
+                                a[ks & 1][s][e] = hi;
+                            }
+                    }
                     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-                    const unsigned long long desc = b_desc(stage + 4 * ((ks / 4) * COB * 32 + (ks % 4) * 8));
+                    const unsigned b_at = stage + 4 * ((ks / 4) * COB * 32 + (ks % 4) * 8);
+                    const unsigned long long desc = b_desc(b_at);
                     #pragma unroll
                     for (int s = 0; s < SLABS; s++) wgmma(d[s], a[ks & 1][s], desc);
+                    if (SPLIT) {
+                        const unsigned long long desc_lo = b_desc(b_at + 4 * B_PART);
+                        #pragma unroll
+                        for (int s = 0; s < SLABS; s++) wgmma(d[s], a[ks & 1][s], desc_lo);
+                        #pragma unroll
+                        for (int s = 0; s < SLABS; s++) wgmma(d[s], a_lo[ks & 1][s], desc);
+                    }
                     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 }
             }
@@ -215,18 +249,18 @@ def wgmma_asm(n: int) -> str:
             f' : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));')
 
 
-def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool) -> str:
-    """The kernel's source for one configuration: sizes as macros, so that every loop unrolls."""
+def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: bool = False) -> str:
+    """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 3xTF32."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
-                   HAS_BIAS=int(has_bias))
+                   HAS_BIAS=int(has_bias), SPLIT=int(split))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob))
 
 
-def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int) -> int:
+def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: bool = False) -> int:
     """Dynamic shared memory of one program: the weight ring and the window plane, or the staged output tile."""
     (_, kh, kw), (_, dh, dw) = taps, dilation
-    ring = 4 * c_in * cob
+    ring = 4 * c_in * cob * (2 if split else 1)
     plane = (bh + (kh - 1) * dh) * (32 + (kw - 1) * dw) * (c_in + 4)
     return 4 * max(ring + plane, cob * (bh * 32 + 4))

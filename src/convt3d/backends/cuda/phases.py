@@ -35,19 +35,19 @@ def _taps(phases, ascending: bool):
 @functools.lru_cache(maxsize=256)
 def forward_unsupported(plan: Plan, phase_list: tuple, device: torch.device, dtype: torch.dtype,
                         tf32: bool) -> str | None:
-    """None when every phase of phase_list (the phases some tap reaches) runs on the CUDA correlation, else why not."""
-    del tf32  # (part of the key: phase_conv_unsupported reads the flag)
+    """None when every phase of phase_list (the phases some tap reaches) runs on the CUDA correlation (TF32, or 3xTF32
+    where tf32, torch.backends.cudnn.allow_tf32, is off), else why not."""
     for phases in phase_list:
         counts, _, _ = _taps(phases, ascending=False)
         reason = phase_conv_unsupported(device, dtype, plan.in_channels, plan.out_channels, plan.groups, counts,
-                                        tuple(p.input_dilation for p in phases))
+                                        tuple(p.input_dilation for p in phases), split=not tf32)
         if reason is not None:
             return reason
     return None
 
 
 @functools.lru_cache(maxsize=256)
-def _forward_geometry(plan: Plan, phase_list: tuple):
+def _forward_geometry(plan: Plan, phase_list: tuple, split: bool):
     """(the window's start and extent, and per phase (offsets, taps, first taps, steps, dilation, grid))."""
     starts = [min(phases[axis].input_start for phases in phase_list) for axis in range(3)]
     extent, launches = [0, 0, 0], []
@@ -56,7 +56,7 @@ def _forward_geometry(plan: Plan, phase_list: tuple):
         offsets = tuple(p.input_start - s for p, s in zip(phases, starts))
         dilation = tuple(p.input_dilation for p in phases)
         grid = tuple(p.out_count for p in phases)
-        reach = window_extent(plan.in_channels, plan.out_channels, grid, counts, dilation, offsets)
+        reach = window_extent(plan.in_channels, plan.out_channels, grid, counts, dilation, offsets, split)
         extent = [max(e, r) for e, r in zip(extent, reach)]
         launches.append((phases, offsets, counts, firsts, steps, dilation, grid))
     return tuple(starts), tuple(extent), tuple(launches)
@@ -65,10 +65,11 @@ def _forward_geometry(plan: Plan, phase_list: tuple):
 def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, phase_list: tuple, out: torch.Tensor,
                  lattice_geometry) -> None:
     """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
-    element offset, shape and strides), bias added."""
-    start, extent, launches = _forward_geometry(plan, phase_list)
+    element offset, shape and strides), bias added; in 3xTF32 where torch.backends.cudnn.allow_tf32 is off."""
+    split = not torch.backends.cudnn.allow_tf32
+    start, extent, launches = _forward_geometry(plan, phase_list, split)
     window, weight_taps = correlation_operands(input, 0, input.shape, input.stride(), start,
-                                               extent, weight, grad_input_orientation=False)
+                                               extent, weight, grad_input_orientation=False, split=split)
     for phases, offsets, counts, firsts, steps, dilation, grid in launches:
         offset, _, strides = lattice_geometry(plan, phases, out.stride())
         correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps, dilation)
@@ -76,22 +77,22 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
 
 @functools.lru_cache(maxsize=256)
 def grad_input_unsupported(plan: Plan, phases, device: torch.device, dtype: torch.dtype, tf32: bool) -> str | None:
-    """None when the CUDA correlation computes this phase's part of grad_input, else why not."""
-    del tf32
+    """None when the CUDA correlation computes this phase's part of grad_input (TF32, or 3xTF32 where tf32 is off),
+    else why not."""
     counts, _, _ = _taps(phases, ascending=True)
     return phase_conv_unsupported(device, dtype, plan.out_channels, plan.in_channels, plan.groups, counts,
-                                  tuple(p.input_dilation for p in phases))
+                                  tuple(p.input_dilation for p in phases), split=not tf32)
 
 
 @functools.lru_cache(maxsize=256)
-def _grad_input_geometry(plan: Plan, phases):
+def _grad_input_geometry(plan: Plan, phases, split: bool):
     """(the window's start and extent, taps, first taps, steps, dilation, grid) of a phase's grad_input: input i
     receives lattice position j = i + start + k * dilation for the k-th ascending tap (torch_phase.phase_grad_input)."""
     counts, firsts, steps = _taps(phases, ascending=True)
     dilation = tuple(p.input_dilation for p in phases)
     start = tuple(-p.input_start - (len(p.taps) - 1) * p.input_dilation for p in phases)
     grid = plan.input_spatial
-    extent = window_extent(plan.out_channels, plan.in_channels, grid, counts, dilation, (0, 0, 0))
+    extent = window_extent(plan.out_channels, plan.in_channels, grid, counts, dilation, (0, 0, 0), split)
     return start, extent, counts, firsts, steps, dilation, grid
 
 
@@ -104,11 +105,13 @@ def phase_grad_input(lattice: torch.Tensor, weight: torch.Tensor, plan: Plan, ph
 def phase_grad_input_in_place(grad_output: torch.Tensor, lattice_offset: int, lattice_strides, weight: torch.Tensor,
                               plan: Plan, phases) -> torch.Tensor:
     """phase_grad_input of the lattice that starts at element lattice_offset of grad_output with lattice_strides
-    (torch_phase._lattice_geometry's): read in place, with no view made (a view's host time shows on the GPU)."""
-    start, extent, counts, firsts, steps, dilation, grid = _grad_input_geometry(plan, phases)
+    (torch_phase._lattice_geometry's): read in place, with no view made (a view's host time shows on the GPU). In
+    3xTF32 where torch.backends.cudnn.allow_tf32 is off."""
+    split = not torch.backends.cudnn.allow_tf32
+    start, extent, counts, firsts, steps, dilation, grid = _grad_input_geometry(plan, phases, split)
     shape = (plan.batch, plan.out_channels, *(p.out_count for p in phases))
     window, weight_taps = correlation_operands(grad_output, lattice_offset, shape, lattice_strides,
-                                               start, extent, weight, grad_input_orientation=True)
+                                               start, extent, weight, grad_input_orientation=True, split=split)
     grad_input = torch.empty((plan.batch, plan.in_channels, *grid), dtype=grad_output.dtype,
                              device=grad_output.device)
     correlate(window, weight_taps, None, grad_input, 0, grad_input.stride(), grid, (0, 0, 0), counts, firsts, steps,

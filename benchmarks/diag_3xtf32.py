@@ -1,0 +1,109 @@
+"""Problem 77 with TF32 off: the CUDA phase correlation in 3xTF32 against cuDNN's float32, and against eager (GPU).
+
+    PYTHONPATH=src python3 benchmarks/diag_3xtf32.py [--iters 100]
+
+Each row: bench.protocol.time_cuda's mean and minimum (L2 flushed and the GPU idle before each call, as KernelBench
+times) and the relative error against float64. "cuda" rows use the CUDA kernels (in 3xTF32 with TF32 off: the
+forward and grad_input; grad_weight stays Triton's 3xTF32), "cudnn" rows the same code with them off
+(backends.cuda.ENABLED False). The pieces: the 3xTF32 operand pass and correlation against the TF32 ones.
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import convt3d
+from convt3d.backends import cuda
+from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.bench.protocol import relative_error, time_cuda
+from convt3d.bench.workloads import PROBLEM_77
+
+P77 = dict(stride=2, padding=1, dilation=2)
+
+
+def use_cuda_kernels(on: bool) -> None:
+    cuda.ENABLED = on
+    cuda_phases.forward_unsupported.cache_clear()
+    cuda_phases.grad_input_unsupported.cache_clear()
+    cuda_phases.grad_weight_unsupported.cache_clear()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=100)
+    iters = parser.parse_args().iters
+    torch.manual_seed(0)
+    eager, layer, x, grad = PROBLEM_77.training_case(torch.device("cuda"))
+    x = x.detach()
+    ref = F.conv_transpose3d(x.double(), eager.weight.double(), None, **P77)
+    rows = []
+
+    def row(what, fn, out=None, reference=ref):
+        t = time_cuda(fn, iters=iters)
+        err = relative_error(out, reference) if out is not None else float("nan")
+        rows.append((what, t.mean_ms, t.min_ms, err))
+        print(rows[-1], flush=True)
+
+    xg = x.clone().requires_grad_()
+
+    def fwd_bwd(module):
+        def run():
+            module.zero_grad(set_to_none=True)
+            xg.grad = None
+            module(xg).backward(grad)
+        return run
+
+    x64 = x.double().requires_grad_()
+    w64 = eager.weight.detach().double().requires_grad_()
+    F.conv_transpose3d(x64, w64, None, **P77).backward(grad.double())
+    forward = lambda: convt3d.conv_transpose3d(x, eager.weight, None, backend="torch", **P77)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        row("eager forward, TF32 off", lambda: eager(x), eager(x))
+        for on in (True, False):
+            use_cuda_kernels(on)
+            name = "cuda" if on else "cudnn"
+            row(f"{name}: forward (backend torch), TF32 off", forward, forward())
+        row("eager forward+backward, TF32 off", fwd_bwd(eager))
+        for on in (True, False):
+            use_cuda_kernels(on)
+            name = "cuda" if on else "cudnn"
+            row(f"{name}: forward+backward (module), TF32 off", fwd_bwd(layer))
+            layer.zero_grad(set_to_none=True)
+            xg.grad = None
+            layer(xg).backward(grad)
+            print(name, "grad_input rel. err.", relative_error(xg.grad, x64.grad), "grad_weight rel. err.",
+                  relative_error(layer.weight.grad, w64.grad), flush=True)
+        use_cuda_kernels(True)
+    row("cuda: forward (backend torch), TF32", forward, forward())
+
+    # The pieces, 3xTF32 against TF32.
+    from convt3d.backends.torch_phase import _lattice_geometry, _regions
+    from convt3d.backends.triton.window import correlation_operands
+
+    plan = PROBLEM_77.plan()
+    phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
+    out = torch.zeros(plan.output_shape, device="cuda")
+    compact = torch.empty(16, 64, 16, 32, 32, device="cuda")
+    for split in (False, True):
+        name = "3xTF32" if split else "TF32"
+        start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
+        row(f"{name}: operand pass", lambda: correlation_operands(x, 0, x.shape, x.stride(), start, extent,
+                                                                  eager.weight, False, split))
+        window, taps = correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight, False, split)
+        phases, offsets, counts, firsts, steps, dilation, grid = launches[0]
+        offset, _, strides = _lattice_geometry(plan, phases, out.stride())
+        row(f"{name}: correlation into the lattice", lambda: cuda.correlate(
+            window, taps, None, out, offset, strides, grid, offsets, counts, firsts, steps, dilation))
+        row(f"{name}: correlation, compact output", lambda: cuda.correlate(
+            window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps, dilation))
+    row("out.zero_() (the fill)", out.zero_)
+
+    print("| what | mean ms | min ms | rel. err. vs float64 |")
+    print("|---|---|---|---|")
+    for what, mean, low, err in rows:
+        print(f"| {what} | {mean:.4f} | {low:.4f} | {err:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
