@@ -98,6 +98,17 @@ def main():
         row(f"{name}: correlation, compact output", lambda: cuda.correlate(
             window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps, dilation))
     row("out.zero_() (the fill)", out.zero_)
+    # How often 3xTF32's partial sums go into the sums: error and time (compact output) per interval in k-steps.
+    default = cuda.phase_conv.PROMOTE
+    for promote in (1, 2, 4):
+        cuda.phase_conv.PROMOTE = promote
+        cuda._kernel.cache_clear()
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            row(f"3xTF32, promote every {promote} k-steps: forward (backend torch)", forward, forward())
+            row(f"3xTF32, promote every {promote} k-steps: correlation, compact", lambda: cuda.correlate(
+                window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps, dilation))
+    cuda.phase_conv.PROMOTE = default
+    cuda._kernel.cache_clear()
 
     print("| what | mean ms | min ms | rel. err. vs float64 |")
     print("|---|---|---|---|")

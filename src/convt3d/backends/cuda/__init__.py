@@ -77,15 +77,17 @@ def _compile_kernel():
 
 @functools.lru_cache(maxsize=1024)
 def config(c_in: int, c_out: int, taps, dilation, split: bool = False):
-    """(tile rows BH, output channels per program, shared bytes) or None: the most rows (up to 8; 4 in 3xTF32, whose
-    second A fragments spill registers with 8) whose program's shared memory lets two programs share a
-    multiprocessor, else one. On the H200, problem 77's forward correlation
+    """(tile rows BH, output channels per program, shared bytes) or None: the most rows (up to 8; in 3xTF32 (split)
+    2, or as many as keep SLABS x COB x C_IN / 32 within 64: ptxas spilled registers beyond, compiled here for
+    sm_90a) whose program's shared memory lets two programs share a multiprocessor, else one. On the H200, problem 77's forward correlation
     took 0.157 ms with 8 rows, 0.167 with 4 and 0.561 with 16 (one program per multiprocessor); its grad_input's
     about 0.24 with 4 rows and 0.283 with 8 (one program per multiprocessor; benchmarks/RESULTS.md, twelfth
     session)."""
     cob = min(c_out, 64)
     for limit in (MAX_SHARED_BYTES // 2 - 1024, MAX_SHARED_BYTES):
-        for rows in (4, 2) if split else (8, 4, 2):
+        for rows in (8, 4, 2):
+            if split and rows > 2 and rows // 2 * cob * c_in // 32 > 64:  # (rows // 2: SLABS, 64 positions each)
+                continue
             smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split)
             if smem <= limit:
                 return rows, cob, smem

@@ -14,7 +14,10 @@ output's lattice of the phase, so that no copy follows.
 Two precisions. TF32 (SPLIT 0): window and weight TF32-rounded beforehand, one MMA per k-step. 3xTF32 (SPLIT 1, for
 float32 with TF32 off): the window as it is and the weight as two TF32 parts, hi + lo (hi = tf32(w), lo = tf32(w -
 hi)); each A fragment is split the same way in registers, and three MMAs add a_hi b_hi + a_hi b_lo + a_lo b_hi,
-leaving out only a_lo b_lo (about 2^-22 of a product), so the result has about float32's accuracy.
+leaving out only a_lo b_lo (about 2^-22 of a product). The tensor cores truncate as they add to their accumulator
+(problem 77 in 3xTF32, every k-step into one accumulator: 5.6e-6 off float64), so the MMAs of PROMOTE k-steps
+start from zero in a partial accumulator, which ordinary float32 adds then add to the sums. The adds wait for every
+MMA in flight: ptxas serializes all MMAs if any instruction reads accumulators while one is in flight.
 
 A program (one warpgroup, 128 threads) owns BH rows x 32 columns of one qd plane and COB output channels. Per depth
 tap it copies the window plane its positions read into shared memory once (rows padded to C_IN + 4 floats, so that
@@ -45,8 +48,8 @@ __device__ __forceinline__ unsigned long long b_desc(unsigned addr) {
            | (1ull << 62);
 }
 
-// d += A (64 x 8, from registers) x B (8 x COB, shared memory through desc).
-__device__ __forceinline__ void wgmma(float* d, const unsigned* a, unsigned long long desc) {
+// d = A (64 x 8, from registers) x B (8 x COB, shared memory through desc), plus d unless accumulate is 0.
+__device__ __forceinline__ void wgmma(float* d, const unsigned* a, unsigned long long desc, int accumulate = 1) {
     WGMMA_ASM
 }
 
@@ -144,13 +147,17 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     const int p = 16 * warp + a_row;
     const unsigned a_lane = smem_addr(halo + ((p / BW) * HW + p % BW) * CPA + a_k);
     const unsigned ring_addr = smem_addr(ring);
-    float d[SLABS][COB / 2];
+    float d[SLABS][COB / 2];                          // with SPLIT: the sum of the partials added so far
     unsigned a[2][SLABS][4];                          // with SPLIT: the hi parts
     unsigned a_lo[2][SLABS][SPLIT ? 4 : 1];
+    float partial[SPLIT ? SLABS : 1][SPLIT ? COB / 2 : 1];
     #pragma unroll
     for (int s = 0; s < SLABS; s++)
         #pragma unroll
-        for (int k = 0; k < COB / 2; k++) d[s][k] = 0.f;
+        for (int k = 0; k < COB / 2; k++) {
+            d[s][k] = 0.f;
+            if (SPLIT) partial[SPLIT ? s : 0][SPLIT ? k : 0] = 0.f;
+        }
 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
@@ -191,23 +198,40 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                                 a[ks & 1][s][e] = hi;
                             }
                     }
+                    if (SPLIT && ks % PROMOTE == 0) {  // the partial into the sums, once its MMAs are done
+                        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                        #pragma unroll
+                        for (int s = 0; s < SLABS; s++)
+                            #pragma unroll
+                            for (int k = 0; k < COB / 2; k++) d[s][k] += partial[SPLIT ? s : 0][SPLIT ? k : 0];
+                    }
                     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
                     const unsigned b_at = stage + 4 * ((ks / 4) * COB * 32 + (ks % 4) * 8);
                     const unsigned long long desc = b_desc(b_at);
-                    #pragma unroll
-                    for (int s = 0; s < SLABS; s++) wgmma(d[s], a[ks & 1][s], desc);
-                    if (SPLIT) {
+                    if (!SPLIT) {
+                        #pragma unroll
+                        for (int s = 0; s < SLABS; s++) wgmma(d[s], a[ks & 1][s], desc);
+                    } else {
                         const unsigned long long desc_lo = b_desc(b_at + 4 * B_PART);
                         #pragma unroll
-                        for (int s = 0; s < SLABS; s++) wgmma(d[s], a[ks & 1][s], desc_lo);
-                        #pragma unroll
-                        for (int s = 0; s < SLABS; s++) wgmma(d[s], a_lo[ks & 1][s], desc);
+                        for (int s = 0; s < SLABS; s++) {
+                            float* sums = partial[SPLIT ? s : 0];
+                            wgmma(sums, a[ks & 1][s], desc, ks % PROMOTE != 0);  // from zero after a promotion
+                            wgmma(sums, a[ks & 1][s], desc_lo);
+                            wgmma(sums, a_lo[ks & 1][s], desc);
+                        }
                     }
                     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 }
             }
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    if (SPLIT) {  // the last partial
+        #pragma unroll
+        for (int s = 0; s < SLABS; s++)
+            #pragma unroll
+            for (int k = 0; k < COB / 2; k++) d[s][k] += partial[SPLIT ? s : 0][SPLIT ? k : 0];
+    }
     cp_wait<0>();
     __syncthreads();  // shared memory free: the tile goes there
 
@@ -237,6 +261,10 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
 """
 
 
+# 3xTF32: k-steps per partial sum (the docstring above), a divisor of C_IN / 8.
+PROMOTE = 1
+
+
 def wgmma_asm(n: int) -> str:
     """The inline PTX of wgmma m64n{n}k8 TF32 with A from registers, accumulating into d: n / 2 floats a thread."""
     regs = n // 2
@@ -246,14 +274,14 @@ def wgmma_asm(n: int) -> str:
     # scale-d is a predicate operand (true: d += A B), set from a register.
     return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n'
             f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{acc}}}, {{{a}}}, %{regs + 4}, p, 1, 1;\\n}}\\n"'
-            f' : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));')
+            f' : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));')
 
 
 def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: bool = False) -> str:
     """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 3xTF32."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
-                   HAS_BIAS=int(has_bias), SPLIT=int(split))
+                   HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob))
 
