@@ -188,7 +188,10 @@ def test_phase_backward_with_the_cuda_kernels(layer, input_by_cuda, weight_by_cu
     grad_input, grad_weight = conv_transpose3d_backward(g, x, w, plan, phase_backward=backward.phase_backward)
     x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
     F.conv_transpose3d(x64, w64, **args).backward(g.double())
-    assert_close_rel(grad_input, x64.grad, 1e-6, "grad_input")
+    # grad_input by aten on a GPU is cuDNN's TF32 convolution, whose tensor cores truncate as they accumulate (3.2e-6
+    # on the H200, fourteenth session, layer 0); the emulated kernels and the CPU's float32 stay within 1e-6.
+    cudnn = DEVICE == "cuda" and not input_by_cuda
+    assert_close_rel(grad_input, x64.grad, 1e-5 if cudnn else 1e-6, "grad_input")
     assert_close_rel(grad_weight, w64.grad, 1e-6, "grad_weight")
 
 

@@ -261,8 +261,10 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
 """
 
 
-# 3xTF32: k-steps per partial sum (the docstring above), a divisor of C_IN / 8.
-PROMOTE = 1
+# 3xTF32: k-steps per partial sum (the docstring above), a divisor of C_IN / 8. On the H200, problem 77's forward
+# correlation took 0.487 / 0.434 / 0.422 ms with 1 / 2 / 4, and the forward was off float64 by 2.3e-7 / 2.3e-7 /
+# 3.3e-7 (benchmarks/RESULTS.md, fourteenth session).
+PROMOTE = 2
 
 
 def wgmma_asm(n: int) -> str:
