@@ -66,6 +66,8 @@ def main(argv=None) -> int:
             for r in layer_rows:
                 r["layer"] = layer.name
         rows += layer_rows
+        if args.json and len(layers) > 1:  # the layers so far, should a long sweep be cut short
+            write_json(args.json, env, rows, [vars(done) for done in layers[:i]])
     if len(layers) == 1:
         print(layers[0].describe())
     print(table(rows))
