@@ -23,6 +23,10 @@ from convt3d.bench.workloads import PROBLEM_77
 
 SOURCE = r"""
 extern "C" __global__ void bulk_fill(float* out, int chunk_bytes, long long total_bytes) {
+#if EVICT_FIRST  // the fill's lines first out of the L2, so that the correlation's input stays there
+    unsigned long long policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+#endif
     extern __shared__ __align__(128) float zeros[];
     for (int i = threadIdx.x; i < chunk_bytes / 4; i += blockDim.x) zeros[i] = 0.f;
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeros visible to the copy engine
@@ -33,8 +37,13 @@ extern "C" __global__ void bulk_fill(float* out, int chunk_bytes, long long tota
     for (long long i = blockIdx.x; i < chunks; i += gridDim.x) {
         const long long at = i * chunk_bytes;
         const int bytes = (int)min((long long)chunk_bytes, total_bytes - at);
+#if EVICT_FIRST
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n"
+                     :: "l"((char*)out + at), "r"(source), "r"(bytes), "l"(policy) : "memory");
+#else
         asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
                      :: "l"((char*)out + at), "r"(source), "r"(bytes) : "memory");
+#endif
         asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
     }
     asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // shared memory stays until every copy is done
@@ -54,10 +63,11 @@ def main():
     stream = lambda: torch.cuda.current_stream().cuda_stream
     kernels = {}
 
-    def bulk_fill(target, programs, chunk):
-        kernel = kernels.get(chunk)
+    def bulk_fill(target, programs, chunk, evict_first=False):
+        kernel = kernels.get((chunk, evict_first))
         if kernel is None:  # (its shared memory: one chunk of zeros)
-            kernel = kernels[chunk] = cuda._Kernel(SOURCE, "bulk_fill", chunk, 32)
+            kernel = kernels[chunk, evict_first] = cuda._Kernel(f"#define EVICT_FIRST {int(evict_first)}\n" + SOURCE,
+                                                                "bulk_fill", chunk, 32)
         kernel.launch(programs, (target.data_ptr(),), (chunk,), (target.numel() * 4,), stream())
 
     bulk_fill(out, 132, 16384)
@@ -80,25 +90,34 @@ def main():
         rows.append((what, t.mean_ms, t.min_ms))
         print(rows[-1], flush=True)
 
-    def beside(fill):
+    def beside(fill, fill_first=True):
         def run():
             side.wait_stream(torch.cuda.current_stream())
+            if not fill_first:
+                correlate(compact, 0, compact.stride())
             with torch.cuda.stream(side):
                 fill()
-            correlate(compact, 0, compact.stride())
+            if fill_first:
+                correlate(compact, 0, compact.stride())
             torch.cuda.current_stream().wait_stream(side)
         return run
 
     row("out.zero_()", out.zero_)
-    for programs in (132, 264):
-        for chunk in (8192, 16384, 32768):
+    for programs in (132,):
+        for chunk in (16384,):
             row(f"bulk fill, {programs} programs of one warp, {chunk} B chunks",
                 lambda p=programs, c=chunk: bulk_fill(out, p, c))
     row("compact correlation alone", lambda: correlate(compact, 0, compact.stride()))
     row("compact correlation beside out.zero_() (second stream)", beside(out.zero_))
-    for programs in (132, 264):
+    for programs in (132,):
         row(f"compact correlation beside the bulk fill, {programs} programs, 16 KiB (second stream)",
             beside(lambda p=programs: bulk_fill(out, p, 16384)))
+    row("bulk fill, 132 programs, 16 KiB, evict-first", lambda: bulk_fill(out, 132, 16384, True))
+    row("compact correlation beside the bulk fill, 132 programs, 16 KiB, evict-first",
+        beside(lambda: bulk_fill(out, 132, 16384, True)))
+    row("the same, the correlation launched first", beside(lambda: bulk_fill(out, 132, 16384, True), False))
+    row("compact correlation beside the bulk fill, 132 programs, 16 KiB, the correlation launched first",
+        beside(lambda: bulk_fill(out, 132, 16384), False))
     row("the current design's pieces: out.zero_(), then the correlation into its lattice",
         lambda: (out.zero_(), correlate(out, offset, strides)))
     print("| what | mean ms | min ms |")
