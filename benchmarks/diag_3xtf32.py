@@ -5,7 +5,8 @@
 Each row: bench.protocol.time_cuda's mean and minimum (L2 flushed and the GPU idle before each call, as KernelBench
 times) and the relative error against float64. "cuda" rows use the CUDA kernels (in 3xTF32 with TF32 off: the
 forward and grad_input; grad_weight stays Triton's 3xTF32), "cudnn" rows the same code with them off
-(backends.cuda.ENABLED False). The pieces: the 3xTF32 operand pass and correlation against the TF32 ones.
+(backends.cuda.ENABLED False). The pieces: the 3xTF32 operand pass and correlation against the TF32 ones, and the
+forward's error and the correlation's time with partial sums added every 1, 2 or 4 k-steps (phase_conv.PROMOTE).
 """
 
 import argparse

@@ -9,7 +9,8 @@ machine's (13.0 there in 2026-11), so take counts as a guide.
 
     NVRTC_LIB=/path/to/libnvrtc.so.13 PYTHONPATH=src python3 scripts/compile_cuda.py
         {library,library3x,grad_weight,phase_conv,fused_forward} [C_IN C_OUT BH RW]
-    (library: the wgmma phase correlation, 3x3x3 taps, RW unused; library3x: the same in 3xTF32; grad_weight: the wgmma weight gradient, 3x3x3 taps
+    (library: the wgmma phase correlation, 3x3x3 taps, RW unused; library3x: the same in 3xTF32; grad_weight: the
+    wgmma weight gradient, 3x3x3 taps
     of dilation 2, BH and RW unused)
 """
 

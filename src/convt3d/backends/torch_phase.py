@@ -2,8 +2,8 @@
 
 Each non-empty phase is an ordinary correlation of the input (cropped and padded to the
 phase's window) with the flipped taps that reach it; its result is copied once into a
-strided view of the output (on an sm_90 GPU in TF32 mode, where it serves, the CUDA phase
-correlation of backends/cuda computes it and writes that view itself). Empty regions get
+strided view of the output (on an sm_90 GPU in float32, where it serves, the CUDA phase
+correlation of backends/cuda computes it, in TF32 or 3xTF32, and writes that view itself). Empty regions get
 the bias (or zero): on the CPU filled as whole planes or rows where a depth or height phase
 is empty, since large contiguous fills are far cheaper than element-strided ones; on GPUs
 the whole output is filled once first. No zero-stuffed input, no col2im. The backward
@@ -216,7 +216,8 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
 def _cuda_phases(input, plan: Plan, regions):
     """The phases of regions, where the CUDA phase correlation (backends/cuda) serves them all, else None (cuDNN): on
     the H200 problem 77's forward took 0.340-0.342 ms with it against 0.441 with cuDNN, whose result is then copied
-    into the output's lattice (benchmarks/RESULTS.md, twelfth session)."""
+    into the output's lattice (twelfth session); with TF32 off (3xTF32) 0.593 against 0.935 (benchmarks/RESULTS.md,
+    fourteenth session)."""
     phase_list = tuple(phases for _, phases in regions if phases is not None)
     reason = _cuda_module().forward_unsupported(plan, phase_list, input.device, input.dtype,
                                                 torch.backends.cudnn.allow_tf32)

@@ -79,10 +79,10 @@ def _compile_kernel():
 def config(c_in: int, c_out: int, taps, dilation, split: bool = False):
     """(tile rows BH, output channels per program, shared bytes) or None: the most rows (up to 8; in 3xTF32 (split)
     2, or as many as keep SLABS x COB x C_IN / 32 within 64: ptxas spilled registers beyond, compiled here for
-    sm_90a) whose program's shared memory lets two programs share a multiprocessor, else one. On the H200, problem 77's forward correlation
-    took 0.157 ms with 8 rows, 0.167 with 4 and 0.561 with 16 (one program per multiprocessor); its grad_input's
-    about 0.24 with 4 rows and 0.283 with 8 (one program per multiprocessor; benchmarks/RESULTS.md, twelfth
-    session)."""
+    sm_90a) whose program's shared memory lets two programs share a multiprocessor, else one. On the H200, problem
+    77's forward correlation took 0.157 ms with 8 rows, 0.167 with 4 and 0.561 with 16 (one program per
+    multiprocessor); its grad_input's about 0.24 with 4 rows and 0.283 with 8 (one program per multiprocessor;
+    benchmarks/RESULTS.md, twelfth session)."""
     cob = min(c_out, 64)
     for limit in (MAX_SHARED_BYTES // 2 - 1024, MAX_SHARED_BYTES):
         for rows in (8, 4, 2):
@@ -180,8 +180,9 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
         return
     ints = (xd, xh, xw, *offsets, first_taps[0], tap_steps[0], first_taps[1], tap_steps[1], first_taps[2],
             tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks)
-    pointers = (window.data_ptr(), weight_taps.data_ptr(), weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split else 0,
-                bias.data_ptr() if bias is not None else 0, out.data_ptr() + 4 * out_offset)
+    lo_part = weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split else 0
+    pointers = (window.data_ptr(), weight_taps.data_ptr(), lo_part, bias.data_ptr() if bias is not None else 0,
+                out.data_ptr() + 4 * out_offset)
     kernel.launch(programs, pointers, ints, tuple(out_strides), _current_stream(device))
 
 

@@ -149,6 +149,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     const unsigned ring_addr = smem_addr(ring);
     float d[SLABS][COB / 2];                          // with SPLIT: the sum of the partials added so far
     unsigned a[2][SLABS][4];                          // with SPLIT: the hi parts
+    // SPLIT's arrays: one element without it, so that its code, indexed [SPLIT ? i : 0], compiles and drops out.
     unsigned a_lo[2][SLABS][SPLIT ? 4 : 1];
     float partial[SPLIT ? SLABS : 1][SPLIT ? COB / 2 : 1];
     #pragma unroll
@@ -273,7 +274,7 @@ def wgmma_asm(n: int) -> str:
     acc = ", ".join(f"%{k}" for k in range(regs))
     a = ", ".join(f"%{regs + k}" for k in range(4))
     outs = ", ".join(f'"+f"(d[{k}])' for k in range(regs))
-    # scale-d is a predicate operand (true: d += A B), set from a register.
+    # scale-d is a predicate operand (true: d += A B; false: d = A B), set from a register (accumulate).
     return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n'
             f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{acc}}}, {{{a}}}, %{regs + 4}, p, 1, 1;\\n}}\\n"'
             f' : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));')

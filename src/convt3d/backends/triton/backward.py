@@ -304,7 +304,7 @@ def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_i
     place: no copy (on the H200, problem 77: grad_input 0.307 ms, grad_weight 0.25 ms, against 0.063 for the lattice
     copy alone, then 0.283 and 0.33 with its windows; benchmarks/RESULTS.md, thirteenth session). Elsewhere one
     launch copies the lattice out (and the input's windows for the Triton weight gradient), then grad_input (the
-    CUDA phase correlation, or cuDNN), then grad_weight (CUDA or Triton).
+    CUDA phase correlation, in 3xTF32 with TF32 off, or cuDNN), then grad_weight (CUDA or Triton).
 
     grad_input by cuDNN: on the H200 (problem 77) 0.55 ms against 0.74-0.93 for a Triton implicit GEMM on the
     phase's channels-last padded lattice (commit b8c8054, removed since; benchmarks/RESULTS.md). It comes first:
