@@ -19,15 +19,7 @@ from convt3d.backends import cuda
 from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.workloads import PROBLEM_77
-
-P77 = dict(stride=2, padding=1, dilation=2)
-
-
-def use_cuda_kernels(on: bool) -> None:
-    cuda.ENABLED = on
-    cuda_phases.forward_unsupported.cache_clear()
-    cuda_phases.grad_input_unsupported.cache_clear()
-    cuda_phases.grad_weight_unsupported.cache_clear()
+from diag_cuda_phases import P77, forward_backward, use_cuda_kernels
 
 
 def main():
@@ -47,13 +39,7 @@ def main():
         print(rows[-1], flush=True)
 
     xg = x.clone().requires_grad_()
-
-    def fwd_bwd(module):
-        def run():
-            module.zero_grad(set_to_none=True)
-            xg.grad = None
-            module(xg).backward(grad)
-        return run
+    fwd_bwd = lambda module: forward_backward(module, xg, grad)
 
     x64 = x.double().requires_grad_()
     w64 = eager.weight.detach().double().requires_grad_()

@@ -32,6 +32,15 @@ def use_cuda_kernels(on: bool) -> None:
     cuda_phases.grad_weight_unsupported.cache_clear()
 
 
+def forward_backward(module, x, grad):
+    """One forward+backward of module from x (requiring grad) with grad, as `bench --backward` runs them."""
+    def run():
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+        module(x).backward(grad)
+    return run
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=100)
@@ -62,13 +71,7 @@ def main():
     # Forward + backward, as `bench --backward` runs them.
     xg = x.clone().requires_grad_()
     grad = torch.randn(16, 64, 33, 65, 65, device="cuda")
-
-    def fwd_bwd(module):
-        def run():
-            module.zero_grad(set_to_none=True)
-            xg.grad = None
-            module(xg).backward(grad)
-        return run
+    fwd_bwd = lambda module: forward_backward(module, xg, grad)
 
     row("eager forward+backward", fwd_bwd(eager))
     for on in (True, False):

@@ -18,6 +18,7 @@ from convt3d.backends.triton import backward as triton_backward
 from convt3d.backends.triton.forward import TF32
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.workloads import PROBLEM_77
+from diag_cuda_phases import forward_backward
 
 
 def set_ahead(ahead: int) -> None:
@@ -52,12 +53,7 @@ def main():
         rows.append((what, t.mean_ms, t.min_ms, err))
         print(rows[-1], flush=True)
 
-    def fwd_bwd(module):
-        def run():
-            module.zero_grad(set_to_none=True)
-            xg.grad = None
-            module(xg).backward(grad)
-        return run
+    fwd_bwd = lambda module: forward_backward(module, xg, grad)
 
     def triton_weight():
         copied, windows = triton_backward.phase_operands(grad, x, plan, phases, TF32)

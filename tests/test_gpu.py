@@ -16,7 +16,7 @@ from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.torch_phase import (_backward_phases, _lattice_geometry, _regions, aten_phase_backward,
                                          phase_grad_input)
 from test_cuda_phases import LAYERS as CUDA_PHASE_LAYERS, _layer as cuda_phase_layer
-from test_cuda_phases import row_aligned as cuda_phase_row_aligned
+from test_cuda_phases import round_tf32, row_aligned as cuda_phase_row_aligned
 
 pytestmark = pytest.mark.gpu
 
@@ -197,31 +197,37 @@ def test_problem_77_gradients(tf32):
         assert_close_rel(a, e, 2e-3 if tf32 else 1e-5)
 
 
+def _check_cuda_phase_correlation(x, w, b, plan, args, g, tf32: bool, rel: float):
+    """Every forward phase by the CUDA phase correlation into a NaN-filled output (the regions no tap reaches filled
+    with the bias), and each phase's grad_input from g where the kernel serves it, against float64 PyTorch to rel;
+    skips where the kernel does not serve the forward. Runs in the precision mode it is given."""
+    regions = _regions(plan, False)
+    phase_list = tuple(phases for _, phases in regions if phases is not None)
+    reason = cuda_phases.forward_unsupported(plan, phase_list, x.device, x.dtype, tf32)
+    if reason is not None:
+        pytest.skip(reason)
+    out = torch.full(plan.output_shape, float("nan"), device="cuda")
+    cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
+    for index, phases in regions:
+        if phases is None:
+            out[index] = b.view(1, -1, 1, 1, 1).expand_as(out[index])
+    assert_close_rel(out, F.conv_transpose3d(x.double(), w.double(), b.double(), **args), rel, "forward")
+    for phases, index in _backward_phases(plan):
+        if cuda_phases.grad_input_unsupported(plan, phases, x.device, x.dtype, tf32) is None:
+            ours = cuda_phases.phase_grad_input(g[index], w, plan, phases)
+            assert_close_rel(ours, phase_grad_input(g[index].double(), w.double(), plan, phases), rel, "grad_input")
+
+
 @pytest.mark.parametrize("layer", CUDA_PHASE_LAYERS)
 def test_cuda_phase_correlation_kernel(layer):
     """The CUDA kernels themselves (test_cuda_phases.py emulates them on the CPU) on their layers: every forward
     phase into a NaN-filled output, each phase's grad_input and grad_weight, against float64 PyTorch. The operands are
     TF32-exact, so only the float32 sums differ (Hopper's tensor cores also truncate as they accumulate: 1e-5)."""
     x, w, b, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31)
-    regions = _regions(plan, False)
-    phase_list = tuple(phases for _, phases in regions if phases is not None)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
-        reason = cuda_phases.forward_unsupported(plan, phase_list, x.device, x.dtype, True)
-        if reason is not None:
-            pytest.skip(reason)
-        out = torch.full(plan.output_shape, float("nan"), device="cuda")
-        cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
-        for index, phases in regions:
-            if phases is None:
-                out[index] = b.view(1, -1, 1, 1, 1).expand_as(out[index])
-        assert_close_rel(out, F.conv_transpose3d(x.double(), w.double(), b.double(), **args), 1e-5, "forward")
-        g = torch.randn(plan.output_shape, device="cuda")
-        g = ((g.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
+        g = round_tf32(torch.randn(plan.output_shape, device="cuda"))
+        _check_cuda_phase_correlation(x, w, b, plan, args, g, True, 1e-5)
         for phases, index in _backward_phases(plan):
-            if cuda_phases.grad_input_unsupported(plan, phases, x.device, x.dtype, True) is None:
-                ours = cuda_phases.phase_grad_input(g[index], w, plan, phases)
-                assert_close_rel(ours, phase_grad_input(g[index].double(), w.double(), plan, phases), 1e-5,
-                                 "grad_input")
             if cuda_phases.grad_weight_unsupported(plan, phases, x.device, x.dtype, True) is not None:
                 continue
             offset, shape, strides = _lattice_geometry(plan, phases, g.stride())
@@ -238,24 +244,9 @@ def test_cuda_phase_correlation_kernel_in_3xtf32(layer):
     into a NaN-filled output and each phase's grad_input, against float64 PyTorch to float32's accuracy (TF32 alone
     misses 1e-6 by two orders)."""
     x, w, b, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31, tf32_exact=False)
-    regions = _regions(plan, False)
-    phase_list = tuple(phases for _, phases in regions if phases is not None)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        reason = cuda_phases.forward_unsupported(plan, phase_list, x.device, x.dtype, False)
-        if reason is not None:
-            pytest.skip(reason)
-        out = torch.full(plan.output_shape, float("nan"), device="cuda")
-        cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
-        for index, phases in regions:
-            if phases is None:
-                out[index] = b.view(1, -1, 1, 1, 1).expand_as(out[index])
-        assert_close_rel(out, F.conv_transpose3d(x.double(), w.double(), b.double(), **args), 1e-6, "forward")
         g = torch.randn(plan.output_shape, device="cuda")
-        for phases, index in _backward_phases(plan):
-            if cuda_phases.grad_input_unsupported(plan, phases, x.device, x.dtype, False) is None:
-                ours = cuda_phases.phase_grad_input(g[index], w, plan, phases)
-                assert_close_rel(ours, phase_grad_input(g[index].double(), w.double(), plan, phases), 1e-6,
-                                 "grad_input")
+        _check_cuda_phase_correlation(x, w, b, plan, args, g, False, 1e-6)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
