@@ -196,10 +196,10 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     # that wrote the output in one pass, or the lattice rows whole after the fill, measured slower than the
     # fill + strided copy (0.256-1.31 and 0.259-0.262 against 0.234 ms; benchmarks/RESULTS.md, sixth session).
     fill_all = FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
-    if fill_all:
-        _fill(out, bias)
     regions = _regions(plan, fill_all)
     cuda_phases = _cuda_phases(input, plan, regions) if input.is_cuda else None
+    if fill_all and not (cuda_phases is not None and _cuda_module().writes_whole_output(plan, cuda_phases, out, bias)):
+        _fill(out, bias)
     if cuda_phases is not None:
         _cuda_module().write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry)
     for index, phases in regions:
