@@ -29,11 +29,10 @@ def round_tf32(t: torch.Tensor) -> torch.Tensor:
 
 
 def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, grid, offsets, taps, first_taps,
-                       tap_steps, dilation, whole=None):
+                       tap_steps, dilation):
     """What the kernel computes (phase_conv.py), in float64; it also checks that every read of every whole tile lies
     inside the window, as the kernel assumes. 3xTF32 (weight_taps' hi and lo parts): the window's values split as the
-    kernel splits them, and the three products it adds. whole: the bias (or zero) everywhere else in out, which must
-    be contiguous, with the lattice's origin and strides matching out_offset and out_strides."""
+    kernel splits them, and the three products it adds."""
     n, xd, xh, xw, c_in = window.shape
     split = weight_taps.dim() == 6
     c_out = weight_taps.shape[3 + split]
@@ -58,12 +57,6 @@ def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, 
         y = correlation(window, weight_taps)
     if bias is not None:
         y = y + bias.double().view(1, -1, 1, 1, 1)
-    if whole is not None:
-        (sd, sh, sw), size, origin = whole
-        assert out.is_contiguous() and tuple(out.shape[2:]) == size and grid[2] <= cuda.TILE_COLUMNS
-        assert out_offset == sum(o * s for o, s in zip(origin, out.stride()[2:]))
-        assert tuple(out_strides) == (*out.stride()[:2], sd * out.stride(2), sh * out.stride(3), sw)
-        out.copy_(torch.zeros_like(out) if bias is None else bias.view(1, -1, 1, 1, 1).expand_as(out))
     out.as_strided((n, c_out, qd, qh, qw), out_strides, out.storage_offset() + out_offset).copy_(y)
 
 
@@ -102,21 +95,20 @@ def emulated_correlate_grad_weight(input, grad_output, lattice_offset, lattice_s
 # (C_in, C_out, kernel, stride, padding, dilation, output_padding, spatial): problem 77's geometry (one phase, every
 # tap), phases of 2 and 1 taps (k3 s2 p1 op1), k4 s2 p1 (8 phases of 2x2x2 taps), stride 1, tap dilation in a
 # phase (k3 s1 d2), tiles cut at the edges (spatial not a multiple of 8 rows or 32 columns), a window start beyond
-# the input (large padding), a 3D U-Net's k2 s2 (8 phases of one tap) with two blocks of 64 output channels. The
-# first four have one phase with taps, which writes the whole output where its grid is one column block (up to 32
-# columns): problem 77's geometry in two column blocks and in one with a partial row block, stride and dilation 3
-# with output_padding, and stride 1 along one axis.
+# the input (large padding), a 3D U-Net's k2 s2 (8 phases of one tap) with two blocks of 64 output channels; then
+# more with one phase that has taps: problem 77's geometry with a partial row block and one column block, stride and
+# dilation 3 with output_padding, and stride 1 along one axis.
 LAYERS = [
     (32, 64, 3, 2, 1, 2, 0, (3, 9, 33)),
-    (32, 64, 3, 2, 1, 2, 0, (3, 9, 20)),
-    (32, 16, 3, 3, 2, 3, 1, (2, 5, 7)),
-    (64, 8, 2, (2, 1, 2), 0, (2, 1, 2), (1, 0, 1), (2, 6, 5)),
     (32, 16, 3, 2, 1, 1, 1, (2, 5, 7)),
     (64, 8, 4, 2, 1, 1, 0, (2, 3, 4)),
     (32, 24, (1, 3, 2), 1, 0, 1, 0, (2, 10, 3)),
     (32, 8, 3, (1, 2, 1), (1, 0, 1), 2, 0, (3, 4, 5)),
     (64, 32, 2, 3, (2, 1, 1), 1, 0, (3, 4, 4)),
     (32, 128, 2, 2, 0, 1, 0, (2, 3, 4)),
+    (32, 64, 3, 2, 1, 2, 0, (3, 9, 20)),
+    (32, 16, 3, 3, 2, 3, 1, (2, 5, 7)),
+    (64, 8, 2, (2, 1, 2), 0, (2, 1, 2), (1, 0, 1), (2, 6, 5)),
 ]
 
 
@@ -148,40 +140,10 @@ def test_forward_phases_match_conv_transpose3d(layer, with_bias, tf32, monkeypat
     phase_list = tuple(phases for _, phases in regions if phases is not None)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
         cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
-        whole = cuda_phases.writes_whole_output(plan, phase_list, out, b)
-    for index, phases in regions:  # the regions no tap reaches, as the backend fills them unless the kernel did
-        if phases is None and not whole:
+    for index, phases in regions:  # the regions no tap reaches, as the backend fills them
+        if phases is None:
             out[index] = 0 if b is None else b.view(1, -1, 1, 1, 1).expand_as(out[index])
     assert_close_rel(out, expected, 1e-6, "forward")
-
-
-def band_start(q, count, origin, stride, size):
-    """phase_conv.py's band_start (FILL): where grid position q's band of an output axis starts."""
-    return 0 if q <= 0 else size if q >= count else origin + stride * (q - 1) + 1
-
-
-@pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("tf32", [True, False])
-def test_one_phase_in_one_column_block_writes_the_whole_output(tf32, with_bias):
-    """Which of LAYERS the kernel writes whole (FILL), and the kernel's bands: per axis, the bands of the grid
-    positions cover the output axis once, each holding its lattice position."""
-    whole_layers = []
-    for layer in LAYERS:
-        x, w, b, plan, _ = _layer(*layer, seed=0)
-        b = b if with_bias else None
-        phase_list = tuple(phases for _, phases in _regions(plan, False) if phases is not None)
-        out = torch.empty(plan.output_shape)
-        with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
-            if not cuda_phases.writes_whole_output(plan, phase_list, out, b):
-                continue
-            assert not cuda_phases.writes_whole_output(plan, phase_list, out.transpose(3, 4), b)  # (not contiguous)
-        whole_layers.append(LAYERS.index(layer))
-        strides, size, origins = cuda_phases._whole_output(plan, phase_list, not tf32, b is not None)
-        for p, stride, length, origin in zip(phase_list[0], strides, size, origins):
-            starts = [band_start(q, p.out_count, origin, stride, length) for q in range(p.out_count + 1)]
-            assert starts[0] == 0 and starts[-1] == length and all(a < b for a, b in zip(starts, starts[1:]))
-            assert all(starts[q] <= origin + stride * q < starts[q + 1] for q in range(p.out_count))
-    assert whole_layers == [1, 2, 3, 7]  # (7: stride 2 along one axis only, and dilation 2 there)
 
 
 @pytest.mark.parametrize("layer", LAYERS)

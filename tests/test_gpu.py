@@ -169,8 +169,8 @@ def test_phase_backward_inside_a_cuda_graph():
 
 @pytest.mark.parametrize("tf32", [True, False])
 def test_problem_77_phase_backend_writes_every_element(tf32, nan_poisoned_allocator):
-    """backend="torch" on problem 77: on an sm_90 GPU the CUDA phase correlation writes the whole output, zeros
-    included (phase_conv.py, FILL), else the output is filled and cuDNN's result copied into the phase's lattice."""
+    """backend="torch" on problem 77: the filled output, then the phase written into it (by the CUDA phase correlation
+    in TF32 mode on an sm_90 GPU, else cuDNN's result copied in)."""
     eager = _p77_layer()
     x = torch.rand(16, 32, 16, 32, 32, device="cuda")
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
@@ -208,8 +208,8 @@ def _check_cuda_phase_correlation(x, w, b, plan, args, g, tf32: bool, rel: float
         pytest.skip(reason)
     out = torch.full(plan.output_shape, float("nan"), device="cuda")
     cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
-    for index, phases in regions:  # (where the kernel writes the whole output, its bias fill is checked too)
-        if phases is None and not cuda_phases.writes_whole_output(plan, phase_list, out, b):
+    for index, phases in regions:
+        if phases is None:
             out[index] = b.view(1, -1, 1, 1, 1).expand_as(out[index])
     assert_close_rel(out, F.conv_transpose3d(x.double(), w.double(), b.double(), **args), rel, "forward")
     for phases, index in _backward_phases(plan):

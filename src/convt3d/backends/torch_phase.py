@@ -75,8 +75,20 @@ def _pads(phase: AxisPhase, in_size: int) -> tuple[int, int]:
 def _fill(target: torch.Tensor, bias) -> None:
     if bias is None:
         target.zero_()
+    elif target.is_cuda and _triton_fill() is not None and _triton_fill().fill_unsupported(target, bias) is None:
+        _triton_fill().fill_channels(target, bias)  # (torch's broadcast copy ran at a third of the bandwidth)
     else:
         target.copy_(bias.view(1, -1, 1, 1, 1).expand_as(target))
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_fill():
+    """backends/triton/fill.py, imported on first use and then kept (as _cuda_module), or None without Triton."""
+    try:
+        from .triton import fill
+    except ImportError:
+        return None
+    return fill
 
 
 def _taps(weight: torch.Tensor, phases, descending: bool = True) -> torch.Tensor:
@@ -196,10 +208,10 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     # that wrote the output in one pass, or the lattice rows whole after the fill, measured slower than the
     # fill + strided copy (0.256-1.31 and 0.259-0.262 against 0.234 ms; benchmarks/RESULTS.md, sixth session).
     fill_all = FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
+    if fill_all:
+        _fill(out, bias)
     regions = _regions(plan, fill_all)
     cuda_phases = _cuda_phases(input, plan, regions) if input.is_cuda else None
-    if fill_all and not (cuda_phases is not None and _cuda_module().writes_whole_output(plan, cuda_phases, out, bias)):
-        _fill(out, bias)
     if cuda_phases is not None:
         _cuda_module().write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry)
     for index, phases in regions:

@@ -94,14 +94,6 @@ def config(c_in: int, c_out: int, taps, dilation, split: bool = False):
     return None
 
 
-def whole_output_fits(c_in: int, c_out: int, taps, dilation, split: bool, has_bias: bool) -> bool:
-    """Whether config's programs, with the constant buffer of phase_conv.py's FILL (which writes the whole output),
-    still fit as many per multiprocessor."""
-    rows, cob, smem = config(c_in, c_out, tuple(taps), tuple(dilation), split)
-    limit = MAX_SHARED_BYTES // 2 - 1024 if smem <= MAX_SHARED_BYTES // 2 - 1024 else MAX_SHARED_BYTES
-    return phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, True, has_bias) <= limit
-
-
 class _Kernel:
     """A compiled kernel and its launches: cuLaunchKernel with an argument array kept per argument values."""
 
@@ -152,14 +144,11 @@ def _check(result: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: bool,
-            fill=None) -> _Kernel:
+def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: bool) -> _Kernel:
     rows, cob, smem = config(c_in, c_out, taps, dilation, split)
-    if fill is not None:
-        smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, True, has_bias)
     with torch.cuda.device(device_index):
-        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, fill), "phase_conv",
-                       smem, 128)
+        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split), "phase_conv", smem,
+                       128)
 
 
 def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: bool = False) -> tuple[int, int, int]:
@@ -172,33 +161,28 @@ def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: b
 
 
 def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_offset: int, out_strides,
-              grid, offsets, taps, first_taps, tap_steps, dilation, whole=None) -> None:
+              grid, offsets, taps, first_taps, tap_steps, dilation) -> None:
     """out (float32) at element out_offset with out_strides, over grid (QD, QH, QW) x C_out: the correlation of
     phase_conv.py plus bias. window: (N, XD, XH, XW, C_in) with XD, XH, XW at least window_extent(...); weight_taps:
     (kD, kH, kW, C_out, C_in) of the whole kernel, contiguous, TF32-rounded like the window (TF32), or (2, kD, kH,
     kW, C_out, C_in), its hi and lo parts, with the window as it is (3xTF32); first_taps, tap_steps: per axis the
-    correlation's first kernel tap and the step between its taps.
-
-    whole: None, or (the lattice's strides, the output's spatial size, the lattice's first position; per axis) where
-    the correlation is the only phase with taps and writes every element of out (contiguous; out_offset and
-    out_strides unused), the others' the bias (phase_conv.py, FILL; its grid one column block)."""
+    correlation's first kernel tap and the step between its taps."""
     n, xd, xh, xw, c_in = window.shape
     split = weight_taps.dim() == 6
     kdf, khf, kwf, c_out, _ = weight_taps.shape[split:]
     device = window.device.index or 0
     rows, cob, _ = config(c_in, c_out, tuple(taps), tuple(dilation), split)
-    fill, out_size, origins = whole if whole is not None else (None, (0, 0, 0), (0, 0, 0))
-    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split, fill)
+    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
     programs = n * qd * qh_blocks * qw_blocks * (c_out // cob)
     if programs == 0:
         return
     ints = (xd, xh, xw, *offsets, first_taps[0], tap_steps[0], first_taps[1], tap_steps[1], first_taps[2],
-            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, *out_size, *origins)
+            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks)
     lo_part = weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split else 0
     pointers = (window.data_ptr(), weight_taps.data_ptr(), lo_part, bias.data_ptr() if bias is not None else 0,
-                out.data_ptr() + (4 * out_offset if whole is None else 0))
+                out.data_ptr() + 4 * out_offset)
     kernel.launch(programs, pointers, ints, tuple(out_strides), _current_stream(device))
 
 

@@ -109,39 +109,12 @@ __device__ __forceinline__ void copy_weight(float* stage, const float* w_tap, co
     }
 }
 
-#if FILL
-// The whole output (FILL): each grid position q's band of one axis holds its lattice position o0 + S q and the
-// positions before it back to the previous lattice position; the first band starts at 0, the last ends at O. A
-// program writes the bands of its positions: every element of the output once, the empty phases' with the bias.
-__device__ __forceinline__ int band_start(int q, int Q, int o0, int S, int O) {
-    return q <= 0 ? 0 : q >= Q ? O : o0 + S * (q - 1) + 1;
-}
-
-// Elements [e0, e0 + len) of y set to value by one thread: the 16-byte-aligned middle by the copy engine from
-// source (value repeated over CHUNK floats, 16-byte aligned), the unaligned ends by the thread. Issued while the
-// MMAs run, with no wait: plain stores from the MMA warps reached a quarter of the write bandwidth (eleventh
-// session), and copies from buffers that had to be refilled waited for the copy engine (fifteenth).
-__device__ __forceinline__ void fill_run(float* y, long long e0, int len, float value, const float* source) {
-    const long long a0 = (e0 + 3) & ~3LL, a1 = (e0 + len) & ~3LL;
-    if (a1 <= a0) {
-        for (long long e = e0; e < e0 + len; e++) y[e] = value;
-        return;
-    }
-    for (long long e = e0; e < a0; e++) y[e] = value;
-    for (long long e = a1; e < e0 + len; e++) y[e] = value;
-    for (long long a = a0; a < a1; a += CHUNK)
-        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
-                     :: "l"(y + a), "r"(smem_addr(source)), "r"(4 * (unsigned)min((long long)CHUNK, a1 - a))
-                     : "memory");
-}
-#endif
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,
            const float* __restrict__ bias,
            float* __restrict__ y, int XD, int XH, int XW, int off_d, int off_h, int off_w,
            int td0, int tds, int th0, int ths, int tw0, int tws, int KHF, int KWF,
-           int QD, int QH, int QW, int qh_blocks, int qw_blocks, int OD, int OH, int OW, int od0, int oh0, int ow0,
+           int QD, int QH, int QW, int qh_blocks, int qw_blocks,
            long long syn, long long syc, long long syd, long long syh, long long syw)
 {
     extern __shared__ __align__(1024) float4 smem4[];
@@ -168,33 +141,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     cp_commit();
     copy_plane(halo, plane0, row_floats, warp, lane);
     cp_commit();
-
-#if FILL
-    // The program's bands: depth planes [od_lo, od_hi), of which od_lattice holds its tile, and whole rows [oh_lo,
-    // oh_lo + rows) (one column block). Every row but the tile's lattice rows holds only the fill value (the bias
-    // or zero): a run of whole rows per other plane, and each other row of the tile's plane, written now by the
-    // copy engine from constant shared memory (CHUNK floats per channel with a bias, else one zero buffer).
-    const int od_lo = band_start(qd, QD, od0, SD, OD), others = band_start(qd + 1, QD, od0, SD, OD) - od_lo - 1;
-    const int od_lattice = od0 + SD * qd;
-    const int oh_lo = band_start(qh0, QH, oh0, SH, OH), rows = band_start(qh0 + BH, QH, oh0, SH, OH) - oh_lo;
-    #define ROW_START(oc, od, oh) ((((long long)n * C_OUT + ob * COB + (oc)) * OD + (od)) * OH + (oh)) * OW
-    #define LATTICE_ROW(oh) ((oh) >= oh0 && ((oh) - oh0) % SH == 0)
-    float* constants = (float*)smem4 + REGION_FLOATS;
-    for (int i = tid; i < CHUNK * (HAS_BIAS ? COB : 1); i += THREADS)
-        constants[i] = HAS_BIAS ? bias[ob * COB + i / CHUNK] : 0.f;
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the values visible to the copy engine
-    __syncthreads();
-    for (int k = tid; k < COB * (others + rows); k += THREADS) {
-        const int oc = k / (others + rows), j = k % (others + rows);
-        const float* source = constants + (HAS_BIAS ? oc * CHUNK : 0);
-        const float value = HAS_BIAS ? source[0] : 0.f;
-        if (j < others)
-            fill_run(y, ROW_START(oc, od_lo + j + (od_lo + j >= od_lattice), oh_lo), rows * OW, value, source);
-        else if (!LATTICE_ROW(oh_lo + j - others))
-            fill_run(y, ROW_START(oc, od_lattice, oh_lo + j - others), OW, value, source);
-    }
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
 
     // ldmatrix row addresses: warp v reads positions 16v..16v+15 of each slab of 64 (tile rows 2s and 2s + 1).
     const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_k = 4 * (lane >> 4);
@@ -305,22 +251,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             }
         }
     __syncthreads();
-#if FILL
-    // The tile's lattice rows, a warp per (channel, row), lanes over its columns: the tile's values between fill
-    // values, in whole-row stores.
-    for (int job = warp; job < COB * BH; job += THREADS / 32) {
-        const int oc = job / BH, r = job % BH, qh = qh0 + r;
-        if (qh >= QH) continue;
-        float* row = y + ROW_START(oc, od_lattice, oh0 + SH * qh);
-        const float* tile_row = staged + oc * OCS + r * BW;
-        const float fill = HAS_BIAS ? bias[ob * COB + oc] : 0.f;
-        for (int ow = lane; ow < OW; ow += 32) {
-            const int rw = ow - ow0;
-            row[ow] = rw >= 0 && rw % SW == 0 && rw / SW < QW ? tile_row[rw / SW] + fill : fill;
-        }
-    }
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the constants stay until read
-#else
     const int qw = qw0 + lane;
     float* y_tile = y + n * syn + (long long)(ob * COB) * syc + qd * syd + (long long)qw * syw;
     for (int job = warp; job < COB * BH; job += THREADS / 32) {
@@ -328,7 +258,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
         if (qh < QH && qw < QW)
             y_tile[oc * syc + qh * syh] = staged[oc * OCS + r * BW + lane] + (HAS_BIAS ? bias[ob * COB + oc] : 0.f);
     }
-#endif
 }
 """
 
@@ -351,34 +280,18 @@ def wgmma_asm(n: int) -> str:
             f' : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));')
 
 
-# FILL: floats of the constant buffer the fill value is copied from, per channel with a bias, else one of zeros.
-BIAS_CHUNK, ZERO_CHUNK = 64, 2048
-
-
-def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: bool = False,
-           fill=None) -> str:
-    """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 3xTF32; fill:
-    None, or the lattice's strides per axis where the kernel writes the whole output (FILL)."""
+def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: bool = False) -> str:
+    """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 3xTF32."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
-                   HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE, FILL=int(fill is not None))
-    if fill is not None:
-        defines.update(zip(("SD", "SH", "SW"), fill), CHUNK=BIAS_CHUNK if has_bias else ZERO_CHUNK,
-                       REGION_FLOATS=_region_floats(c_in, cob, taps, dilation, bh, split))
+                   HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob))
 
 
-def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: bool = False, fill: bool = False,
-                 has_bias: bool = False) -> int:
-    """Dynamic shared memory of one program: the weight ring and the window plane, or the staged output tile; then
-    with fill the constant buffer."""
-    constants = (cob * BIAS_CHUNK if has_bias else ZERO_CHUNK) if fill else 0
-    return 4 * (_region_floats(c_in, cob, taps, dilation, bh, split) + constants)
-
-
-def _region_floats(c_in: int, cob: int, taps, dilation, bh: int, split: bool) -> int:
+def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: bool = False) -> int:
+    """Dynamic shared memory of one program: the weight ring and the window plane, or the staged output tile."""
     (_, kh, kw), (_, dh, dw) = taps, dilation
     ring = 4 * c_in * cob * (2 if split else 1)
     plane = (bh + (kh - 1) * dh) * (32 + (kw - 1) * dw) * (c_in + 4)
-    return max(ring + plane, cob * (bh * 32 + 4))
+    return 4 * max(ring + plane, cob * (bh * 32 + 4))

@@ -16,8 +16,8 @@ import torch
 from ...plan import Plan
 from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands
-from . import (TILE_COLUMNS, correlate, correlate_grad_weight, grad_weight_kernel_unsupported, grad_weight_splits,
-               phase_conv_unsupported, whole_output_fits, window_extent)
+from . import (correlate, correlate_grad_weight, grad_weight_kernel_unsupported, grad_weight_splits,
+               phase_conv_unsupported, window_extent)
 
 
 def _taps(phases, ascending: bool):
@@ -62,41 +62,17 @@ def _forward_geometry(plan: Plan, phase_list: tuple, split: bool):
     return tuple(starts), tuple(extent), tuple(launches)
 
 
-@functools.lru_cache(maxsize=256)
-def _whole_output(plan: Plan, phase_list: tuple, split: bool, has_bias: bool):
-    """correlate's whole argument where one correlation writes the whole (contiguous) output: one phase has taps,
-    some axis has a stride (else that phase is the output), its grid is one column block and the constant buffer
-    fits; else None."""
-    if len(phase_list) != 1 or all(a.stride == 1 for a in plan.axes):
-        return None
-    phases = phase_list[0]
-    counts, _, _ = _taps(phases, ascending=False)
-    if phases[2].out_count > TILE_COLUMNS or not whole_output_fits(
-            plan.in_channels, plan.out_channels, counts, tuple(p.input_dilation for p in phases), split, has_bias):
-        return None
-    return tuple(a.stride for a in plan.axes), tuple(plan.output_spatial), tuple(p.out_start for p in phases)
-
-
-def writes_whole_output(plan: Plan, phase_list: tuple, out: torch.Tensor, bias) -> bool:
-    """True when write_phases writes every element of out, the empty phases' included (no fill needed first)."""
-    split = not torch.backends.cudnn.allow_tf32
-    return out.is_contiguous() and _whole_output(plan, phase_list, split, bias is not None) is not None
-
-
 def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, phase_list: tuple, out: torch.Tensor,
                  lattice_geometry) -> None:
     """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
-    element offset, shape and strides), bias added, and where writes_whole_output the rest of out too; in 3xTF32
-    where torch.backends.cudnn.allow_tf32 is off."""
+    element offset, shape and strides), bias added; in 3xTF32 where torch.backends.cudnn.allow_tf32 is off."""
     split = not torch.backends.cudnn.allow_tf32
     start, extent, launches = _forward_geometry(plan, phase_list, split)
     window, weight_taps = correlation_operands(input, 0, input.shape, input.stride(), start,
                                                extent, weight, grad_input_orientation=False, split=split)
-    whole = _whole_output(plan, phase_list, split, bias is not None) if out.is_contiguous() else None
     for phases, offsets, counts, firsts, steps, dilation, grid in launches:
         offset, _, strides = lattice_geometry(plan, phases, out.stride())
-        correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps, dilation,
-                  whole)
+        correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps, dilation)
 
 
 @functools.lru_cache(maxsize=256)
