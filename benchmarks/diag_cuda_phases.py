@@ -152,7 +152,7 @@ def main():
     real_config = cuda.config
     for c_in, c_out, rows_choice in ((64, 32, 8), (32, 64, 16), (32, 64, 4)):
         smem = cuda.phase_conv.shared_bytes(c_in, min(c_out, 64), (3, 3, 3), (1, 1, 1), rows_choice)
-        cuda.config = lambda *a, r=rows_choice, s=smem: (r, a[1] if a[1] <= 64 else 64, s)
+        cuda.config = lambda *a, r=rows_choice, s=smem: (r, a[1] if a[1] <= 64 else 64, s, a[0])
         cuda._kernel.cache_clear()
         if c_in == 64:
             run = lambda: cuda.correlate(g_window, g_taps, None, grad_input, 0, grad_input.stride(), (16, 32, 32),

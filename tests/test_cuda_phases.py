@@ -36,7 +36,7 @@ def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, 
     n, xd, xh, xw, c_in = window.shape
     split = weight_taps.dim() == 6
     c_out = weight_taps.shape[3 + split]
-    rows, _, _ = cuda.config(c_in, c_out, tuple(taps), tuple(dilation), split)
+    rows = cuda.config(c_in, c_out, tuple(taps), tuple(dilation), split)[0]
     (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
     assert xd >= offsets[0] + qd + (kd - 1) * dd
     assert xh >= offsets[1] + -(-qh // rows) * rows + (kh - 1) * dh
@@ -97,7 +97,8 @@ def emulated_correlate_grad_weight(input, grad_output, lattice_offset, lattice_s
 # phase (k3 s1 d2), tiles cut at the edges (spatial not a multiple of 8 rows or 32 columns), a window start beyond
 # the input (large padding), a 3D U-Net's k2 s2 (8 phases of one tap) with two blocks of 64 output channels; then
 # more with one phase that has taps: problem 77's geometry with a partial row block and one column block, stride and
-# dilation 3 with output_padding, and stride 1 along one axis.
+# dilation 3 with output_padding, and stride 1 along one axis; last, 128 input channels (weight stages of part of
+# them): a 3D U-Net's k2 s2, a VAE decoder's k4 s2 p1 and a video decoder's spatial k(1, 4, 4) s(1, 2, 2).
 LAYERS = [
     (32, 64, 3, 2, 1, 2, 0, (3, 9, 33)),
     (32, 16, 3, 2, 1, 1, 1, (2, 5, 7)),
@@ -109,6 +110,9 @@ LAYERS = [
     (32, 64, 3, 2, 1, 2, 0, (3, 9, 20)),
     (32, 16, 3, 3, 2, 3, 1, (2, 5, 7)),
     (64, 8, 2, (2, 1, 2), 0, (2, 1, 2), (1, 0, 1), (2, 6, 5)),
+    (128, 64, 2, 2, 0, 1, 0, (2, 3, 4)),
+    (128, 16, 4, 2, 1, 1, 0, (2, 3, 5)),
+    (128, 64, (1, 4, 4), (1, 2, 2), (0, 1, 1), 1, 0, (2, 3, 5)),
 ]
 
 
@@ -260,9 +264,17 @@ def test_unsupported_reasons_name_the_cause(monkeypatch):
     assert cuda.config(64, 64, (1, 1, 40), (1, 1, 8)) is None  # a plane wider than shared memory
     # 3xTF32: the weight ring doubles, and the partial sums' registers allow 2 rows of 64 channels: two programs per
     # SM on problem 77's forward; 8 rows of 16 channels.
-    rows, _, smem = cuda.config(32, 64, (3, 3, 3), (2, 2, 2), split=True)
+    rows, _, smem, _ = cuda.config(32, 64, (3, 3, 3), (2, 2, 2), split=True)
     assert rows == 2 and smem <= cuda.MAX_SHARED_BYTES // 2 - 1024
     assert cuda.config(32, 16, (3, 3, 3), (1, 1, 1), split=True)[0] == 8
+    # 128 input channels: weight stages of 64 or 32 channels, so that two programs still share an SM on a 3D U-Net's
+    # k2 s2 phases (one tap) and in TF32 a VAE decoder's k4 s2 p1 phases (2 x 2 x 2); in 3xTF32 those take one.
+    assert cuda.config(32, 64, (3, 3, 3), (1, 1, 1))[3] == 32 and cuda.config(64, 32, (3, 3, 3), (1, 1, 1))[3] == 64
+    for taps, split, programs in [((1, 1, 1), False, 2), ((2, 2, 2), False, 2), ((1, 1, 1), True, 2),
+                                  ((2, 2, 2), True, 1)]:
+        rows, _, smem, unit = cuda.config(128, 64, taps, (1, 1, 1), split)
+        assert unit in (64, 32) and smem <= cuda.MAX_SHARED_BYTES, (taps, split)
+        assert (smem <= cuda.MAX_SHARED_BYTES // 2 - 1024) == (programs == 2), (taps, split)
 
 
 def test_only_the_weight_gradient_needs_tf32(monkeypatch):

@@ -37,8 +37,8 @@ def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, 
     reason = _unsupported_setting(device, dtype, groups, tf32_only=False)
     if reason is not None:
         return reason
-    if c_in not in (32, 64) or c_out % 8 or not (c_out <= 64 or c_out % 64 == 0):
-        return f"channels {c_in} -> {c_out} (needs 32 or 64 in, a multiple of 8 up to 64, or of 64, out)"
+    if c_in not in (32, 64, 128) or c_out % 8 or not (c_out <= 64 or c_out % 64 == 0):
+        return f"channels {c_in} -> {c_out} (needs 32, 64 or 128 in, a multiple of 8 up to 64, or of 64, out)"
     if _compile_kernel() is None:
         return "torch.cuda._compile_kernel is missing"
     if config(c_in, c_out, tuple(taps), tuple(dilation), split) is None:
@@ -77,20 +77,24 @@ def _compile_kernel():
 
 @functools.lru_cache(maxsize=1024)
 def config(c_in: int, c_out: int, taps, dilation, split: bool = False):
-    """(tile rows BH, output channels per program, shared bytes) or None: the most rows (up to 8; in 3xTF32 (split)
-    2, or as many as keep SLABS x COB x C_IN / 32 within 64: ptxas spilled registers beyond, compiled here for
-    sm_90a) whose program's shared memory lets two programs share a multiprocessor, else one. On the H200, problem
-    77's forward correlation took 0.157 ms with 8 rows, 0.167 with 4 and 0.561 with 16 (one program per
+    """(tile rows BH, output channels per program, shared bytes, input channels per weight stage) or None: the most
+    rows (up to 8; in 3xTF32 (split) 2, or as many as keep SLABS x COB x C_IN / 32 within 64: ptxas spilled
+    registers beyond, compiled here for sm_90a) whose program's shared memory lets two programs share a
+    multiprocessor, else one. Up to 64 input channels a weight stage holds a tap's every channel; with 128, 64 or
+    32 of them (the most that fit beside the plane), as a stage of 128 would leave room for no plane. On the H200,
+    problem 77's forward correlation took 0.157 ms with 8 rows, 0.167 with 4 and 0.561 with 16 (one program per
     multiprocessor); its grad_input's about 0.24 with 4 rows and 0.283 with 8 (one program per multiprocessor;
     benchmarks/RESULTS.md, twelfth session)."""
     cob = min(c_out, 64)
+    units = (c_in,) if c_in <= 64 else (64, 32)
     for limit in (MAX_SHARED_BYTES // 2 - 1024, MAX_SHARED_BYTES):
         for rows in (8, 4, 2):
             if split and rows > 2 and rows // 2 * cob * c_in // 32 > 64:  # (rows // 2: SLABS, 64 positions each)
                 continue
-            smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split)
-            if smem <= limit:
-                return rows, cob, smem
+            for unit in units:
+                smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, unit)
+                if smem <= limit:
+                    return rows, cob, smem, unit
     return None
 
 
@@ -145,16 +149,16 @@ def _check(result: int) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: bool) -> _Kernel:
-    rows, cob, smem = config(c_in, c_out, taps, dilation, split)
+    rows, cob, smem, unit = config(c_in, c_out, taps, dilation, split)
     with torch.cuda.device(device_index):
-        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split), "phase_conv", smem,
-                       128)
+        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit), "phase_conv",
+                       smem, 128)
 
 
 def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: bool = False) -> tuple[int, int, int]:
     """The window sizes (depth, rows, columns) that a correlation over grid (QD, QH, QW) reads from offsets on (its
     first position in the window): whole tiles of rows and columns, so that partial tiles read inside it too."""
-    rows, _, _ = config(c_in, c_out, tuple(taps), tuple(dilation), split)
+    rows = config(c_in, c_out, tuple(taps), tuple(dilation), split)[0]
     (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
     return (offsets[0] + qd + (kd - 1) * dd, offsets[1] + cdiv(qh, rows) * rows + (kh - 1) * dh,
             offsets[2] + cdiv(qw, TILE_COLUMNS) * TILE_COLUMNS + (kw - 1) * dw)
@@ -171,7 +175,7 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
     split = weight_taps.dim() == 6
     kdf, khf, kwf, c_out, _ = weight_taps.shape[split:]
     device = window.device.index or 0
-    rows, cob, _ = config(c_in, c_out, tuple(taps), tuple(dilation), split)
+    rows, cob = config(c_in, c_out, tuple(taps), tuple(dilation), split)[:2]
     kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)

@@ -23,8 +23,9 @@ A program (one warpgroup, 128 threads) owns BH rows x 32 columns of one qd plane
 tap it copies the window plane its positions read into shared memory once (rows padded to C_IN + 4 floats, so that
 ldmatrix reads them without bank conflicts), and every (kh, kw) tap reads its A fragments there at the tap's
 offset: the input tile is loaded once per depth tap, not once per tap. The weight streams through a four-stage
-ring two taps ahead (16-byte cp.async), stored K-major in 128-byte-swizzled rows that wgmma reads through a
-descriptor. After the MMAs the tile is staged in shared memory and written row by row, each warp's 32 lanes over
+ring two units ahead (16-byte cp.async), a unit being a tap's UC input channels (all C_IN, or with 128 a half or a
+quarter, so that the ring fits beside the plane), stored K-major in 128-byte-swizzled rows that wgmma reads through
+a descriptor. After the MMAs the tile is staged in shared memory and written row by row, each warp's 32 lanes over
 32 consecutive columns.
 
 Measured on the H200 for problem 77's phase (eleventh session, benchmarks/diag_conv_cuda.py, which this grew out of):
@@ -61,13 +62,14 @@ SOURCE = r"""
 #define HW (BW + (KW - 1) * DW)
 #define PLANE (HH * HW)
 #define THREADS 128
-#define KS (C_IN / 8)                       // k-steps of 8 channels per tap
+#define U (C_IN / UC)                       // weight units per tap, UC channels each: a ring stage each
+#define KS (UC / 8)                         // k-steps of 8 channels per unit
 #define CPA (C_IN + 4)                      // a window position's floats in shared memory
 #define SLABS (BH * BW / 64)                // M = 64 positions per wgmma
-#define KB (C_IN / 32)                      // 32-channel blocks: one 128-byte swizzle atom wide
-#define B_PART (KB * COB * 32)              // floats of a tap's weight block (one of its parts with SPLIT)
+#define KB (UC / 32)                        // 32-channel blocks: one 128-byte swizzle atom wide
+#define B_PART (KB * COB * 32)              // floats of a unit's weight block (one of its parts with SPLIT)
 #define B_STAGE (B_PART * (1 + SPLIT))      // floats per weight stage: the block, or its hi and lo parts
-#define STAGES 4                            // the stage refilled at tap t was read by tap t - 2's MMAs
+#define STAGES 4                            // the stage refilled at unit u was read by unit u - 2's MMAs
 #define OCS (BH * BW + 4)                   // a channel's floats in the staged output tile
 
 // Four 8 x (4 floats) matrices, one row address per lane: lane l gets element (l / 4, l % 4) of each, the A
@@ -96,13 +98,13 @@ __device__ __forceinline__ void copy_plane(float* halo, const float* plane, long
     }
 }
 
-// The tap's COB x C_IN weight block, K-major: 32-channel blocks of COB rows of 128 bytes, whose 16-byte chunks are
-// swizzled by (row & 7), as wgmma's 128-byte swizzle mode reads them.
+// A unit's COB x UC weight block (w_tap: its first channel of the tap's rows), K-major: 32-channel blocks of COB
+// rows of 128 bytes, whose 16-byte chunks are swizzled by (row & 7), as wgmma's 128-byte swizzle mode reads them.
 // With SPLIT the lo part follows the hi part in the stage.
 __device__ __forceinline__ void copy_weight(float* stage, const float* w_tap, const float* w_lo_tap, int tid) {
     #pragma unroll
-    for (int e = tid; e < COB * C_IN / 4; e += THREADS) {
-        const int oc = e / (C_IN / 4), c4 = e % (C_IN / 4), kb = c4 / 8, c = c4 % 8;
+    for (int e = tid; e < COB * UC / 4; e += THREADS) {
+        const int oc = e / (UC / 4), c4 = e % (UC / 4), kb = c4 / 8, c = c4 % 8;
         float* dst = stage + (kb * COB + oc) * 32 + ((c ^ (oc & 7)) << 2);
         cp_async16(dst, w_tap + (long long)oc * C_IN + c4 * 4);
         if (SPLIT) cp_async16(dst + B_PART, w_lo_tap + (long long)oc * C_IN + c4 * 4);
@@ -133,11 +135,12 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     const long long w_block = (long long)ob * COB * C_IN;
     #define W_TAP(tap) (w_block + (long long)(((td0 + ((tap) / (KH * KW)) * tds) * KHF + th0 \
         + ((tap) / KW % KH) * ths) * KWF + tw0 + ((tap) % KW) * tws) * C_OUT * C_IN)
-    #define COPY_WEIGHT(stage, tap) copy_weight(stage, w + W_TAP(tap), w_lo + W_TAP(tap), tid)
+    #define UNIT(u) (W_TAP((u) / U) + (u) % U * UC)  // unit u = tap * U + (its channels) / UC
+    #define COPY_WEIGHT(stage, u) copy_weight(stage, w + UNIT(u), w_lo + UNIT(u), tid)
 
     COPY_WEIGHT(ring, 0);
     cp_commit();
-    if (KD * KH * KW > 1) COPY_WEIGHT(ring + B_STAGE, 1);
+    if (KD * KH * KW * U > 1) COPY_WEIGHT(ring + B_STAGE, 1);
     cp_commit();
     copy_plane(halo, plane0, row_floats, warp, lane);
     cp_commit();
@@ -170,61 +173,66 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
         #pragma unroll
         for (int kh = 0; kh < KH; kh++)
             #pragma unroll
-            for (int kw = 0; kw < KW; kw++) {
-                const int tap = (kd * KH + kh) * KW + kw;
-                // One group of MMAs per k-step; the A fragments double-buffered: buffer ks & 1 is refilled once the
-                // group that read it is done, i.e. with one group (the previous k-step's) left in flight. At a
-                // tap's start that also frees the stage tap - 2 read, which this tap refills.
-                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                if (kh == 0 && kw == 0) cp_wait<0>(); else cp_wait<1>();
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // copies visible to the tensor cores
-                __syncthreads();
-                if (tap + 2 < KD * KH * KW) COPY_WEIGHT(ring + ((tap + 2) % STAGES) * B_STAGE, tap + 2);
-                cp_commit();
-                const unsigned stage = ring_addr + 4 * (tap % STAGES) * B_STAGE;
+            for (int kw = 0; kw < KW; kw++)
                 #pragma unroll
-                for (int ks = 0; ks < KS; ks++) {
-                    if (ks > 0) asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                for (int unit = 0; unit < U; unit++) {
+                    const int step = ((kd * KH + kh) * KW + kw) * U + unit;
+                    // One group of MMAs per k-step; the A fragments double-buffered: buffer ks & 1 is refilled once
+                    // the group that read it is done, i.e. with one group (the previous k-step's) left in flight (KS
+                    // is even, so the parity alternates across units too). At a unit's start that also frees the
+                    // stage unit - 2 read, which this unit refills.
+                    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                    if (kh == 0 && kw == 0 && unit == 0) cp_wait<0>(); else cp_wait<1>();
+                    // The copies visible to the tensor cores.
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    __syncthreads();
+                    if (step + 2 < KD * KH * KW * U) COPY_WEIGHT(ring + ((step + 2) % STAGES) * B_STAGE, step + 2);
+                    cp_commit();
+                    const unsigned stage = ring_addr + 4 * (step % STAGES) * B_STAGE;
                     #pragma unroll
-                    for (int s = 0; s < SLABS; s++)
-                        ldmatrix4(a[ks & 1][s], a_lane + 4 * (((2 * s + kh * DH) * HW + kw * DW) * CPA + 8 * ks));
-                    if (SPLIT) {
+                    for (int ks = 0; ks < KS; ks++) {
+                        if (ks > 0) asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
                         #pragma unroll
                         for (int s = 0; s < SLABS; s++)
+                            ldmatrix4(a[ks & 1][s],
+                                      a_lane + 4 * (((2 * s + kh * DH) * HW + kw * DW) * CPA + 8 * (unit * KS + ks)));
+                        if (SPLIT) {
                             #pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                const float value = __uint_as_float(a[ks & 1][s][e]);
-                                const unsigned hi = to_tf32(value);
-                                a_lo[ks & 1][s][SPLIT ? e : 0] = to_tf32(value - __uint_as_float(hi));
-                                a[ks & 1][s][e] = hi;
-                            }
-                    }
-                    if (SPLIT && ks % PROMOTE == 0) {  // the partial into the sums, once its MMAs are done
-                        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-                        #pragma unroll
-                        for (int s = 0; s < SLABS; s++)
-                            #pragma unroll
-                            for (int k = 0; k < COB / 2; k++) d[s][k] += partial[SPLIT ? s : 0][SPLIT ? k : 0];
-                    }
-                    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-                    const unsigned b_at = stage + 4 * ((ks / 4) * COB * 32 + (ks % 4) * 8);
-                    const unsigned long long desc = b_desc(b_at);
-                    if (!SPLIT) {
-                        #pragma unroll
-                        for (int s = 0; s < SLABS; s++) wgmma(d[s], a[ks & 1][s], desc);
-                    } else {
-                        const unsigned long long desc_lo = b_desc(b_at + 4 * B_PART);
-                        #pragma unroll
-                        for (int s = 0; s < SLABS; s++) {
-                            float* sums = partial[SPLIT ? s : 0];
-                            wgmma(sums, a[ks & 1][s], desc, ks % PROMOTE != 0);  // from zero after a promotion
-                            wgmma(sums, a[ks & 1][s], desc_lo);
-                            wgmma(sums, a_lo[ks & 1][s], desc);
+                            for (int s = 0; s < SLABS; s++)
+                                #pragma unroll
+                                for (int e = 0; e < 4; e++) {
+                                    const float value = __uint_as_float(a[ks & 1][s][e]);
+                                    const unsigned hi = to_tf32(value);
+                                    a_lo[ks & 1][s][SPLIT ? e : 0] = to_tf32(value - __uint_as_float(hi));
+                                    a[ks & 1][s][e] = hi;
+                                }
                         }
+                        if (SPLIT && ks % PROMOTE == 0) {  // the partial into the sums, once its MMAs are done
+                            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                            #pragma unroll
+                            for (int s = 0; s < SLABS; s++)
+                                #pragma unroll
+                                for (int k = 0; k < COB / 2; k++) d[s][k] += partial[SPLIT ? s : 0][SPLIT ? k : 0];
+                        }
+                        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                        const unsigned b_at = stage + 4 * ((ks / 4) * COB * 32 + (ks % 4) * 8);
+                        const unsigned long long desc = b_desc(b_at);
+                        if (!SPLIT) {
+                            #pragma unroll
+                            for (int s = 0; s < SLABS; s++) wgmma(d[s], a[ks & 1][s], desc);
+                        } else {
+                            const unsigned long long desc_lo = b_desc(b_at + 4 * B_PART);
+                            #pragma unroll
+                            for (int s = 0; s < SLABS; s++) {
+                                float* sums = partial[SPLIT ? s : 0];
+                                wgmma(sums, a[ks & 1][s], desc, ks % PROMOTE != 0);  // from zero after a promotion
+                                wgmma(sums, a[ks & 1][s], desc_lo);
+                                wgmma(sums, a_lo[ks & 1][s], desc);
+                            }
+                        }
+                        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                     }
-                    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 }
-            }
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     if (SPLIT) {  // the last partial
@@ -280,18 +288,21 @@ def wgmma_asm(n: int) -> str:
             f' : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));')
 
 
-def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: bool = False) -> str:
-    """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 3xTF32."""
+def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: bool = False,
+           unit: int | None = None) -> str:
+    """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 3xTF32; unit:
+    the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in)."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
-                   HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE)
+                   UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob))
 
 
-def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: bool = False) -> int:
-    """Dynamic shared memory of one program: the weight ring and the window plane, or the staged output tile."""
+def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: bool = False, unit: int | None = None) -> int:
+    """Dynamic shared memory of one program: the weight ring (4 stages of unit input channels) and the window plane,
+    or the staged output tile."""
     (_, kh, kw), (_, dh, dw) = taps, dilation
-    ring = 4 * c_in * cob * (2 if split else 1)
+    ring = 4 * (unit or c_in) * cob * (2 if split else 1)
     plane = (bh + (kh - 1) * dh) * (32 + (kw - 1) * dw) * (c_in + 4)
     return 4 * max(ring + plane, cob * (bh * 32 + 4))
