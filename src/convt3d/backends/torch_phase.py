@@ -75,8 +75,10 @@ def _pads(phase: AxisPhase, in_size: int) -> tuple[int, int]:
 def _fill(target: torch.Tensor, bias) -> None:
     if bias is None:
         target.zero_()
-    elif target.is_cuda and _triton_fill() is not None and _triton_fill().fill_unsupported(target, bias) is None:
-        _triton_fill().fill_channels(target, bias)  # (torch's broadcast copy ran at a third of the bandwidth)
+        return
+    fill = _triton_fill() if target.is_cuda else None
+    if fill is not None and fill.fill_unsupported(target, bias) is None:
+        fill.fill_channels(target, bias)  # (torch's broadcast copy ran at a third of the bandwidth)
     else:
         target.copy_(bias.view(1, -1, 1, 1, 1).expand_as(target))
 
