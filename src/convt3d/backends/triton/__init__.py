@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -27,6 +28,7 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@functools.lru_cache(maxsize=1)
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -43,10 +45,16 @@ def unsupported_reason(input: torch.Tensor, plan: Plan):
         return f"device {input.device.type} needs TRITON_INTERPRET=1"
     if input.dtype not in SUPPORTED_DTYPES:
         return f"dtype {input.dtype} (supported: float32, float16, bfloat16)"
+    return _too_large(plan)
+
+
+@functools.lru_cache(maxsize=256)
+def _too_large(plan: Plan):
     # Offsets inside one sample (and inside the weight) are 32-bit; sample and channel-group bases are 64-bit.
+    sample_in = plan.in_channels * math.prod(plan.input_spatial)
     sample_out = plan.out_channels * math.prod(plan.output_spatial)
-    if max(input[0].numel() if input.shape[0] else 0, sample_out, plan.in_channels * plan.out_channels
-           // plan.groups * math.prod(plan.kernel_size)) >= 2**31:
+    if max(sample_in, sample_out, plan.in_channels * plan.out_channels // plan.groups
+           * math.prod(plan.kernel_size)) >= 2**31:
         return "one sample of the input or output, or the weight, has 2**31 elements or more"
     return None
 
@@ -55,6 +63,10 @@ def conv_transpose3d(input, weight, bias, plan: Plan):
     reason = unsupported_reason(input, plan)
     if reason is not None:
         raise RuntimeError(f"convt3d: backend='triton' cannot run this call: {reason}")
+    from . import tiled
+
+    if tiled.unsupported_reason(plan) is None:  # kernel == stride: one GEMM, no phases
+        return tiled.conv_transpose3d_tiled(input, weight, bias, plan)
     from .forward import conv_transpose3d_triton
 
     return conv_transpose3d_triton(input, weight, bias, plan)

@@ -1,0 +1,115 @@
+"""The tiled GEMM (backends/triton/tiled.py) on the sweep's k2 s2 layers (GPU): each tile config, the autotuned one,
+its operand pass alone, the general Triton kernel and eager, in both precision modes.
+
+    PYTHONPATH=src python3 benchmarks/diag_tiled.py [--iters 50] [--layers unet3d_k2s2,...]
+
+Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call). Each variant's output is
+NaN-poisoned before its first call, then checked: KernelBench's check against eager in the same mode and the
+relative error against float64.
+"""
+
+import argparse
+import itertools
+import json
+import logging
+import pathlib
+
+import torch
+import torch.nn.functional as F
+
+import convt3d
+from convt3d.backends.triton import tiled
+from convt3d.backends.triton.forward import conv_transpose3d_triton, precision_for
+from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
+from convt3d.plan import make_plan
+
+SWEEP = pathlib.Path(__file__).with_name("sweep.json")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--layers", default="unet3d_k2s2,unet3d_k2s2_deep,unet3d_k2s2_bf16")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("convt3d").setLevel(logging.DEBUG)  # auto's candidates and their median times
+    layers = {layer["name"]: layer for layer in json.loads(SWEEP.read_text())}
+    rows = []
+    for name in args.layers.split(","):
+        layer = layers[name]
+        dtype = getattr(torch, layer.get("dtype", "float32"))
+        torch.manual_seed(0)
+        module = torch.nn.ConvTranspose3d(layer["in_channels"], layer["out_channels"], layer["kernel_size"],
+                                          stride=layer["stride"], bias=layer["bias"]).cuda().to(dtype)
+        x = torch.rand(layer["input_shape"], device="cuda", dtype=dtype)
+        w, b = module.weight.detach(), module.bias.detach() if module.bias is not None else None
+        plan = make_plan(tuple(x.shape), tuple(w.shape), stride=layer["stride"])
+        reference = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None,
+                                       stride=layer["stride"])
+        for tf32 in ((True, False) if dtype == torch.float32 else (True,)):
+            torch.backends.cudnn.allow_tf32 = tf32
+            mode = "TF32" if tf32 else "TF32 off"
+            precision = precision_for(dtype)
+            with torch.no_grad():
+                expected = module(x)
+            operands = tiled._operands(x, w, precision)
+
+            def check(out):
+                return f"KB {kernelbench_check(out, expected)}, {relative_error(out, reference):.1e}"
+
+            def poisoned(fn):
+                real_empty = torch.empty
+
+                def nan_empty(*a, **k):
+                    t = real_empty(*a, **k)
+                    return t.fill_(float("nan")) if t.is_floating_point() else t
+                torch.empty = nan_empty
+                try:
+                    return fn()
+                finally:
+                    torch.empty = real_empty
+
+            variants = {
+                "eager": (lambda: module(x), None),
+                "triton general": (lambda: conv_transpose3d_triton(x, w, b, plan), None),
+                "tiled, autotuned, operands as given": (
+                    lambda: tiled.conv_transpose3d_tiled(x, w, b, plan, split_here=True), None),
+                "tiled, autotuned, operand pass": (
+                    lambda: tiled.conv_transpose3d_tiled(x, w, b, plan, split_here=False), None),
+                "tiled operand pass alone": (lambda: tiled._operands(x, w, precision), "unchecked"),
+                "auto": (lambda: convt3d.conv_transpose3d(x, w, b, stride=layer["stride"]), None),
+            }
+            for cfg, split_here in itertools.product(tiled.configs(), (True, False)):
+                label = "tiled kernel {BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
+                label += ", operands as given" if split_here else ", prepared"
+                out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
+                given = operands if not split_here else (x, x, w, w)
+                variants[label] = ((lambda cfg=cfg, out=out, given=given, split_here=split_here: tiled._launch(
+                    cfg, plan, *given, b, out, precision, split_here)), out)
+            for label, (fn, out) in variants.items():
+                try:
+                    with torch.no_grad():
+                        if out is None:
+                            note = check(poisoned(fn))
+                        elif isinstance(out, str):
+                            fn()
+                            note = ""
+                        else:
+                            fn()
+                            note = check(out)
+                        t = time_cuda(fn, iters=args.iters)
+                except Exception as error:  # a config that does not fit: say so and go on
+                    rows.append((name, mode, label, float("nan"), float("nan"), repr(error)[:80]))
+                    continue
+                rows.append((name, mode, label, t.mean_ms, t.min_ms, note))
+                print(rows[-1], flush=True)
+            del operands, variants
+    torch.backends.cudnn.allow_tf32 = True
+    print("| layer | mode | variant | mean ms | min ms | check, rel. err. vs float64 |")
+    print("|---|---|---|---|---|---|")
+    for name, mode, label, mean, low, note in rows:
+        print(f"| {name} | {mode} | {label} | {mean:.4f} | {low:.4f} | {note} |")
+
+
+if __name__ == "__main__":
+    main()

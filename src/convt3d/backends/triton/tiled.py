@@ -1,0 +1,293 @@
+"""Triton forward for layers whose kernel tiles the output: kernel_size == stride, no padding.
+
+Along an axis with kernel k == stride s (dilation 1, or k == 1), padding 0 and output_padding 0, output o = s*i + t
+receives exactly one (input, tap) pair: i = o // s, t = o % s. No output is empty and none sums several taps, so
+the layer is one GEMM whose result is scattered like a pixel shuffle:
+
+    y[n, co, KD*d + kd, KH*h + kh, KW*w + kw] = bias[co] + sum over ci of x[n, ci, d, h, w] * weight[ci, co, kd, kh, kw]
+
+with M = the input positions (n, d, h, w), K = the input channels and N = (kd, kh, co, kw). A program computes
+BLOCK_R rows of BLOCK_Q columns of one input plane (n, d) against BLOCK_CO output channels and every kw of one
+(kd, kh); interleaving the kw in registers makes each of its output rows one contiguous run of BLOCK_Q * KW
+elements. This is the 3D U-Net decoder's k2 s2 layer, which the general kernel (forward.py) computes as eight
+phases of one tap each, storing each phase apart.
+
+Both operands are laid out K-major beforehand (the layout Hopper's tensor cores read TF32 from): the input
+channels-last and the weight as (KD*KH, C_out, KW, C_in), TF32-rounded or split as forward.py's precisions say.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ...plan import Plan
+from .. import output_memory_format
+from . import cdiv, interpreted, next_power_of_2
+from .forward import TF32X3, _autotune, _channels_last, _round_to_tf32, _store_operand, precision_for
+from .launch import Launcher
+
+
+@functools.lru_cache(maxsize=256)
+def unsupported_reason(plan: Plan) -> str | None:
+    """None when the kernel tiles the output (this module's kernel serves the layer), else why not."""
+    if plan.groups != 1:
+        return "groups > 1"
+    if any(p or op for p, op in zip(plan.padding, plan.output_padding)):
+        return "padding or output_padding"
+    if any(k != s or (d != 1 and k != 1) for k, s, d in zip(plan.kernel_size, plan.stride, plan.dilation)):
+        return "kernel_size differs from stride (or dilation with kernel_size > 1)"
+    return None
+
+
+@triton.jit
+def _k_major(w_ptr, hi_ptr, lo_ptr, pid, C_IN, C_OUT, KDH, KW, PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr,
+             BLOCK_C: tl.constexpr):
+    # The contiguous weight, as (C_in, C_out * KD*KH * KW), -> (KD*KH, C_out, KW, C_in): a tile of columns c =
+    # (co, tap, kw) by input channels, loaded along c and stored along the channels.
+    COLUMNS = C_OUT * KDH * KW
+    c_blocks = tl.cdiv(COLUMNS, BLOCK_C)
+    ci = pid // c_blocks * BLOCK_CI + tl.arange(0, BLOCK_CI)
+    c = pid % c_blocks * BLOCK_C + tl.arange(0, BLOCK_C)
+    ok = (ci[:, None] < C_IN) & (c[None, :] < COLUMNS)
+    w = tl.load(w_ptr + ci[:, None] * COLUMNS + c[None, :], mask=ok)
+    row = (c // KW % KDH * C_OUT + c // (KDH * KW)) * KW + c % KW
+    _store_operand(hi_ptr, lo_ptr, row[None, :] * C_IN + ci[:, None], w, ok, PRECISION)
+
+
+@triton.jit
+def prepare_operands_kernel(
+    x_ptr, x_hi_ptr, x_lo_ptr, w_ptr, w_hi_ptr, w_lo_ptr,
+    C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs, C_OUT, KDH, KW,
+    PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """Both operands in one launch: programs [0, X_PROGRAMS) lay the input out channels-last, the others the
+    weight K-major."""
+    pid = tl.program_id(0)
+    if pid < X_PROGRAMS:
+        _channels_last(x_ptr, x_hi_ptr, x_lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION, BLOCK_C, BLOCK_S)
+    else:
+        _k_major(w_ptr, w_hi_ptr, w_lo_ptr, pid - X_PROGRAMS, C, C_OUT, KDH, KW, PRECISION, BLOCK_C, BLOCK_S)
+
+
+@triton.jit
+def _split(v, PRECISION: tl.constexpr, SPLIT_HERE: tl.constexpr, lo_ptr, offs, mask):
+    """(high part, low part) of an operand tile as the dot reads it: TF32-rounded (PRECISION 1) or split into TF32
+    high and low parts (2) here, or as loaded (the operand pass did it; the low part from lo_ptr)."""
+    if PRECISION == 0 or not SPLIT_HERE:
+        hi = v
+    else:
+        hi = _round_to_tf32(v)
+    if PRECISION == 2:
+        if SPLIT_HERE:
+            lo = _round_to_tf32(v - hi)
+        else:
+            lo = tl.load(lo_ptr + offs, mask=mask, other=0.0)
+    else:
+        lo = hi
+    return hi, lo
+
+
+@triton.jit
+def tiled_kernel(
+    x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, b_ptr, y_ptr,
+    C_IN, C_OUT, D, H, W, KD, KH,
+    sxn, sxc, sxd, sxh, sxw, swi, swo, swd, swh, sww,
+    syn, syc, syd, syh, syw,
+    H_BLOCKS, W_BLOCKS, CO_BLOCKS,
+    KW: tl.constexpr, KW_P2: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT_HERE: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """x (N, C_in, D, H, W) and the weight (C_in, C_out, KD, KH, KW) through any strides: as given (SPLIT_HERE),
+    or as the operand pass laid them out (channels-last and K-major, strides given as of those shapes)."""
+    BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
+    BLOCK_N: tl.constexpr = BLOCK_CO * KW_P2  # (co, kw), kw fastest; KW_P2 = KW rounded up to a power of two
+    # Program order: output-channel blocks and (kd, kh) fastest, so that the programs reading one input tile run
+    # together and find it in L2.
+    pid = tl.program_id(0)
+    co_block = pid % CO_BLOCKS
+    pid = pid // CO_BLOCKS
+    tap = pid % (KD * KH)
+    pid = pid // (KD * KH)
+    w0 = pid % W_BLOCKS * BLOCK_Q
+    pid = pid // W_BLOCKS
+    h0 = pid % H_BLOCKS * BLOCK_R
+    pid = pid // H_BLOCKS
+    d = pid % D
+    n = pid // D
+    kd = tap // KH
+    kh = tap % KH
+
+    # A: BLOCK_M input positions (BLOCK_R rows of BLOCK_Q columns) by BLOCK_K channels. Out-of-range positions
+    # are masked, not clamped: clamping would hide the columns' contiguity from the compiler.
+    m = tl.arange(0, BLOCK_M)
+    h = h0 + m // BLOCK_Q
+    w = w0 + m % BLOCK_Q
+    m_ok = (h < H) & (w < W)
+    a_rows = n.to(tl.int64) * sxn + d.to(tl.int64) * sxd + h.to(tl.int64) * sxh + w * sxw
+    # B: BLOCK_N weight rows (co, kw) of tap (kd, kh) by BLOCK_K channels.
+    j = tl.arange(0, BLOCK_N)
+    co = co_block * BLOCK_CO + j // KW_P2
+    kw = j % KW_P2
+    n_ok = (co < C_OUT) & (kw < KW)
+    b_rows = co * swo + kd * swd + kh * swh + kw * sww
+    k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, C_IN, BLOCK_K):
+        if EVEN_K:  # masks constant along channels
+            a_ok = m_ok[:, None]
+            b_ok = n_ok[:, None]
+        else:
+            a_ok = m_ok[:, None] & (k0 + k < C_IN)[None, :]
+            b_ok = n_ok[:, None] & (k0 + k < C_IN)[None, :]
+        a_offs = a_rows[:, None] + ((k0 + k) * sxc)[None, :]
+        b_offs = b_rows[:, None] + ((k0 + k) * swi)[None, :]
+        a, a_lo = _split(tl.load(x_ptr + a_offs, mask=a_ok, other=0.0), PRECISION, SPLIT_HERE, x_lo_ptr, a_offs,
+                         a_ok)
+        b, b_lo = _split(tl.load(w_ptr + b_offs, mask=b_ok, other=0.0), PRECISION, SPLIT_HERE, w_lo_ptr, b_offs,
+                         b_ok)
+        b = tl.trans(b)
+        b_lo = tl.trans(b_lo)
+        if PRECISION == 2:
+            # 3xTF32, each K-step summed apart and added with a rounded add (forward.py's _phase_gemm says why).
+            step = tl.dot(a_lo, b, input_precision="tf32")
+            step = tl.dot(a, b_lo, step, input_precision="tf32")
+            acc += tl.dot(a, b, step, input_precision="tf32")
+        elif PRECISION == 1:
+            acc = tl.dot(a, b, acc, input_precision="tf32")
+        elif INTERPRETED and a.dtype == tl.bfloat16:
+            # The interpreter's dot mishandles bfloat16 (forward.py): bfloat16 products are exact in float32.
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+
+    # Interleave the kw: [M, (co, kw)] -> [co, (row, column, kw)], so that element e of a channel's row of the
+    # tile sits at output column KW * w0 + e % (BLOCK_Q * KW_P2) of row KH * (h0 + e // (BLOCK_Q * KW_P2)) + kh.
+    tile = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, BLOCK_CO, KW_P2)), (1, 0, 2)), (BLOCK_CO, BLOCK_M * KW_P2))
+    e = tl.arange(0, BLOCK_M * KW_P2)
+    r = e // (BLOCK_Q * KW_P2)
+    col = e % (BLOCK_Q * KW_P2)
+    if KW == KW_P2:
+        ow = KW * w0 + col  # written so, the compiler sees the run of BLOCK_Q * KW contiguous columns
+        ok = (h0 + r < H) & (ow < KW * W)
+    else:
+        ow = KW * (w0 + col // KW_P2) + col % KW_P2
+        ok = (h0 + r < H) & (w0 + col // KW_P2 < W) & (col % KW_P2 < KW)
+    oh = KH * (h0 + r) + kh
+    co_t = co_block * BLOCK_CO + tl.arange(0, BLOCK_CO)
+    y_base = y_ptr + n.to(tl.int64) * syn + (KD * d + kd).to(tl.int64) * syd
+    ptrs = y_base + co_t[:, None].to(tl.int64) * syc + (oh.to(tl.int64) * syh + ow * syw)[None, :]
+    tl.store(ptrs, tile.to(y_ptr.dtype.element_ty), mask=(co_t < C_OUT)[:, None] & ok[None, :])
+
+
+def configs():
+    if interpreted():
+        return [dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, num_warps=4, num_stages=1)]
+    return [
+        dict(BLOCK_M=m, BLOCK_N=nn, BLOCK_K=k, num_warps=wp, num_stages=s)
+        for m, nn, k, wp, s in [
+            (128, 128, 32, 8, 3),
+            (128, 128, 32, 4, 3),
+            (128, 64, 32, 4, 4),
+            (64, 128, 32, 4, 4),
+            (128, 256, 32, 8, 3),
+            (256, 128, 32, 8, 3),
+        ]
+    ]
+
+
+def _operands(input, weight, precision):
+    """(x, x_lo, w, w_lo) laid out by the operand pass: the input channels-last (N, D, H, W, C_in) and the weight
+    K-major (KD, KH, C_out, KW, C_in), TF32-rounded or split for float32 (x_lo, w_lo are x, w where unused)."""
+    c_in, c_out, kd, kh, kw = weight.shape
+    w_hi = torch.empty((kd, kh, c_out, kw, c_in), dtype=weight.dtype, device=weight.device)
+    w_lo = torch.empty_like(w_hi) if precision == TF32X3 else w_hi
+    n, c, d, h, w = input.shape
+    x_hi = torch.empty((n, d, h, w, c), dtype=input.dtype, device=input.device)
+    x_lo = torch.empty_like(x_hi) if precision == TF32X3 else x_hi
+    flat = input.flatten(2)  # a view where the strides allow, else a copy
+    block_c, block_s = 32, 64
+    s_blocks = cdiv(d * h * w, block_s)
+    x_programs = n * cdiv(c, block_c) * s_blocks
+    w_programs = cdiv(c_in, block_c) * cdiv(c_out * kd * kh * kw, block_s)
+    _prepare.launch(
+        (x_programs + w_programs,), (flat, x_hi, x_lo, weight.contiguous(), w_hi, w_lo),
+        (c, d * h * w, s_blocks, x_programs, *flat.stride(), c_out, kd * kh, kw),
+        (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s)))
+    return x_hi, x_lo, w_hi, w_lo
+
+
+@functools.lru_cache(maxsize=256)
+def _geometry(plan: Plan, block_m: int, block_n: int, block_k: int):
+    """(grid, sizes, the operand pass's strides, blocks, block constexprs) of a config for a layer: once per layer,
+    as host time shows."""
+    n, c_in, (d, h, w) = plan.batch, plan.in_channels, plan.input_spatial
+    c_out, (kd, kh, kw) = plan.out_channels, plan.kernel_size
+    kw_p2 = next_power_of_2(kw)
+    block_q = min(next_power_of_2(w), block_m)
+    block_r = max(1, block_m // block_q)
+    block_co = max(16 // kw_p2, 1, min(block_n // kw_p2, next_power_of_2(c_out)))
+    block_k = max(16, min(block_k, next_power_of_2(c_in)))
+    h_blocks, w_blocks, co_blocks = cdiv(h, block_r), cdiv(w, block_q), cdiv(c_out, block_co)
+    grid = (n * d * h_blocks * w_blocks * kd * kh * co_blocks,)
+    sizes = (c_in, c_out, d, h, w, kd, kh)
+    # _operands' layouts as strides of (N, C_in, D, H, W) and (C_in, C_out, KD, KH, KW).
+    prepared_strides = (d * h * w * c_in, 1, h * w * c_in, w * c_in, c_in,
+                        1, kw * c_in, kh * c_out * kw * c_in, c_out * kw * c_in, c_in)
+    constexprs = (("KW", kw), ("KW_P2", kw_p2), ("BLOCK_R", block_r), ("BLOCK_Q", block_q), ("BLOCK_CO", block_co),
+                  ("BLOCK_K", block_k), ("EVEN_K", c_in % block_k == 0))
+    return grid, sizes, prepared_strides, (h_blocks, w_blocks, co_blocks), constexprs
+
+
+def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision, split_here):
+    """One launch; x and w as given (split_here) or as _operands laid them out."""
+    grid, sizes, prepared_strides, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"],
+                                                                  cfg["BLOCK_K"])
+    strides = (*x.stride(), *w.stride()) if split_here else prepared_strides
+    _tiled.launch(
+        grid, (x, x_lo, w, w_lo, bias if bias is not None else w, out), (*sizes, *strides, *out.stride(), *blocks),
+        (*constexprs, ("HAS_BIAS", bias is not None), ("PRECISION", precision), ("SPLIT_HERE", split_here),
+         ("INTERPRETED", interpreted()), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
+
+
+_prepare = Launcher(prepare_operands_kernel)
+_tiled = Launcher(tiled_kernel)
+_best_config: dict = {}
+
+
+def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | None = None,
+                           config: dict | None = None, split_here: bool | None = None):
+    """The layer by the tiled GEMM; input (N, C_in, D, H, W) and weight validated, any strides, unsupported_reason
+    None. split_here: read the operands as given, rounding or splitting them in registers, rather than through the
+    operand pass; by default for half precision only (H200, benchmarks/RESULTS.md, sixteenth session: float32
+    operands as given made the kernel 2.5-5x slower, as TF32's tensor-core operands must be K-major, bfloat16's
+    0.036 ms against 0.038 for the pass and the kernel)."""
+    out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device,
+                      memory_format=output_memory_format(input, weight))
+    if out.numel() == 0:
+        return out
+    precision = precision_for(input.dtype) if precision is None else precision
+    if plan.in_channels == 0:  # nothing to sum: the bias alone
+        return out.copy_(bias.view(1, -1, 1, 1, 1).expand_as(out)) if bias is not None else out.zero_()
+    split_here = input.dtype != torch.float32 if split_here is None else split_here
+    operands = (input, input, weight, weight) if split_here else _operands(input, weight, precision)
+    key = (plan.key, input.dtype, precision, split_here, str(input.device),
+           (input.stride(), weight.stride()) if split_here else None, out.stride(), bias is not None)
+    if config is None:
+        config = _best_config.get(key)
+    if config is None:
+        candidates = configs()
+        capturing = input.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if len(candidates) == 1 or capturing:  # no autotuning inside a CUDA graph capture: not remembered
+            config = candidates[0]
+        else:
+            config = _best_config[key] = _autotune(
+                lambda cfg: _launch(cfg, plan, *operands, bias, out, precision, split_here), candidates)
+    _launch(config, plan, *operands, bias, out, precision, split_here)
+    return out

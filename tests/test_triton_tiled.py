@@ -1,0 +1,151 @@
+"""The tiled GEMM for kernel_size == stride (backends/triton/tiled.py), under TRITON_INTERPRET=1 on the CPU (and
+natively on a GPU)."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convt3d
+from conftest import assert_close_rel, layer_args, make_tensors
+
+triton = pytest.importorskip("triton")
+from convt3d.backends.triton import tiled  # noqa: E402
+from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402
+from convt3d.plan import make_plan  # noqa: E402
+from test_triton_forward import round_to_tf32  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def layer(kernel, spatial, in_channels=5, out_channels=3, batch=1, bias=True, dilation=1):
+    return dict(batch=batch, in_channels=in_channels, out_channels=out_channels, groups=1, kernel_size=kernel,
+                stride=kernel, padding=0, dilation=dilation, output_padding=0, spatial=spatial, bias=bias)
+
+
+CASES = [
+    # The U-Net k2 s2 layer with rows and columns that fill no block.
+    layer((2, 2, 2), (3, 3, 4)),
+    # Columns over several blocks, output channels over several blocks, channels not a multiple of the K block.
+    layer((2, 2, 2), (2, 3, 40), in_channels=20, out_channels=40, batch=2, bias=False),
+    # KW = 3: the kw interleave padded to 4; a 1 x 2 x 3 kernel; exactly one K block of channels.
+    layer((1, 2, 3), (2, 5, 13), in_channels=16, out_channels=6),
+    # Pointwise (kernel 1, stride 1), where dilation changes nothing; width 1.
+    layer((1, 1, 1), (2, 3, 1), in_channels=3, out_channels=4, dilation=2),
+]
+
+_next_config = itertools.cycle(tiled.configs())
+
+
+def run(x, w, b, cfg, precision, split_here=None):
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    assert tiled.unsupported_reason(plan) is None
+    for _ in tiled.configs():
+        try:
+            y = tiled.conv_transpose3d_tiled(x, w, b, plan, precision=precision, config=next(_next_config),
+                                             split_here=split_here)
+            break
+        except triton.runtime.errors.OutOfResources:  # e.g. the largest tiles with 3xTF32's doubled operands
+            continue
+    assert y.shape == plan.output_shape
+    return y
+
+
+def tensors(cfg, dtype):
+    x, w, b = make_tensors(dict(cfg, unbatched=False), torch.float32, DEVICE)
+    return x.to(dtype), w.to(dtype), (b.to(dtype) if b is not None else None)
+
+
+def reference(x, w, b, cfg):
+    return F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
+
+
+# split_here: the operands rounded or split in registers (True) or by the operand pass (False).
+@pytest.mark.parametrize("split_here", [True, False])
+@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
+def test_tf32_rounds_operands_to_nearest(cfg, split_here):
+    x, w, b = tensors(cfg, torch.float32)
+    y = run(x, w, b, cfg, TF32, split_here)
+    # Exactly the products of the TF32-rounded operands, summed in float32.
+    assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
+    assert_close_rel(y, reference(x, w, b, cfg), 2e-3)  # TF32 keeps 11 significant bits
+
+
+@pytest.mark.parametrize("split_here", [True, False])
+@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
+def test_tf32x3_is_float32_accurate(cfg, split_here):
+    x, w, b = tensors(cfg, torch.float32)
+    assert_close_rel(run(x, w, b, cfg, TF32X3, split_here), reference(x, w, b, cfg), 1e-6)
+
+
+# float16 keeps 11 significant bits, bfloat16 8: the output's own rounding dominates.
+@pytest.mark.parametrize("dtype, rel", [(torch.float16, 2e-3), (torch.bfloat16, 1.5e-2)])
+@pytest.mark.parametrize("split_here", [True, False])
+@pytest.mark.parametrize("cfg", CASES[:3], ids=range(3))
+def test_half_precision(cfg, dtype, rel, split_here):
+    x, w, b = tensors(cfg, dtype)
+    y = run(x, w, b, cfg, NATIVE, split_here)
+    assert y.dtype == dtype
+    assert_close_rel(y, reference(x, w, b, cfg), rel)
+
+
+def test_every_element_written_and_inputs_untouched():
+    """The output is allocated uninitialised: poison what the allocator hands out and check no NaN survives."""
+    cfg = CASES[1]
+    x, w, b = tensors(cfg, torch.float32)
+    w = torch.randn_like(w)
+    x_before, w_before = x.clone(), w.clone()
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = poisoned_empty
+    try:
+        y = run(x, w, b, cfg, TF32X3)
+    finally:
+        torch.empty = real_empty
+    assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
+    assert torch.equal(x, x_before) and torch.equal(w, w_before)
+
+
+def test_strided_and_channels_last_operands_keep_pytorchs_memory_format():
+    cfg = CASES[0]
+    x, w, b = tensors(cfg, torch.float32)
+    ref = reference(x, w, b, cfg)
+    x_cl = x.to(memory_format=torch.channels_last_3d)
+    for split_here in (True, False):
+        y = run(x_cl, w, b, cfg, TF32X3, split_here)
+        assert y.is_contiguous(memory_format=torch.channels_last_3d)
+        assert_close_rel(y, ref, 1e-6)
+        x_t = x.transpose(3, 4).contiguous().transpose(3, 4)
+        assert_close_rel(run(x_t, w.transpose(0, 1).contiguous().transpose(0, 1), b, cfg, TF32X3, split_here), ref,
+                         1e-6)
+
+
+@pytest.mark.parametrize("args, reason", [
+    (dict(stride=2, padding=1), "padding"),
+    (dict(stride=2, output_padding=1), "padding"),
+    (dict(stride=(2, 2, 1)), "kernel_size differs"),
+    (dict(stride=2, dilation=2), "dilation"),
+    (dict(stride=2, groups=2), "groups"),
+])
+def test_layers_it_does_not_tile_say_why(args, reason):
+    plan = make_plan((1, 4, 3, 3, 3), (4, 2, 2, 2, 2), **args)
+    assert reason in tiled.unsupported_reason(plan)
+
+
+def test_backend_triton_takes_it(monkeypatch):
+    cfg = CASES[0]
+    x, w, b = tensors(cfg, torch.float32)
+    calls = []
+    real = tiled.conv_transpose3d_tiled
+    monkeypatch.setattr(tiled, "conv_transpose3d_tiled", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        y = convt3d.conv_transpose3d(x, w, b, **layer_args(cfg), backend="triton")
+    assert calls
+    assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
+    empty = convt3d.conv_transpose3d(x[:0], w, b, **layer_args(cfg), backend="triton")
+    assert empty.shape == (0, *y.shape[1:])
