@@ -1,5 +1,6 @@
-"""The tiled GEMM (backends/triton/tiled.py) on the sweep's k2 s2 layers (GPU): each tile config, the autotuned one,
-its operand pass alone, the general Triton kernel and eager, in both precision modes.
+"""The tiled GEMM (backends/triton/tiled.py) on the sweep's k2 s2 layers (GPU): each tile config, the autotuned
+kernel with its operand pass, the operand pass alone and eager, in both precision modes. (Sixteenth session's runs
+of its earlier forms also read the operands as given, rounding them in registers: commit f7e1679.)
 
     PYTHONPATH=src python3 benchmarks/diag_tiled.py [--iters 50] [--layers unet3d_k2s2,...]
 
@@ -9,17 +10,14 @@ relative error against float64.
 """
 
 import argparse
-import itertools
 import json
-import logging
 import pathlib
 
 import torch
 import torch.nn.functional as F
 
-import convt3d
 from convt3d.backends.triton import tiled
-from convt3d.backends.triton.forward import conv_transpose3d_triton, precision_for
+from convt3d.backends.triton.forward import precision_for
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.plan import make_plan
 
@@ -31,8 +29,6 @@ def main():
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--layers", default="unet3d_k2s2,unet3d_k2s2_deep,unet3d_k2s2_bf16")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("convt3d").setLevel(logging.DEBUG)  # auto's candidates and their median times
     layers = {layer["name"]: layer for layer in json.loads(SWEEP.read_text())}
     rows = []
     for name in args.layers.split(","):
@@ -71,21 +67,14 @@ def main():
 
             variants = {
                 "eager": (lambda: module(x), None),
-                "triton general": (lambda: conv_transpose3d_triton(x, w, b, plan), None),
-                "tiled, autotuned, operands as given": (
-                    lambda: tiled.conv_transpose3d_tiled(x, w, b, plan, split_here=True), None),
-                "tiled, autotuned, operand pass": (
-                    lambda: tiled.conv_transpose3d_tiled(x, w, b, plan, split_here=False), None),
+                "tiled, autotuned": (lambda: tiled.conv_transpose3d_tiled(x, w, b, plan), None),
                 "tiled operand pass alone": (lambda: tiled._operands(x, w, precision), "unchecked"),
-                "auto": (lambda: convt3d.conv_transpose3d(x, w, b, stride=layer["stride"]), None),
             }
-            for cfg, split_here in itertools.product(tiled.configs(), (True, False)):
-                label = "tiled kernel {BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{num_warps} s{num_stages}".format(**cfg)
-                label += ", operands as given" if split_here else ", prepared"
+            for cfg in tiled.configs():
+                label = "tiled kernel {BLOCK_M}x{BLOCK_N}x{BLOCK_K} swap {SWAP} w{num_warps} s{num_stages}".format(**cfg)
                 out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
-                given = operands if not split_here else (x, x, w, w)
-                variants[label] = ((lambda cfg=cfg, out=out, given=given, split_here=split_here: tiled._launch(
-                    cfg, plan, *given, b, out, precision, split_here)), out)
+                variants[label] = ((lambda cfg=cfg, out=out: tiled._launch(cfg, plan, *operands, b, out, precision)),
+                                   out)
             for label, (fn, out) in variants.items():
                 try:
                     with torch.no_grad():

@@ -38,13 +38,13 @@ CASES = [
 _next_config = itertools.cycle(tiled.configs())
 
 
-def run(x, w, b, cfg, precision, split_here=None):
+def run(x, w, b, cfg, precision, config=None):
+    """The layer through config, or else the next config in turn that fits."""
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
     assert tiled.unsupported_reason(plan) is None
     for _ in tiled.configs():
         try:
-            y = tiled.conv_transpose3d_tiled(x, w, b, plan, precision=precision, config=next(_next_config),
-                                             split_here=split_here)
+            y = tiled.conv_transpose3d_tiled(x, w, b, plan, precision=precision, config=config or next(_next_config))
             break
         except triton.runtime.errors.OutOfResources:  # e.g. the largest tiles with 3xTF32's doubled operands
             continue
@@ -61,31 +61,35 @@ def reference(x, w, b, cfg):
     return F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
 
 
-# split_here: the operands rounded or split in registers (True) or by the operand pass (False).
-@pytest.mark.parametrize("split_here", [True, False])
+# The first two configs: the MMA's M and N as they are, and swapped (on a GPU in the other order).
+FIRST_TWO = [0, 1]
+assert {tiled.configs()[i]["SWAP"] for i in FIRST_TWO} == {0, 1}
+
+
+@pytest.mark.parametrize("config", FIRST_TWO)
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
-def test_tf32_rounds_operands_to_nearest(cfg, split_here):
+def test_tf32_rounds_operands_to_nearest(cfg, config):
     x, w, b = tensors(cfg, torch.float32)
-    y = run(x, w, b, cfg, TF32, split_here)
+    y = run(x, w, b, cfg, TF32, tiled.configs()[config])
     # Exactly the products of the TF32-rounded operands, summed in float32.
     assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
     assert_close_rel(y, reference(x, w, b, cfg), 2e-3)  # TF32 keeps 11 significant bits
 
 
-@pytest.mark.parametrize("split_here", [True, False])
+@pytest.mark.parametrize("config", FIRST_TWO)
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
-def test_tf32x3_is_float32_accurate(cfg, split_here):
+def test_tf32x3_is_float32_accurate(cfg, config):
     x, w, b = tensors(cfg, torch.float32)
-    assert_close_rel(run(x, w, b, cfg, TF32X3, split_here), reference(x, w, b, cfg), 1e-6)
+    assert_close_rel(run(x, w, b, cfg, TF32X3, tiled.configs()[config]), reference(x, w, b, cfg), 1e-6)
 
 
 # float16 keeps 11 significant bits, bfloat16 8: the output's own rounding dominates.
 @pytest.mark.parametrize("dtype, rel", [(torch.float16, 2e-3), (torch.bfloat16, 1.5e-2)])
-@pytest.mark.parametrize("split_here", [True, False])
+@pytest.mark.parametrize("config", FIRST_TWO)
 @pytest.mark.parametrize("cfg", CASES[:3], ids=range(3))
-def test_half_precision(cfg, dtype, rel, split_here):
+def test_half_precision(cfg, dtype, rel, config):
     x, w, b = tensors(cfg, dtype)
-    y = run(x, w, b, cfg, NATIVE, split_here)
+    y = run(x, w, b, cfg, NATIVE, tiled.configs()[config])
     assert y.dtype == dtype
     assert_close_rel(y, reference(x, w, b, cfg), rel)
 
@@ -116,13 +120,11 @@ def test_strided_and_channels_last_operands_keep_pytorchs_memory_format():
     x, w, b = tensors(cfg, torch.float32)
     ref = reference(x, w, b, cfg)
     x_cl = x.to(memory_format=torch.channels_last_3d)
-    for split_here in (True, False):
-        y = run(x_cl, w, b, cfg, TF32X3, split_here)
-        assert y.is_contiguous(memory_format=torch.channels_last_3d)
-        assert_close_rel(y, ref, 1e-6)
-        x_t = x.transpose(3, 4).contiguous().transpose(3, 4)
-        assert_close_rel(run(x_t, w.transpose(0, 1).contiguous().transpose(0, 1), b, cfg, TF32X3, split_here), ref,
-                         1e-6)
+    y = run(x_cl, w, b, cfg, TF32X3)
+    assert y.is_contiguous(memory_format=torch.channels_last_3d)
+    assert_close_rel(y, ref, 1e-6)
+    x_t = x.transpose(3, 4).contiguous().transpose(3, 4)
+    assert_close_rel(run(x_t, w.transpose(0, 1).contiguous().transpose(0, 1), b, cfg, TF32X3), ref, 1e-6)
 
 
 @pytest.mark.parametrize("args, reason", [

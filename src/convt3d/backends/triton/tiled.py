@@ -27,7 +27,7 @@ import triton.language as tl
 from ...plan import Plan
 from .. import output_memory_format
 from . import cdiv, interpreted, next_power_of_2
-from .forward import TF32X3, _autotune, _channels_last, _round_to_tf32, _store_operand, precision_for
+from .forward import TF32X3, _autotune, _channels_last, _store_operand, precision_for
 from .launch import Launcher
 
 
@@ -74,21 +74,33 @@ def prepare_operands_kernel(
 
 
 @triton.jit
-def _split(v, PRECISION: tl.constexpr, SPLIT_HERE: tl.constexpr, lo_ptr, offs, mask):
-    """(high part, low part) of an operand tile as the dot reads it: TF32-rounded (PRECISION 1) or split into TF32
-    high and low parts (2) here, or as loaded (the operand pass did it; the low part from lo_ptr)."""
-    if PRECISION == 0 or not SPLIT_HERE:
-        hi = v
-    else:
-        hi = _round_to_tf32(v)
+def _load(ptr, lo_ptr, offs, mask, PRECISION: tl.constexpr):
+    """An operand tile as the operand pass left it, and its low part under 3xTF32 (PRECISION 2; else the tile)."""
+    hi = tl.load(ptr + offs, mask=mask, other=0.0)
     if PRECISION == 2:
-        if SPLIT_HERE:
-            lo = _round_to_tf32(v - hi)
-        else:
-            lo = tl.load(lo_ptr + offs, mask=mask, other=0.0)
+        lo = tl.load(lo_ptr + offs, mask=mask, other=0.0)
     else:
         lo = hi
     return hi, lo
+
+
+@triton.jit
+def _mma(acc, a, a_lo, b, b_lo, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+    """acc + a @ b on tensor cores: TF32 (PRECISION 1), 3xTF32 from the operands' high and low parts (2), or the
+    operands' own type (0)."""
+    if PRECISION == 2:
+        # Each K-step summed apart and added with a rounded add (forward.py's _phase_gemm says why).
+        step = tl.dot(a_lo, b, input_precision="tf32")
+        step = tl.dot(a, b_lo, step, input_precision="tf32")
+        acc += tl.dot(a, b, step, input_precision="tf32")
+    elif PRECISION == 1:
+        acc = tl.dot(a, b, acc, input_precision="tf32")
+    elif INTERPRETED and a.dtype == tl.bfloat16:
+        # The interpreter's dot mishandles bfloat16 (forward.py): bfloat16 products are exact in float32.
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
 
 
 @triton.jit
@@ -99,11 +111,11 @@ def tiled_kernel(
     syn, syc, syd, syh, syw,
     H_BLOCKS, W_BLOCKS, CO_BLOCKS,
     KW: tl.constexpr, KW_P2: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
-    SPLIT_HERE: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
-    BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    INTERPRETED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SWAP: tl.constexpr,
 ):
-    """x (N, C_in, D, H, W) and the weight (C_in, C_out, KD, KH, KW) through any strides: as given (SPLIT_HERE),
-    or as the operand pass laid them out (channels-last and K-major, strides given as of those shapes)."""
+    """x (N, C_in, D, H, W) and the weight (C_in, C_out, KD, KH, KW) as the operand pass laid them out, through
+    strides of those shapes."""
     BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
     BLOCK_N: tl.constexpr = BLOCK_CO * KW_P2  # (co, kw), kw fastest; KW_P2 = KW rounded up to a power of two
     # Program order: output-channel blocks and (kd, kh) fastest, so that the programs reading one input tile run
@@ -136,7 +148,10 @@ def tiled_kernel(
     n_ok = (co < C_OUT) & (kw < KW)
     b_rows = co * swo + kd * swd + kh * swh + kw * sww
     k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, C_IN, BLOCK_K):
         if EVEN_K:  # masks constant along channels
             a_ok = m_ok[:, None]
@@ -146,30 +161,25 @@ def tiled_kernel(
             b_ok = n_ok[:, None] & (k0 + k < C_IN)[None, :]
         a_offs = a_rows[:, None] + ((k0 + k) * sxc)[None, :]
         b_offs = b_rows[:, None] + ((k0 + k) * swi)[None, :]
-        a, a_lo = _split(tl.load(x_ptr + a_offs, mask=a_ok, other=0.0), PRECISION, SPLIT_HERE, x_lo_ptr, a_offs,
-                         a_ok)
-        b, b_lo = _split(tl.load(w_ptr + b_offs, mask=b_ok, other=0.0), PRECISION, SPLIT_HERE, w_lo_ptr, b_offs,
-                         b_ok)
-        b = tl.trans(b)
-        b_lo = tl.trans(b_lo)
-        if PRECISION == 2:
-            # 3xTF32, each K-step summed apart and added with a rounded add (forward.py's _phase_gemm says why).
-            step = tl.dot(a_lo, b, input_precision="tf32")
-            step = tl.dot(a, b_lo, step, input_precision="tf32")
-            acc += tl.dot(a, b, step, input_precision="tf32")
-        elif PRECISION == 1:
-            acc = tl.dot(a, b, acc, input_precision="tf32")
-        elif INTERPRETED and a.dtype == tl.bfloat16:
-            # The interpreter's dot mishandles bfloat16 (forward.py): bfloat16 products are exact in float32.
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        b, b_lo = _load(w_ptr, w_lo_ptr, b_offs, b_ok, PRECISION)
+        if SWAP:  # [N, K] x [K, M]: the MMA's M and N exchanged (faster with some tiles)
+            a, a_lo = _load(x_ptr, x_lo_ptr, tl.trans(a_offs), tl.trans(a_ok), PRECISION)
+            acc = _mma(acc, b, b_lo, a, a_lo, PRECISION, INTERPRETED)
         else:
-            acc = tl.dot(a, b, acc)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-
-    # Interleave the kw: [M, (co, kw)] -> [co, (row, column, kw)], so that element e of a channel's row of the
-    # tile sits at output column KW * w0 + e % (BLOCK_Q * KW_P2) of row KH * (h0 + e // (BLOCK_Q * KW_P2)) + kh.
-    tile = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, BLOCK_CO, KW_P2)), (1, 0, 2)), (BLOCK_CO, BLOCK_M * KW_P2))
+            a, a_lo = _load(x_ptr, x_lo_ptr, a_offs, a_ok, PRECISION)
+            acc = _mma(acc, a, a_lo, tl.trans(b), tl.trans(b_lo), PRECISION, INTERPRETED)
+    if SWAP:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        tile = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_CO, KW_P2, BLOCK_M)), (0, 2, 1)),
+                          (BLOCK_CO, BLOCK_M * KW_P2))
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tile = tl.reshape(tl.permute(tl.reshape(acc, (BLOCK_M, BLOCK_CO, KW_P2)), (1, 0, 2)),
+                          (BLOCK_CO, BLOCK_M * KW_P2))
+    # The kw interleaved: [co, (row, column, kw)]; element e of a channel's row of the tile sits at output column
+    # KW * w0 + e % (BLOCK_Q * KW_P2) of row KH * (h0 + e // (BLOCK_Q * KW_P2)) + kh.
     e = tl.arange(0, BLOCK_M * KW_P2)
     r = e // (BLOCK_Q * KW_P2)
     col = e % (BLOCK_Q * KW_P2)
@@ -187,17 +197,21 @@ def tiled_kernel(
 
 
 def configs():
-    if interpreted():
-        return [dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, num_warps=4, num_stages=1)]
+    """Tile configs: BLOCK_M positions by BLOCK_N weight rows (co, kw) by BLOCK_K channels; SWAP exchanges the MMA's
+    M and N. Measured on the H200 (benchmarks/RESULTS.md, sixteenth session), cold L2: on the k2 s2 layers swapping
+    cut the 8-warp 128 x 128 tile from 0.053 to 0.040 ms and changed the others by 1-4%."""
+    if interpreted():  # two, so that the tests that cycle through them meet both orientations
+        return [dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, SWAP=swap, num_warps=4, num_stages=1) for swap in (0, 1)]
     return [
-        dict(BLOCK_M=m, BLOCK_N=nn, BLOCK_K=k, num_warps=wp, num_stages=s)
-        for m, nn, k, wp, s in [
-            (128, 128, 32, 8, 3),
-            (128, 128, 32, 4, 3),
-            (128, 64, 32, 4, 4),
-            (64, 128, 32, 4, 4),
-            (128, 256, 32, 8, 3),
-            (256, 128, 32, 8, 3),
+        dict(BLOCK_M=m, BLOCK_N=nn, BLOCK_K=k, SWAP=swap, num_warps=wp, num_stages=s)
+        for m, nn, k, swap, wp, s in [
+            (128, 128, 32, 1, 8, 3),
+            (128, 128, 32, 0, 4, 3),
+            (128, 128, 32, 1, 4, 3),
+            (128, 64, 32, 1, 4, 4),
+            (64, 128, 32, 0, 4, 4),
+            (128, 256, 32, 0, 8, 3),
+            (256, 128, 32, 0, 8, 3),
         ]
     ]
 
@@ -225,8 +239,8 @@ def _operands(input, weight, precision):
 
 @functools.lru_cache(maxsize=256)
 def _geometry(plan: Plan, block_m: int, block_n: int, block_k: int):
-    """(grid, sizes, the operand pass's strides, blocks, block constexprs) of a config for a layer: once per layer,
-    as host time shows."""
+    """(grid, sizes, the operands' strides, blocks, block constexprs) of a config for a layer: once per layer, as
+    host time shows."""
     n, c_in, (d, h, w) = plan.batch, plan.in_channels, plan.input_spatial
     c_out, (kd, kh, kw) = plan.out_channels, plan.kernel_size
     kw_p2 = next_power_of_2(kw)
@@ -238,22 +252,20 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_k: int):
     grid = (n * d * h_blocks * w_blocks * kd * kh * co_blocks,)
     sizes = (c_in, c_out, d, h, w, kd, kh)
     # _operands' layouts as strides of (N, C_in, D, H, W) and (C_in, C_out, KD, KH, KW).
-    prepared_strides = (d * h * w * c_in, 1, h * w * c_in, w * c_in, c_in,
+    strides = (d * h * w * c_in, 1, h * w * c_in, w * c_in, c_in,
                         1, kw * c_in, kh * c_out * kw * c_in, c_out * kw * c_in, c_in)
     constexprs = (("KW", kw), ("KW_P2", kw_p2), ("BLOCK_R", block_r), ("BLOCK_Q", block_q), ("BLOCK_CO", block_co),
                   ("BLOCK_K", block_k), ("EVEN_K", c_in % block_k == 0))
-    return grid, sizes, prepared_strides, (h_blocks, w_blocks, co_blocks), constexprs
+    return grid, sizes, strides, (h_blocks, w_blocks, co_blocks), constexprs
 
 
-def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision, split_here):
-    """One launch; x and w as given (split_here) or as _operands laid them out."""
-    grid, sizes, prepared_strides, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"],
-                                                                  cfg["BLOCK_K"])
-    strides = (*x.stride(), *w.stride()) if split_here else prepared_strides
+def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
+    """One launch on _operands' results."""
+    grid, sizes, strides, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"])
     _tiled.launch(
         grid, (x, x_lo, w, w_lo, bias if bias is not None else w, out), (*sizes, *strides, *out.stride(), *blocks),
-        (*constexprs, ("HAS_BIAS", bias is not None), ("PRECISION", precision), ("SPLIT_HERE", split_here),
-         ("INTERPRETED", interpreted()), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
+        (*constexprs, ("HAS_BIAS", bias is not None), ("PRECISION", precision), ("INTERPRETED", interpreted()),
+         ("SWAP", cfg["SWAP"]), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
 
 
 _prepare = Launcher(prepare_operands_kernel)
@@ -262,12 +274,11 @@ _best_config: dict = {}
 
 
 def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | None = None,
-                           config: dict | None = None, split_here: bool | None = None):
+                           config: dict | None = None):
     """The layer by the tiled GEMM; input (N, C_in, D, H, W) and weight validated, any strides, unsupported_reason
-    None. split_here: read the operands as given, rounding or splitting them in registers, rather than through the
-    operand pass; by default for half precision only (H200, benchmarks/RESULTS.md, sixteenth session: float32
-    operands as given made the kernel 2.5-5x slower, as TF32's tensor-core operands must be K-major, bfloat16's
-    0.036 ms against 0.038 for the pass and the kernel)."""
+    None. Always through the operand pass: on the H200 (benchmarks/RESULTS.md, sixteenth session) float32 operands
+    read as given made the kernel 2.5-5x slower (TF32 tensor-core operands must be K-major), and bfloat16 ones as
+    given took 0.038 ms, as the pass and the kernel together."""
     out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device,
                       memory_format=output_memory_format(input, weight))
     if out.numel() == 0:
@@ -275,19 +286,17 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     precision = precision_for(input.dtype) if precision is None else precision
     if plan.in_channels == 0:  # nothing to sum: the bias alone
         return out.copy_(bias.view(1, -1, 1, 1, 1).expand_as(out)) if bias is not None else out.zero_()
-    split_here = input.dtype != torch.float32 if split_here is None else split_here
-    operands = (input, input, weight, weight) if split_here else _operands(input, weight, precision)
-    key = (plan.key, input.dtype, precision, split_here, str(input.device),
-           (input.stride(), weight.stride()) if split_here else None, out.stride(), bias is not None)
+    operands = _operands(input, weight, precision)
+    key = (plan.key, input.dtype, precision, str(input.device), out.stride(), bias is not None)
     if config is None:
         config = _best_config.get(key)
     if config is None:
         candidates = configs()
-        capturing = input.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if len(candidates) == 1 or capturing:  # no autotuning inside a CUDA graph capture: not remembered
+        # No autotuning inside a CUDA graph capture (the first config, not remembered), nor in the interpreter.
+        if interpreted() or (input.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             config = candidates[0]
         else:
             config = _best_config[key] = _autotune(
-                lambda cfg: _launch(cfg, plan, *operands, bias, out, precision, split_here), candidates)
-    _launch(config, plan, *operands, bias, out, precision, split_here)
+                lambda cfg: _launch(cfg, plan, *operands, bias, out, precision), candidates)
+    _launch(config, plan, *operands, bias, out, precision)
     return out
