@@ -1,5 +1,5 @@
 """The tiled GEMM (backends/triton/tiled.py) on the sweep's k2 s2 layers (GPU): each tile config, the autotuned
-kernel with its operand pass, the operand pass alone and eager, in both precision modes. (Sixteenth session's runs
+kernel (with its operand pass for float32), the operand pass alone and eager, in both precision modes. (Sixteenth session's runs
 of its earlier forms also read the operands as given, rounding them in registers: commit f7e1679.)
 
     PYTHONPATH=src python3 benchmarks/diag_tiled.py [--iters 50] [--layers unet3d_k2s2,...]
@@ -48,7 +48,11 @@ def main():
             precision = precision_for(dtype)
             with torch.no_grad():
                 expected = module(x)
-            operands = tiled._operands(x, w, precision)
+            # As the library runs it: float32 through the operand pass, half precision as given.
+            if dtype == torch.float32:
+                operands, strides = tiled._operands(x, w, precision), None
+            else:
+                operands, strides = (x, x, w, w), (*x.stride(), *w.stride())
 
             def check(out):
                 return f"KB {kernelbench_check(out, expected)}, {relative_error(out, reference):.1e}"
@@ -73,8 +77,8 @@ def main():
             for cfg in tiled.configs():
                 label = "tiled kernel {BLOCK_M}x{BLOCK_N}x{BLOCK_K} swap {SWAP} w{num_warps} s{num_stages}".format(**cfg)
                 out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
-                variants[label] = ((lambda cfg=cfg, out=out: tiled._launch(cfg, plan, *operands, b, out, precision)),
-                                   out)
+                variants[label] = ((lambda cfg=cfg, out=out: tiled._launch(cfg, plan, *operands, b, out, precision,
+                                                                            strides)), out)
             for label, (fn, out) in variants.items():
                 try:
                     with torch.no_grad():

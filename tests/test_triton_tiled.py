@@ -124,7 +124,12 @@ def test_strided_and_channels_last_operands_keep_pytorchs_memory_format():
     assert y.is_contiguous(memory_format=torch.channels_last_3d)
     assert_close_rel(y, ref, 1e-6)
     x_t = x.transpose(3, 4).contiguous().transpose(3, 4)
-    assert_close_rel(run(x_t, w.transpose(0, 1).contiguous().transpose(0, 1), b, cfg, TF32X3), ref, 1e-6)
+    w_t = w.transpose(0, 1).contiguous().transpose(0, 1)
+    assert_close_rel(run(x_t, w_t, b, cfg, TF32X3), ref, 1e-6)
+    # Half precision reads the operands through their own strides.
+    for xs, ws in ((x_cl, w), (x_t, w_t)):
+        y = run(xs.bfloat16(), ws.bfloat16(), b.bfloat16(), cfg, NATIVE)
+        assert_close_rel(y, reference(xs.bfloat16(), ws.bfloat16(), b.bfloat16(), cfg), 1.5e-2)
 
 
 @pytest.mark.parametrize("args, reason", [

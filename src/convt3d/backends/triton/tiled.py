@@ -12,8 +12,9 @@ BLOCK_R rows of BLOCK_Q columns of one input plane (n, d) against BLOCK_CO outpu
 elements. This is the 3D U-Net decoder's k2 s2 layer, which the general kernel (forward.py) computes as eight
 phases of one tap each, storing each phase apart.
 
-Both operands are laid out K-major beforehand (the layout Hopper's tensor cores read TF32 from): the input
+Float32 operands are laid out K-major beforehand (the layout Hopper's tensor cores read TF32 from): the input
 channels-last and the weight as (KD*KH, C_out, KW, C_in), TF32-rounded or split as forward.py's precisions say.
+Half-precision operands are read as given.
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ def tiled_kernel(
     INTERPRETED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SWAP: tl.constexpr,
 ):
-    """x (N, C_in, D, H, W) and the weight (C_in, C_out, KD, KH, KW) as the operand pass laid them out, through
-    strides of those shapes."""
+    """x (N, C_in, D, H, W) and the weight (C_in, C_out, KD, KH, KW) through strides of those shapes: as the operand
+    pass laid them out (float32), or as given (half precision)."""
     BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
     BLOCK_N: tl.constexpr = BLOCK_CO * KW_P2  # (co, kw), kw fastest; KW_P2 = KW rounded up to a power of two
     # Program order: output-channel blocks and (kd, kh) fastest, so that the programs reading one input tile run
@@ -259,9 +260,11 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_k: int):
     return grid, sizes, strides, (h_blocks, w_blocks, co_blocks), constexprs
 
 
-def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
-    """One launch on _operands' results."""
-    grid, sizes, strides, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"])
+def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision, strides=None):
+    """One launch on _operands' results, or on x and w read through strides (theirs, as (N, C_in, D, H, W) and
+    (C_in, C_out, KD, KH, KW))."""
+    grid, sizes, prepared, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"])
+    strides = prepared if strides is None else strides
     _tiled.launch(
         grid, (x, x_lo, w, w_lo, bias if bias is not None else w, out), (*sizes, *strides, *out.stride(), *blocks),
         (*constexprs, ("HAS_BIAS", bias is not None), ("PRECISION", precision), ("INTERPRETED", interpreted()),
@@ -276,9 +279,10 @@ _best_config: dict = {}
 def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | None = None,
                            config: dict | None = None):
     """The layer by the tiled GEMM; input (N, C_in, D, H, W) and weight validated, any strides, unsupported_reason
-    None. Always through the operand pass: on the H200 (benchmarks/RESULTS.md, sixteenth session) float32 operands
-    read as given made the kernel 2.5-5x slower (TF32 tensor-core operands must be K-major), and bfloat16 ones as
-    given took 0.038 ms, as the pass and the kernel together."""
+    None. Float32 goes through the operand pass, half precision is read as it is. On the H200 (benchmarks/RESULTS.md,
+    sixteenth session) float32 read as given, rounded in registers, made the kernel 2.5-5x slower (TF32 tensor-core
+    operands must be K-major), while bfloat16 read as given took 0.035-0.036 ms, about the pass and the kernel
+    after it together (0.009 + 0.025), in one launch: the host's time between two launches showed in the timings."""
     out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device,
                       memory_format=output_memory_format(input, weight))
     if out.numel() == 0:
@@ -286,8 +290,11 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     precision = precision_for(input.dtype) if precision is None else precision
     if plan.in_channels == 0:  # nothing to sum: the bias alone
         return out.copy_(bias.view(1, -1, 1, 1, 1).expand_as(out)) if bias is not None else out.zero_()
-    operands = _operands(input, weight, precision)
-    key = (plan.key, input.dtype, precision, str(input.device), out.stride(), bias is not None)
+    if input.dtype == torch.float32:
+        operands, strides = _operands(input, weight, precision), None
+    else:
+        operands, strides = (input, input, weight, weight), (*input.stride(), *weight.stride())
+    key = (plan.key, input.dtype, precision, str(input.device), strides, out.stride(), bias is not None)
     if config is None:
         config = _best_config.get(key)
     if config is None:
@@ -297,6 +304,6 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
             config = candidates[0]
         else:
             config = _best_config[key] = _autotune(
-                lambda cfg: _launch(cfg, plan, *operands, bias, out, precision), candidates)
-    _launch(config, plan, *operands, bias, out, precision)
+                lambda cfg: _launch(cfg, plan, *operands, bias, out, precision, strides), candidates)
+    _launch(config, plan, *operands, bias, out, precision, strides)
     return out
