@@ -150,7 +150,7 @@ def test_every_element_written():
 def test_unsupported_reason_names_samples_past_32_bit_offsets():
     from convt3d.backends.triton import unsupported_reason
 
-    x = torch.rand(1, 1, 1, 1, 1)  # the sizes come from the plan
+    x = torch.rand(1, 1, 1, 1, 1, device=DEVICE)  # the sizes come from the plan
     small = make_plan((2, 8, 4, 4, 4), (8, 8, 2, 2, 2), stride=2)
     assert unsupported_reason(x, small) is None
     large = make_plan((1, 64, 64, 1024, 1024), (64, 64, 2, 2, 2), stride=2)  # 2**35 outputs per sample
