@@ -63,8 +63,8 @@ def main():
     print(f"\np77 cold means: floor(zero_) {floor:.4f}  eager {eager.mean_ms:.4f}  torch-phase {phase.mean_ms:.4f} "
           f"(rel err {relative_error(torch_phase_forward(x, w, None, plan), ref):.1e})")
     for precision in (tf.TF32, tf.TF32X3) if "configs" in sections else ():
-        ops = tf._operands(x, w, precision)
-        pre_ms = triton.testing.do_bench(lambda: tf._operands(x, w, precision), warmup=5, rep=50)
+        ops = tf._operands(x, w, plan.groups, precision)
+        pre_ms = triton.testing.do_bench(lambda: tf._operands(x, w, plan.groups, precision), warmup=5, rep=50)
         print(f"\nprecision {precision}: pre-pass kernel (warm) {pre_ms:.4f} ms")
         print("config | kernel warm ms | no GEMM | no GEMM stores | whole call cold ms | rel err")
         results = []

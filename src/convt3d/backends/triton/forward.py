@@ -56,20 +56,20 @@ def _store_operand(hi_ptr, lo_ptr, offs, x, mask, PRECISION: tl.constexpr):
 @triton.jit
 def prepare_operands_kernel(
     x_ptr, x_hi_ptr, x_lo_ptr, C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs,
-    w_ptr, w_hi_ptr, w_lo_ptr, C_IN, C_OUT_G, TAPS,
+    w_ptr, w_hi_ptr, w_lo_ptr, C_IN, CIN_G, C_OUT_G, TAPS,
     PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """Both GEMM operands as the main kernel reads them, in one launch (a launch costs more host time than this
     work takes on the GPU for a small layer). Programs [0, X_PROGRAMS) lay the input out channels-last,
     x (N, C, S) with strides (sxn, sxc, sxs) -> (N, S, C) contiguous, so that the reduction axis is contiguous
     and each position's channel row loads as wide vectors; the others lay the contiguous weight
-    (C_in, C_out/g, taps) out tap-major, (taps, C_in, C_out/g), so that each (tap, input-channel block) is one
-    contiguous tile. Float32 operands are TF32-rounded (PRECISION 1) or split (PRECISION 2) on the way."""
+    (C_in, C_out/g, taps) out tap-major and K-major, (taps, groups, C_out/g, C_in/g), so that each tap's weight is
+    one contiguous tile with the reduction axis contiguous, as TF32 tensor-core operands must be. Float32 operands are TF32-rounded (PRECISION 1) or split (PRECISION 2) on the way."""
     pid = tl.program_id(0)
     if pid < X_PROGRAMS:
         _channels_last(x_ptr, x_hi_ptr, x_lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION, BLOCK_C, BLOCK_S)
     else:
-        _tap_major(w_ptr, w_hi_ptr, w_lo_ptr, pid - X_PROGRAMS, C_IN, C_OUT_G, TAPS, PRECISION, BLOCK_W)
+        _tap_major(w_ptr, w_hi_ptr, w_lo_ptr, pid - X_PROGRAMS, C_IN, CIN_G, C_OUT_G, TAPS, PRECISION, BLOCK_W)
 
 
 @triton.jit
@@ -84,12 +84,14 @@ def _channels_last(x_ptr, hi_ptr, lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PR
 
 
 @triton.jit
-def _tap_major(w_ptr, hi_ptr, lo_ptr, pid, C_IN, C_OUT_G, TAPS, PRECISION: tl.constexpr, BLOCK: tl.constexpr):
+def _tap_major(w_ptr, hi_ptr, lo_ptr, pid, C_IN, CIN_G, C_OUT_G, TAPS, PRECISION: tl.constexpr,
+               BLOCK: tl.constexpr):
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < TAPS * C_IN * C_OUT_G
-    co = offs % C_OUT_G
-    ci = (offs // C_OUT_G) % C_IN
-    tap = offs // (C_OUT_G * C_IN)
+    within = offs % (C_IN * C_OUT_G)  # (group, co, ci) of one tap
+    ci = within // (C_OUT_G * CIN_G) * CIN_G + within % CIN_G
+    co = within // CIN_G % C_OUT_G
+    tap = offs // (C_IN * C_OUT_G)
     w = tl.load(w_ptr + (ci * C_OUT_G + co) * TAPS + tap, mask=ok)
     _store_operand(hi_ptr, lo_ptr, offs, w, ok, PRECISION)
 
@@ -175,24 +177,25 @@ def _phase_gemm(
         tap_row = ((t_d * KH + t_h) * KW + t_w) * GROUPS * CIN_G * COUT_G
         if EVEN_CI:  # whole channel blocks: masks constant along channels, so channel rows load as vectors
             a_offs = rows[:, None] + ((ci0 + ci) * sxc)[None, :]
-            b_offs = tap_row + (ci0 + ci)[:, None] * COUT_G + tl.minimum(co, COUT_G - 1)[None, :]
+            b_offs = tap_row + tl.minimum(co, COUT_G - 1)[:, None] * CIN_G + (ci0 + ci)[None, :]
             a_ok = row_ok[:, None]
-            b_ok = co_ok[None, :]
+            b_ok = co_ok[:, None]
         else:
             ci_ok = ci0 + ci < CIN_G
             ci_c = tl.minimum(ci0 + ci, CIN_G - 1)
             a_offs = rows[:, None] + (ci_c * sxc)[None, :]
-            b_offs = tap_row + ci_c[:, None] * COUT_G + tl.minimum(co, COUT_G - 1)[None, :]
+            b_offs = tap_row + tl.minimum(co, COUT_G - 1)[:, None] * CIN_G + ci_c[None, :]
             a_ok = row_ok[:, None] & ci_ok[None, :]
-            b_ok = ci_ok[:, None] & co_ok[None, :]
+            b_ok = co_ok[:, None] & ci_ok[None, :]
         a = tl.load(x_base + a_offs, mask=a_ok, other=0.0)
-        b = tl.load(w_group + b_offs, mask=b_ok, other=0.0)
+        # The weight K-major ([co, ci] tiles, channels contiguous), as TF32 tensor-core operands must be.
+        b = tl.trans(tl.load(w_group + b_offs, mask=b_ok, other=0.0))
         if PRECISION == 2:
             # 3xTF32: a*b ~ a_lo*b_hi + a_hi*b_lo + a_hi*b_hi. The step's sum is added to acc with an
             # ordinary rounded add: Hopper's tensor cores truncate as they accumulate, which over all
             # K-steps biased problem 77's result by 5e-6 relative, too much for float32 accuracy.
             a_lo = tl.load(x_lo_base + a_offs, mask=a_ok, other=0.0)
-            b_lo = tl.load(w_lo_group + b_offs, mask=b_ok, other=0.0)
+            b_lo = tl.trans(tl.load(w_lo_group + b_offs, mask=b_ok, other=0.0))
             step = tl.dot(a_lo, b, input_precision="tf32")
             step = tl.dot(a, b_lo, step, input_precision="tf32")
             acc += tl.dot(a, b, step, input_precision="tf32")
@@ -360,12 +363,12 @@ def precision_for(dtype: torch.dtype) -> int:
     return TF32 if torch.backends.cudnn.allow_tf32 else TF32X3
 
 
-def _operands(input, weight, precision):
-    """(x, x_lo, w, w_lo) as the GEMM reads them: channels-last input and tap-major weights, TF32-rounded or
-    split into high and low parts for float32 (x_lo, w_lo are x, w where unused)."""
+def _operands(input, weight, groups, precision):
+    """(x, x_lo, w, w_lo) as the GEMM reads them: channels-last input and tap-major, K-major weights, TF32-rounded
+    or split into high and low parts for float32 (x_lo, w_lo are x, w where unused)."""
     c_in, c_out_g = weight.shape[:2]
     taps = weight[0, 0].numel()
-    w_hi = torch.empty((taps, c_in, c_out_g), dtype=weight.dtype, device=weight.device)
+    w_hi = torch.empty((taps, groups, c_out_g, c_in // groups), dtype=weight.dtype, device=weight.device)
     w_lo = torch.empty_like(w_hi) if precision == TF32X3 else w_hi
     n, c, d, h, w = input.shape
     x_hi = torch.empty((n, d, h, w, c), dtype=input.dtype, device=input.device).permute(0, 4, 1, 2, 3)
@@ -376,7 +379,7 @@ def _operands(input, weight, precision):
     x_programs = n * cdiv(c, block_c) * s_blocks
     prepare_operands_kernel[(x_programs + cdiv(w_hi.numel(), block_w),)](
         flat, x_hi, x_lo, c, d * h * w, s_blocks, x_programs, *flat.stride(),
-        weight.contiguous(), w_hi, w_lo, c_in, c_out_g, taps,
+        weight.contiguous(), w_hi, w_lo, c_in, c_in // groups, c_out_g, taps,
         PRECISION=precision, BLOCK_C=block_c, BLOCK_S=block_s, BLOCK_W=block_w)
     return x_hi, x_lo, w_hi, w_lo
 
@@ -398,7 +401,7 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
     precision = precision_for(input.dtype) if precision is None else precision
     if plan.in_channels == 0:  # nothing to sum: the bias alone
         return out.copy_(bias.view(1, -1, 1, 1, 1).expand_as(out)) if bias is not None else out.zero_()
-    x_hi, x_lo, w_hi, w_lo = _operands(input, weight, precision)
+    x_hi, x_lo, w_hi, w_lo = _operands(input, weight, plan.groups, precision)
     key = (plan.key, input.dtype, precision, str(input.device), x_hi.stride(), out.stride(), bias is not None)
     if config is not None:
         _launch(config, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
