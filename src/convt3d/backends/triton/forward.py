@@ -97,6 +97,28 @@ def _tap_major(w_ptr, hi_ptr, lo_ptr, pid, C_IN, CIN_G, C_OUT_G, TAPS, PRECISION
 
 
 @triton.jit
+def mma(acc, a, a_lo, b, b_lo, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+    """acc + a @ b on tensor cores: TF32 (PRECISION 1), 3xTF32 from the operands' high and low parts (2), or in the
+    operands' own type (0), accumulating in float32."""
+    if PRECISION == 2:
+        # 3xTF32: a*b ~ a_lo*b_hi + a_hi*b_lo + a_hi*b_hi. The step's sum is added to acc with an ordinary rounded
+        # add: Hopper's tensor cores truncate as they accumulate, which over all K-steps biased problem 77's result
+        # by 5e-6 relative, too much for float32 accuracy.
+        step = tl.dot(a_lo, b, input_precision="tf32")
+        step = tl.dot(a, b_lo, step, input_precision="tf32")
+        acc += tl.dot(a, b, step, input_precision="tf32")
+    elif PRECISION == 1:
+        acc = tl.dot(a, b, acc, input_precision="tf32")
+    elif INTERPRETED and a.dtype == tl.bfloat16:
+        # The interpreter's dot mishandles bfloat16 (seen with Triton 3.9); bfloat16 products are exact in float32,
+        # so a float32 dot of the upcast operands computes what tensor cores do.
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def _phase_taps(r, S: tl.constexpr, DIL: tl.constexpr, TAP_STEP: tl.constexpr, K):
     """First tap t0 and number of taps reaching phase r (taps of one phase step by TAP_STEP)."""
     t0 = r * 0 - 1  # none yet
@@ -191,22 +213,11 @@ def _phase_gemm(
         # The weight K-major ([co, ci] tiles, channels contiguous), as TF32 tensor-core operands must be.
         b = tl.trans(tl.load(w_group + b_offs, mask=b_ok, other=0.0))
         if PRECISION == 2:
-            # 3xTF32: a*b ~ a_lo*b_hi + a_hi*b_lo + a_hi*b_hi. The step's sum is added to acc with an
-            # ordinary rounded add: Hopper's tensor cores truncate as they accumulate, which over all
-            # K-steps biased problem 77's result by 5e-6 relative, too much for float32 accuracy.
             a_lo = tl.load(x_lo_base + a_offs, mask=a_ok, other=0.0)
             b_lo = tl.trans(tl.load(w_lo_group + b_offs, mask=b_ok, other=0.0))
-            step = tl.dot(a_lo, b, input_precision="tf32")
-            step = tl.dot(a, b_lo, step, input_precision="tf32")
-            acc += tl.dot(a, b, step, input_precision="tf32")
-        elif PRECISION == 1:
-            acc = tl.dot(a, b, acc, input_precision="tf32")
-        elif INTERPRETED and a.dtype == tl.bfloat16:
-            # The interpreter's dot mishandles bfloat16 (seen with Triton 3.9); bfloat16 products are
-            # exact in float32, so a float32 dot of the upcast operands computes what tensor cores do.
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
         else:
-            acc = tl.dot(a, b, acc)
+            a_lo, b_lo = a, b
+        acc = mma(acc, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
     return acc
 
 

@@ -28,7 +28,7 @@ import triton.language as tl
 from ...plan import Plan
 from .. import output_memory_format
 from . import cdiv, interpreted, next_power_of_2
-from .forward import TF32X3, _autotune, _channels_last, _store_operand, precision_for
+from .forward import TF32X3, _autotune, _channels_last, _store_operand, mma, precision_for
 from .launch import Launcher
 
 
@@ -83,25 +83,6 @@ def _load(ptr, lo_ptr, offs, mask, PRECISION: tl.constexpr):
     else:
         lo = hi
     return hi, lo
-
-
-@triton.jit
-def _mma(acc, a, a_lo, b, b_lo, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
-    """acc + a @ b on tensor cores: TF32 (PRECISION 1), 3xTF32 from the operands' high and low parts (2), or the
-    operands' own type (0)."""
-    if PRECISION == 2:
-        # Each K-step summed apart and added with a rounded add (forward.py's _phase_gemm says why).
-        step = tl.dot(a_lo, b, input_precision="tf32")
-        step = tl.dot(a, b_lo, step, input_precision="tf32")
-        acc += tl.dot(a, b, step, input_precision="tf32")
-    elif PRECISION == 1:
-        acc = tl.dot(a, b, acc, input_precision="tf32")
-    elif INTERPRETED and a.dtype == tl.bfloat16:
-        # The interpreter's dot mishandles bfloat16 (forward.py): bfloat16 products are exact in float32.
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
 
 
 @triton.jit
@@ -165,10 +146,10 @@ def tiled_kernel(
         b, b_lo = _load(w_ptr, w_lo_ptr, b_offs, b_ok, PRECISION)
         if SWAP:  # [N, K] x [K, M]: the MMA's M and N exchanged (faster with some tiles)
             a, a_lo = _load(x_ptr, x_lo_ptr, tl.trans(a_offs), tl.trans(a_ok), PRECISION)
-            acc = _mma(acc, b, b_lo, a, a_lo, PRECISION, INTERPRETED)
+            acc = mma(acc, b, b_lo, a, a_lo, PRECISION, INTERPRETED)
         else:
             a, a_lo = _load(x_ptr, x_lo_ptr, a_offs, a_ok, PRECISION)
-            acc = _mma(acc, a, a_lo, tl.trans(b), tl.trans(b_lo), PRECISION, INTERPRETED)
+            acc = mma(acc, a, a_lo, tl.trans(b), tl.trans(b_lo), PRECISION, INTERPRETED)
     if SWAP:
         if HAS_BIAS:
             acc += tl.load(b_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[:, None]
