@@ -64,7 +64,8 @@ def prepare_operands_kernel(
     x (N, C, S) with strides (sxn, sxc, sxs) -> (N, S, C) contiguous, so that the reduction axis is contiguous
     and each position's channel row loads as wide vectors; the others lay the contiguous weight
     (C_in, C_out/g, taps) out tap-major and K-major, (taps, groups, C_out/g, C_in/g), so that each tap's weight is
-    one contiguous tile with the reduction axis contiguous, as TF32 tensor-core operands must be. Float32 operands are TF32-rounded (PRECISION 1) or split (PRECISION 2) on the way."""
+    one contiguous tile with the reduction axis contiguous, as TF32 tensor-core operands must be. Float32 operands
+    are TF32-rounded (PRECISION 1) or split (PRECISION 2) on the way."""
     pid = tl.program_id(0)
     if pid < X_PROGRAMS:
         _channels_last(x_ptr, x_hi_ptr, x_lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION, BLOCK_C, BLOCK_S)

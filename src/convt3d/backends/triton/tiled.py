@@ -10,7 +10,7 @@ with M = the input positions (n, d, h, w), K = the input channels and N = (kd, k
 BLOCK_R rows of BLOCK_Q columns of one input plane (n, d) against BLOCK_CO output channels and every kw of one
 (kd, kh); interleaving the kw in registers makes each of its output rows one contiguous run of BLOCK_Q * KW
 elements. This is the 3D U-Net decoder's k2 s2 layer, which the general kernel (forward.py) computes as eight
-phases of one tap each, storing each phase apart.
+phases of one tap each.
 
 Float32 operands are laid out K-major beforehand (the layout Hopper's tensor cores read TF32 from): the input
 channels-last and the weight as (KD*KH, C_out, KW, C_in), TF32-rounded or split as forward.py's precisions say.
@@ -182,7 +182,7 @@ def configs():
     """Tile configs: BLOCK_M positions by BLOCK_N weight rows (co, kw) by BLOCK_K channels; SWAP exchanges the MMA's
     M and N. Measured on the H200 (benchmarks/RESULTS.md, sixteenth session), cold L2: on the k2 s2 layers swapping
     cut the 8-warp 128 x 128 tile from 0.053 to 0.040 ms and changed the others by 1-4%."""
-    if interpreted():  # two, so that the tests that cycle through them meet both orientations
+    if interpreted():  # two: the MMA's M and N as they are and swapped, so that the tests meet both
         return [dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, SWAP=swap, num_warps=4, num_stages=1) for swap in (0, 1)]
     return [
         dict(BLOCK_M=m, BLOCK_N=nn, BLOCK_K=k, SWAP=swap, num_warps=wp, num_stages=s)
@@ -235,7 +235,7 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_k: int):
     sizes = (c_in, c_out, d, h, w, kd, kh)
     # _operands' layouts as strides of (N, C_in, D, H, W) and (C_in, C_out, KD, KH, KW).
     strides = (d * h * w * c_in, 1, h * w * c_in, w * c_in, c_in,
-                        1, kw * c_in, kh * c_out * kw * c_in, c_out * kw * c_in, c_in)
+               1, kw * c_in, kh * c_out * kw * c_in, c_out * kw * c_in, c_in)
     constexprs = (("KW", kw), ("KW_P2", kw_p2), ("BLOCK_R", block_r), ("BLOCK_Q", block_q), ("BLOCK_CO", block_co),
                   ("BLOCK_K", block_k), ("EVEN_K", c_in % block_k == 0))
     return grid, sizes, strides, (h_blocks, w_blocks, co_blocks), constexprs
