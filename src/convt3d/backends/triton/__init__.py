@@ -63,10 +63,16 @@ def conv_transpose3d(input, weight, bias, plan: Plan):
     reason = unsupported_reason(input, plan)
     if reason is not None:
         raise RuntimeError(f"convt3d: backend='triton' cannot run this call: {reason}")
-    from . import tiled
-
+    forward, tiled = _kernel_modules()
     if tiled.unsupported_reason(plan) is None:  # kernel == stride: one GEMM, no phases
         return tiled.conv_transpose3d_tiled(input, weight, bias, plan)
-    from .forward import conv_transpose3d_triton
+    return forward.conv_transpose3d_triton(input, weight, bias, plan)
 
-    return conv_transpose3d_triton(input, weight, bias, plan)
+
+@functools.lru_cache(maxsize=1)
+def _kernel_modules():
+    """The forward kernels' modules, imported on first use (Triton stays out of import time), then kept: import
+    statements on every call cost host time that a GPU waits through."""
+    from . import forward, tiled
+
+    return forward, tiled

@@ -404,30 +404,47 @@ def _sm_count(device_index: int) -> int:
 _best_config: dict = {}
 
 
-def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | None = None, config: dict | None = None):
-    """Check, allocate, launch. input (N, C_in, D, H, W) and weight are validated; any strides."""
+def allocate_output(input, weight, bias, plan: Plan):
+    """(out, finished): the output as PyTorch lays it out, uninitialised, and whether it is already complete without
+    a GEMM (no elements, or no input channels: the bias alone)."""
     out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device,
                       memory_format=output_memory_format(input, weight))
     if out.numel() == 0:
+        return out, True
+    if plan.in_channels == 0:  # nothing to sum
+        if bias is not None:
+            out.copy_(bias.view(1, -1, 1, 1, 1).expand_as(out))
+        else:
+            out.zero_()
+        return out, True
+    return out, False
+
+
+def pick_config(cache: dict, key, candidates, launch, device: torch.device):
+    """The config cached under key, else the fastest of candidates by _autotune (launch(cfg) runs one), remembered.
+    With one candidate, in the interpreter, or inside a CUDA graph capture (no timing there) the first, not
+    remembered."""
+    config = cache.get(key)
+    if config is None:
+        if len(candidates) == 1 or interpreted() or (device.type == "cuda"
+                                                     and torch.cuda.is_current_stream_capturing()):
+            return candidates[0]
+        config = cache[key] = _autotune(launch, candidates)
+    return config
+
+
+def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | None = None, config: dict | None = None):
+    """Check, allocate, launch. input (N, C_in, D, H, W) and weight are validated; any strides."""
+    out, finished = allocate_output(input, weight, bias, plan)
+    if finished:
         return out
     precision = precision_for(input.dtype) if precision is None else precision
-    if plan.in_channels == 0:  # nothing to sum: the bias alone
-        return out.copy_(bias.view(1, -1, 1, 1, 1).expand_as(out)) if bias is not None else out.zero_()
     x_hi, x_lo, w_hi, w_lo = _operands(input, weight, plan.groups, precision)
-    key = (plan.key, input.dtype, precision, str(input.device), x_hi.stride(), out.stride(), bias is not None)
-    if config is not None:
-        _launch(config, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
-    elif key in _best_config:
-        _launch(_best_config[key], plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
-    elif input.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        # No autotuning inside a CUDA graph capture: the first config, not remembered.
-        _launch(_configs()[0], plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
-    else:
-        candidates = _configs()
-        best = candidates[0] if len(candidates) == 1 else _autotune(
-            lambda cfg: _launch(cfg, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision), candidates)
-        _best_config[key] = best
-        _launch(best, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
+    if config is None:
+        key = (plan.key, input.dtype, precision, str(input.device), x_hi.stride(), out.stride(), bias is not None)
+        config = pick_config(_best_config, key, _configs(),
+                             lambda cfg: _launch(cfg, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision), input.device)
+    _launch(config, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
     return out
 
 

@@ -26,9 +26,8 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from .. import output_memory_format
 from . import cdiv, interpreted, next_power_of_2
-from .forward import TF32X3, _autotune, _channels_last, _store_operand, mma, precision_for
+from .forward import TF32X3, _channels_last, _store_operand, allocate_output, mma, pick_config, precision_for
 from .launch import Launcher
 
 
@@ -264,27 +263,17 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     sixteenth session) float32 read as given, rounded in registers, made the kernel 2.5-5x slower (TF32 tensor-core
     operands must be K-major), while bfloat16 read as given took 0.035-0.036 ms, about the pass and the kernel
     after it together (0.009 + 0.025), in one launch: the host's time between two launches showed in the timings."""
-    out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device,
-                      memory_format=output_memory_format(input, weight))
-    if out.numel() == 0:
+    out, finished = allocate_output(input, weight, bias, plan)
+    if finished:
         return out
     precision = precision_for(input.dtype) if precision is None else precision
-    if plan.in_channels == 0:  # nothing to sum: the bias alone
-        return out.copy_(bias.view(1, -1, 1, 1, 1).expand_as(out)) if bias is not None else out.zero_()
     if input.dtype == torch.float32:
         operands, strides = _operands(input, weight, precision), None
     else:
         operands, strides = (input, input, weight, weight), (*input.stride(), *weight.stride())
-    key = (plan.key, input.dtype, precision, str(input.device), strides, out.stride(), bias is not None)
     if config is None:
-        config = _best_config.get(key)
-    if config is None:
-        candidates = configs()
-        # No autotuning inside a CUDA graph capture (the first config, not remembered), nor in the interpreter.
-        if interpreted() or (input.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            config = candidates[0]
-        else:
-            config = _best_config[key] = _autotune(
-                lambda cfg: _launch(cfg, plan, *operands, bias, out, precision, strides), candidates)
+        key = (plan.key, input.dtype, precision, str(input.device), strides, out.stride(), bias is not None)
+        config = pick_config(_best_config, key, configs(),
+                             lambda cfg: _launch(cfg, plan, *operands, bias, out, precision, strides), input.device)
     _launch(config, plan, *operands, bias, out, precision, strides)
     return out
