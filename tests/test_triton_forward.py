@@ -155,3 +155,53 @@ def test_unsupported_reason_names_samples_past_32_bit_offsets():
     assert unsupported_reason(x, small) is None
     large = make_plan((1, 64, 64, 1024, 1024), (64, 64, 2, 2, 2), stride=2)  # 2**35 outputs per sample
     assert "2**31" in unsupported_reason(x, large)
+
+
+@pytest.mark.parametrize("allow_tf32", [True, False])
+def test_auto_tries_triton_at_float32_accuracy_where_its_tf32_result_disagrees(monkeypatch, caplog, allow_tf32):
+    # cuDNN runs some layers in float32 although TF32 is allowed (grouped ones, on the H200): the TF32 result then
+    # fails the agreement check, and "auto" times the same kernel in 3xTF32 instead. With TF32 off the kernel
+    # already computes at float32 accuracy: nothing to retry.
+    import logging
+
+    from convt3d import functional
+    from convt3d.backends.triton import forward
+
+    real_run, real_triton = functional.run_backend, forward.conv_transpose3d_triton
+    precisions = []
+
+    def run(name, input, weight, bias, plan):
+        if name == "eager":  # float32 accurate, as cuDNN's float32 kernels (eager in TF32 on a GPU would not be)
+            return real_run(name, input.double(), weight.double(), None, plan).float()
+        out = real_run(name, input, weight, bias, plan)
+        return out + 1e-2 if name == "triton" and allow_tf32 else out  # the TF32 result strays from it
+
+    def spy(*args, **kwargs):
+        precisions.append(args[4] if len(args) > 4 else kwargs.get("precision"))
+        return real_triton(*args, **kwargs)
+
+    monkeypatch.setattr(functional, "run_backend", run)
+    monkeypatch.setattr(forward, "conv_transpose3d_triton", spy)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", allow_tf32)
+    caplog.set_level(logging.DEBUG, logger="convt3d")
+    x, w = torch.rand(1, 4, 3, 4, 4, device=DEVICE), torch.randn(4, 3, 3, 3, 3, device=DEVICE)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), 2, 1, 0, 1, 1)
+    functional._fastest(["triton", "eager"], x, w, None, plan)
+    timed = caplog.text.split("auto's median times")[-1]
+    if allow_tf32:
+        assert "auto skips triton for" in caplog.text
+        assert "'triton_float32'" in timed and TF32X3 in precisions
+    else:
+        assert "auto skips" not in caplog.text and "triton_float32" not in caplog.text
+        assert "'triton'" in timed and TF32X3 not in precisions
+
+
+def test_the_float32_candidate_is_float32_accurate():
+    from convt3d import functional
+
+    x, w = torch.rand(2, 6, 3, 4, 5, device=DEVICE), torch.randn(6, 2, 3, 3, 3, device=DEVICE)
+    b = torch.randn(4, device=DEVICE)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), 2, 1, 1, 2, 1)
+    y = functional.run_backend("triton_float32", x, w, b, plan)
+    reference = F.conv_transpose3d(x.double(), w.double(), b.double(), 2, 1, 1, 2, 1)
+    assert_close_rel(y, reference, 1e-6)

@@ -59,14 +59,16 @@ def _too_large(plan: Plan):
     return None
 
 
-def conv_transpose3d(input, weight, bias, plan: Plan):
+def conv_transpose3d(input, weight, bias, plan: Plan, precision: int | None = None):
+    """The layer by the tiled GEMM where it applies, else by the general fused kernel. precision None follows
+    PyTorch's flags (forward.precision_for); forward.TF32X3 asks for float32 accuracy whatever they say."""
     reason = unsupported_reason(input, plan)
     if reason is not None:
         raise RuntimeError(f"convt3d: backend='triton' cannot run this call: {reason}")
     forward, tiled = _kernel_modules()
     if tiled.unsupported_reason(plan) is None:  # kernel == stride: one GEMM, no phases
-        return tiled.conv_transpose3d_tiled(input, weight, bias, plan)
-    return forward.conv_transpose3d_triton(input, weight, bias, plan)
+        return tiled.conv_transpose3d_tiled(input, weight, bias, plan, precision)
+    return forward.conv_transpose3d_triton(input, weight, bias, plan, precision)
 
 
 @functools.lru_cache(maxsize=1)

@@ -29,6 +29,7 @@ import triton.language as tl
 from ...plan import Plan
 from .. import output_memory_format
 from . import cdiv, interpreted, next_power_of_2
+from .launch import Launcher
 
 NATIVE, TF32, TF32X3 = 0, 1, 2
 
@@ -55,8 +56,8 @@ def _store_operand(hi_ptr, lo_ptr, offs, x, mask, PRECISION: tl.constexpr):
 
 @triton.jit
 def prepare_operands_kernel(
-    x_ptr, x_hi_ptr, x_lo_ptr, C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs,
-    w_ptr, w_hi_ptr, w_lo_ptr, C_IN, CIN_G, C_OUT_G, TAPS,
+    x_ptr, x_hi_ptr, x_lo_ptr, w_ptr, w_hi_ptr, w_lo_ptr,
+    C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs, C_IN, CIN_G, C_OUT_G, TAPS,
     PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
     """Both GEMM operands as the main kernel reads them, in one launch (a launch costs more host time than this
@@ -345,7 +346,7 @@ def conv_transpose3d_kernel(
 def _configs():
     # Measured on the H200 (problem 77, benchmarks/RESULTS.md) and left out: a persistent grid (2 programs per
     # multiprocessor: 2.2x slower), registers capped at 128 or 168 so that programs share a multiprocessor
-    # (2.0-2.6x slower: spills), 64-row tiles (1.7x slower).
+    # (2.0-2.6x slower: spills), 64-row tiles with 32-channel blocks (1.7x slower there).
     if interpreted():
         return [dict(BLOCK_M=32, BLOCK_CO=16, BLOCK_CI=16, num_warps=4, num_stages=1, PER_SM=1)]
     return [
@@ -360,6 +361,11 @@ def _configs():
             # the taps of one program re-read the same input rows.
             (128, 64, 32, 4, 1),
             (256, 64, 32, 8, 1),
+            # Wider channel blocks, for layers with 64 input channels or more (seventeenth session: the fastest on
+            # the sweep's vae, video and fp16 layers; 256 x 64 x 64 in three stages fits half precision only).
+            (128, 64, 64, 4, 2),
+            (64, 64, 64, 4, 3),
+            (256, 64, 64, 8, 3),
         ]
     ]
 
@@ -389,10 +395,10 @@ def _operands(input, weight, groups, precision):
     block_c, block_s, block_w = 32, 64, 1024
     s_blocks = cdiv(d * h * w, block_s)
     x_programs = n * cdiv(c, block_c) * s_blocks
-    prepare_operands_kernel[(x_programs + cdiv(w_hi.numel(), block_w),)](
-        flat, x_hi, x_lo, c, d * h * w, s_blocks, x_programs, *flat.stride(),
-        weight.contiguous(), w_hi, w_lo, c_in, c_in // groups, c_out_g, taps,
-        PRECISION=precision, BLOCK_C=block_c, BLOCK_S=block_s, BLOCK_W=block_w)
+    _prepare.launch(
+        (x_programs + cdiv(w_hi.numel(), block_w),), (flat, x_hi, x_lo, weight.contiguous(), w_hi, w_lo),
+        (c, d * h * w, s_blocks, x_programs, *flat.stride(), c_in, c_in // groups, c_out_g, taps),
+        (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s), ("BLOCK_W", block_w)))
     return x_hi, x_lo, w_hi, w_lo
 
 
@@ -439,46 +445,60 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
     if finished:
         return out
     precision = precision_for(input.dtype) if precision is None else precision
+    if config is None:  # looked up before the operand pass, so that the host does less between the two launches
+        key = (plan.key, input.dtype, precision, input.device, out.stride(), bias is not None)
+        config = _best_config.get(key)
     x_hi, x_lo, w_hi, w_lo = _operands(input, weight, plan.groups, precision)
     if config is None:
-        key = (plan.key, input.dtype, precision, str(input.device), x_hi.stride(), out.stride(), bias is not None)
         config = pick_config(_best_config, key, _configs(),
                              lambda cfg: _launch(cfg, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision), input.device)
     _launch(config, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
     return out
 
 
-def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
-    n, c_in, d, h, w_in = x.shape
+@functools.lru_cache(maxsize=256)
+def _geometry(plan: Plan, block_m: int, block_co: int, block_ci: int, programs_per_sm: int, device_index: int):
+    """(grid, the kernel's sizes, blocks and their count, its constexprs) of a config for a layer: once per layer, as
+    host time shows."""
+    n, c_in, (d, h, w_in) = plan.batch, plan.in_channels, plan.input_spatial
     groups = plan.groups
     cin_g, cout_g = c_in // groups, plan.out_channels // groups
-    kd, kh, kw = plan.kernel_size
     od, oh, ow = plan.output_spatial
     (s_d, s_h, s_w), (p_d, p_h, p_w), (dl_d, dl_h, dl_w) = plan.stride, plan.padding, plan.dilation
     u_h, u_w = -(-oh // s_h), -(-ow // s_w)
     block_q = min(32, _pow2_at_most(u_w))
-    block_r = max(1, cfg["BLOCK_M"] // block_q)
-    block_co = max(16, min(cfg["BLOCK_CO"], next_power_of_2(cout_g)))
-    block_ci = max(16, min(cfg["BLOCK_CI"], next_power_of_2(cin_g)))
+    block_r = max(1, block_m // block_q)
+    block_co = max(16, min(block_co, next_power_of_2(cout_g)))
+    block_ci = max(16, min(block_ci, next_power_of_2(cin_g)))
     u_h_blocks, u_w_blocks, co_blocks = cdiv(u_h, block_r), cdiv(u_w, block_q), cdiv(cout_g, block_co)
     items = n * od * s_h * u_h_blocks * u_w_blocks * co_blocks * groups
     if interpreted():
         programs = min(items, 3)  # few programs, so that the interpreter walks the persistent loop too
     else:
-        # PER_SM 0: one program per item; else a persistent grid of PER_SM programs per multiprocessor.
-        programs = min(items, cfg["PER_SM"] * _sm_count(out.device.index or 0)) if cfg["PER_SM"] else items
-    conv_transpose3d_kernel[(programs,)](
-        x, x_lo, w, w_lo, bias if bias is not None else w, out,
-        cin_g, cout_g, d, h, w_in, od, oh, ow, kd, kh, kw,
-        *x.stride(), *out.stride(),
-        u_h_blocks, u_w_blocks, co_blocks, groups, items,
-        S_D=s_d, S_H=s_h, S_W=s_w, P_D=p_d, P_H=p_h, P_W=p_w, DIL_D=dl_d, DIL_H=dl_h, DIL_W=dl_w,
-        STEP_D=s_d // math.gcd(s_d, dl_d), STEP_H=s_h // math.gcd(s_h, dl_h), STEP_W=s_w // math.gcd(s_w, dl_w),
-        HAS_BIAS=bias is not None, PRECISION=precision, INTERPRETED=interpreted(),
-        BLOCK_R=block_r, BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci,
-        FILL_W=next_power_of_2(s_w * block_q), EVEN_CI=cin_g % block_ci == 0, DIAG=cfg.get("DIAG", 0),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+        # 0: one program per item; else a persistent grid of that many programs per multiprocessor.
+        programs = min(items, programs_per_sm * _sm_count(device_index)) if programs_per_sm else items
+    sizes = (cin_g, cout_g, d, h, w_in, od, oh, ow, *plan.kernel_size)
+    blocks = (u_h_blocks, u_w_blocks, co_blocks, groups, items)
+    constexprs = (
+        ("S_D", s_d), ("S_H", s_h), ("S_W", s_w), ("P_D", p_d), ("P_H", p_h), ("P_W", p_w),
+        ("DIL_D", dl_d), ("DIL_H", dl_h), ("DIL_W", dl_w), ("STEP_D", s_d // math.gcd(s_d, dl_d)),
+        ("STEP_H", s_h // math.gcd(s_h, dl_h)), ("STEP_W", s_w // math.gcd(s_w, dl_w)),
+        ("BLOCK_R", block_r), ("BLOCK_Q", block_q), ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci),
+        ("FILL_W", next_power_of_2(s_w * block_q)), ("EVEN_CI", cin_g % block_ci == 0))
+    return (programs,), sizes, blocks, constexprs
+
+
+def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
+    grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_CO"], cfg["BLOCK_CI"], cfg["PER_SM"],
+                                                out.device.index or 0)
+    _kernel.launch(
+        grid, (x, x_lo, w, w_lo, bias if bias is not None else w, out), (*sizes, *x.stride(), *out.stride(), *blocks),
+        (*constexprs, ("HAS_BIAS", bias is not None), ("PRECISION", precision), ("INTERPRETED", interpreted()),
+         ("DIAG", cfg.get("DIAG", 0)), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
+
+
+_prepare = Launcher(prepare_operands_kernel)
+_kernel = Launcher(conv_transpose3d_kernel)
 
 
 def _autotune(launch, candidates):

@@ -267,12 +267,12 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     if finished:
         return out
     precision = precision_for(input.dtype) if precision is None else precision
-    if input.dtype == torch.float32:
-        operands, strides = _operands(input, weight, precision), None
-    else:
-        operands, strides = (input, input, weight, weight), (*input.stride(), *weight.stride())
+    strides = None if input.dtype == torch.float32 else (*input.stride(), *weight.stride())
+    if config is None:  # looked up before the operand pass, so that the host does less between the two launches
+        key = (plan.key, input.dtype, precision, input.device, strides, out.stride(), bias is not None)
+        config = _best_config.get(key)
+    operands = _operands(input, weight, precision) if strides is None else (input, input, weight, weight)
     if config is None:
-        key = (plan.key, input.dtype, precision, str(input.device), strides, out.stride(), bias is not None)
         config = pick_config(_best_config, key, configs(),
                              lambda cfg: _launch(cfg, plan, *operands, bias, out, precision, strides), input.device)
     _launch(config, plan, *operands, bias, out, precision, strides)

@@ -1,0 +1,93 @@
+"""The general Triton forward (backends/triton/forward.py) on sweep layers (GPU): the kernel alone per tile config,
+the library's configs and candidates beside them, against eager, the `torch` path and the autotuned Triton call.
+
+    PYTHONPATH=src python3 benchmarks/diag_forward.py [--iters 30] [--layers vae_k4s2p1,...] [--modes tf32,off]
+
+Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call). The kernel rows run on
+operands laid out beforehand (the operand pass not counted; its time is its own row). Each output is NaN-poisoned
+before its first call, then checked: KernelBench's check against eager in the same mode and the relative error
+against float64.
+"""
+
+import argparse
+
+import torch
+
+from convt3d.backends.torch_phase import conv_transpose3d as torch_phase_forward
+from convt3d.backends.triton import forward as tf
+from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
+from convt3d.bench.workloads import DTYPES, load_sweep
+
+# (BLOCK_M, BLOCK_CO, BLOCK_CI, num_warps, num_stages): wider channel blocks than the library's list, which was
+# tuned on problem 77's 32 input channels.
+CANDIDATES = [
+    (128, 64, 64, 4, 3), (128, 64, 64, 8, 3), (128, 64, 64, 4, 2), (256, 64, 64, 8, 3), (256, 64, 64, 8, 2),
+    (128, 128, 64, 8, 3), (64, 64, 64, 4, 3), (64, 64, 32, 4, 4), (128, 32, 64, 4, 3), (256, 128, 32, 8, 3),
+]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--layers", default="vae_k4s2p1,video_k3s2p1op1,video_spatial_k144,k3s1p1,wide_256to128_k3s2,"
+                                            "vae_k4s2p1_fp16,grouped_g4")
+    parser.add_argument("--modes", default="tf32")
+    args = parser.parse_args()
+    layers = {layer.name: layer for layer in load_sweep(None)}
+    configs = [(cfg, "lib") for cfg in tf._configs()] + [
+        (dict(BLOCK_M=m, BLOCK_CO=co, BLOCK_CI=ci, num_warps=w, num_stages=s, PER_SM=0), "new")
+        for m, co, ci, w, s in CANDIDATES]
+    rows = []
+    for name in args.layers.split(","):
+        layer = layers[name]
+        dtype = DTYPES[layer.dtype]
+        plan = layer.plan()
+        torch.manual_seed(0)
+        module = layer.module().cuda().to(dtype)
+        x = torch.rand(layer.input_shape, device="cuda", dtype=dtype)
+        w, b = module.weight.detach(), module.bias.detach() if module.bias is not None else None
+        reference = torch.nn.functional.conv_transpose3d(
+            x.double(), w.double(), b.double() if b is not None else None, plan.stride, plan.padding,
+            plan.output_padding, plan.groups, plan.dilation)
+        for mode in args.modes.split(",") if dtype == torch.float32 else ["tf32"]:
+            torch.backends.cudnn.allow_tf32 = mode == "tf32"
+            precision = tf.precision_for(dtype)
+            with torch.no_grad():
+                expected = module(x)
+            operands = tf._operands(x, w, plan.groups, precision)
+
+            def note(out):
+                return f"KB {kernelbench_check(out, expected)}, {relative_error(out, reference):.1e}"
+
+            def add(label, fn, out=None):
+                try:
+                    with torch.no_grad():
+                        result = fn()
+                        text = note(result if out is None else out) if label != "operand pass" else ""
+                        t = time_cuda(fn, iters=args.iters)
+                except Exception as error:  # a config that does not fit: say so and go on
+                    rows.append((name, mode, label, float("nan"), float("nan"), repr(error)[:80]))
+                    return
+                rows.append((name, mode, label, t.mean_ms, t.min_ms, text))
+                print(rows[-1], flush=True)
+
+            add("eager", lambda: module(x))
+            add("torch path", lambda: torch_phase_forward(x, w, b, plan))
+            add("triton, autotuned (with its pass)", lambda: tf.conv_transpose3d_triton(x, w, b, plan))
+            if precision == tf.TF32:
+                add("triton 3xTF32, autotuned", lambda: tf.conv_transpose3d_triton(x, w, b, plan, tf.TF32X3))
+            add("operand pass", lambda: tf._operands(x, w, plan.groups, precision))
+            for cfg, origin in configs:
+                out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
+                label = "{} {BLOCK_M}x{BLOCK_CO}x{BLOCK_CI} w{num_warps} s{num_stages}".format(origin, **cfg)
+                add(label, lambda cfg=cfg, out=out: tf._launch(cfg, plan, *operands, b, out, precision), out)
+            del operands
+    torch.backends.cudnn.allow_tf32 = True
+    print("| layer | mode | variant | mean ms | min ms | check, rel. err. vs float64 |")
+    print("|---|---|---|---|---|---|")
+    for name, mode, label, mean, low, text in rows:
+        print(f"| {name} | {mode} | {label} | {mean:.4f} | {low:.4f} | {text} |")
+
+
+if __name__ == "__main__":
+    main()
