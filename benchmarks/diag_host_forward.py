@@ -1,0 +1,51 @@
+"""Forward calls on sweep layers (GPU): the host's time against the GPU's, as the bench calls them (no_grad).
+
+    PYTHONPATH=src python3 benchmarks/diag_host_forward.py [--iters 50] [--layers unet3d_k2s2,...]
+
+Per implementation: the bench's cold-L2 mean and minimum (a synchronisation before each call, so the GPU waits
+whenever the host is late), the same calls queued back to back (no synchronisation: the GPU's own time), and the
+median host time from a synchronisation to the call's return.
+"""
+
+import argparse
+import copy
+
+import torch
+
+from convt3d import convert
+from convt3d.bench.protocol import host_time_cuda, time_cuda
+from convt3d.bench.workloads import DTYPES, load_sweep
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--layers", default="unet3d_k2s2,unet3d_k2s2_bf16,k3s1p1,video_k3s2p1op1,batch1_small_k3s2")
+    parser.add_argument("--tf32", choices=("on", "off"), default="on")
+    args = parser.parse_args()
+    torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
+    layers = {layer.name: layer for layer in load_sweep(None)}
+    rows = []
+    for name in args.layers.split(","):
+        layer = layers[name]
+        dtype = DTYPES[layer.dtype]
+        torch.manual_seed(0)
+        eager = layer.module().cuda().to(dtype)
+        impls = {"eager": eager, "triton": convert(copy.deepcopy(eager), backend="triton"),
+                 "auto": convert(copy.deepcopy(eager))}
+        x = torch.rand(layer.input_shape, device="cuda", dtype=dtype)
+        with torch.no_grad():
+            for label, module in impls.items():
+                cold = time_cuda(lambda: module(x), iters=args.iters)
+                queued = time_cuda(lambda: module(x), iters=args.iters, synchronize=False)
+                host = host_time_cuda(lambda: module(x), calls=args.iters)
+                rows.append((name, label, cold.mean_ms, cold.min_ms, queued.mean_ms, host))
+                print(rows[-1], flush=True)
+    print("| layer | implementation | cold mean ms | cold min ms | queued mean ms | host ms (median) |")
+    print("|---|---|---|---|---|---|")
+    for name, label, mean, low, queued, host in rows:
+        print(f"| {name} | {label} | {mean:.4f} | {low:.4f} | {queued:.4f} | {host:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
