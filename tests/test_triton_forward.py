@@ -205,3 +205,25 @@ def test_the_float32_candidate_is_float32_accurate():
     y = functional.run_backend("triton_float32", x, w, b, plan)
     reference = F.conv_transpose3d(x.double(), w.double(), b.double(), 2, 1, 1, 2, 1)
     assert_close_rel(y, reference, 1e-6)
+
+
+def test_autotune_keeps_the_fastest_config_that_fits_and_logs_the_times(monkeypatch, caplog):
+    # Timing needs a GPU; do_bench is replaced by each config's stated time, or by the error of a config whose
+    # tiles do not fit in shared memory.
+    import logging
+
+    from convt3d.backends.triton import forward
+
+    def do_bench(fn, warmup, rep):
+        ms = fn()
+        if ms is None:
+            raise triton.runtime.errors.OutOfResources(245760, 232448, "shared memory")
+        return ms
+
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    caplog.set_level(logging.DEBUG, logger="convt3d")
+    candidates = [dict(ms=0.05), dict(ms=None), dict(ms=0.03), dict(ms=0.04)]
+    assert forward._autotune(lambda cfg: cfg["ms"], candidates, "layer") == dict(ms=0.03)
+    assert "{'ms': 0.03} for layer" in caplog.text and "{0: 0.05, 2: 0.03, 3: 0.04}" in caplog.text
+    with pytest.raises(RuntimeError, match="no Triton tile config fits"):
+        forward._autotune(lambda cfg: None, [dict(), dict()], "layer")

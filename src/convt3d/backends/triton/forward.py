@@ -20,6 +20,7 @@ float16/bfloat16 operands. Accumulation is float32 always.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 import torch
@@ -30,6 +31,8 @@ from ...plan import Plan
 from .. import output_memory_format
 from . import cdiv, interpreted, next_power_of_2
 from .launch import Launcher
+
+logger = logging.getLogger("convt3d")
 
 NATIVE, TF32, TF32X3 = 0, 1, 2
 
@@ -435,7 +438,7 @@ def pick_config(cache: dict, key, candidates, launch, device: torch.device):
         if len(candidates) == 1 or interpreted() or (device.type == "cuda"
                                                      and torch.cuda.is_current_stream_capturing()):
             return candidates[0]
-        config = cache[key] = _autotune(launch, candidates)
+        config = cache[key] = _autotune(launch, candidates, key)
     return config
 
 
@@ -501,16 +504,19 @@ _prepare = Launcher(prepare_operands_kernel)
 _kernel = Launcher(conv_transpose3d_kernel)
 
 
-def _autotune(launch, candidates):
-    """Time each config warm (do_bench) and keep the fastest; configs that do not fit (shared memory) are skipped."""
-    best, best_ms = None, float("inf")
-    for cfg in candidates:
+def _autotune(launch, candidates, key):
+    """Time each config warm (do_bench) and keep the fastest; configs that do not fit (shared memory) are skipped.
+    The times and the choice go to the debug log: the same code has measured up to twice as slow in one process as
+    in another (benchmarks/RESULTS.md, seventeenth session), and the log says whether the choice differed."""
+    times = {}
+    for index, cfg in enumerate(candidates):
         try:
-            ms = triton.testing.do_bench(lambda: launch(cfg), warmup=5, rep=20)
+            times[index] = triton.testing.do_bench(lambda: launch(cfg), warmup=5, rep=20)
         except triton.runtime.errors.OutOfResources:
             continue
-        if ms < best_ms:
-            best, best_ms = cfg, ms
-    if best is None:
+    if not times:
         raise RuntimeError("convt3d: no Triton tile config fits this GPU for this layer")
-    return best
+    best = min(times, key=times.get)
+    logger.debug("convt3d: Triton config %s for %s (warm ms by config: %s)", candidates[best], key,
+                 {i: round(ms, 4) for i, ms in times.items()})
+    return candidates[best]
