@@ -223,8 +223,7 @@ def run_backend(backend: str, input, weight, bias, plan: Plan) -> torch.Tensor:
     elif backend == "triton":
         from .backends.triton import conv_transpose3d as run
     elif backend == "triton_float32":  # one of "auto"'s candidates, not a backend users name
-        from .backends.triton import conv_transpose3d
-        from .backends.triton.forward import TF32X3
+        from .backends.triton import TF32X3, conv_transpose3d
 
         return conv_transpose3d(input, weight, bias, plan, TF32X3)
     else:

@@ -11,6 +11,8 @@ import torch
 from ...plan import Plan
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The GEMMs' precision modes: the operands' own type (half precision), TF32, and 3xTF32 (float32 accuracy).
+NATIVE, TF32, TF32X3 = 0, 1, 2
 
 
 # Host-side sizes for the launchers. triton.cdiv and triton.next_power_of_2 are constexpr functions whose every
@@ -61,7 +63,7 @@ def _too_large(plan: Plan):
 
 def conv_transpose3d(input, weight, bias, plan: Plan, precision: int | None = None):
     """The layer by the tiled GEMM where it applies, else by the general fused kernel. precision None follows
-    PyTorch's flags (forward.precision_for); forward.TF32X3 asks for float32 accuracy whatever they say."""
+    PyTorch's flags (forward.precision_for); TF32X3 asks for float32 accuracy whatever they say."""
     reason = unsupported_reason(input, plan)
     if reason is not None:
         raise RuntimeError(f"convt3d: backend='triton' cannot run this call: {reason}")

@@ -29,12 +29,10 @@ import triton.language as tl
 
 from ...plan import Plan
 from .. import output_memory_format
-from . import cdiv, interpreted, next_power_of_2
+from . import NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2
 from .launch import Launcher
 
 logger = logging.getLogger("convt3d")
-
-NATIVE, TF32, TF32X3 = 0, 1, 2
 
 
 @triton.jit
