@@ -8,15 +8,13 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from conftest import assert_close_rel, layer_args, make_tensors
+from conftest import assert_close_rel, layer_args
 
 triton = pytest.importorskip("triton")
 from convt3d.backends.triton import tiled  # noqa: E402
 from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402
 from convt3d.plan import make_plan  # noqa: E402
-from test_triton_forward import round_to_tf32  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from test_triton_forward import round_to_tf32, tensors  # noqa: E402
 
 
 def layer(kernel, spatial, in_channels=5, out_channels=3, batch=1, bias=True, dilation=1):
@@ -50,11 +48,6 @@ def run(x, w, b, cfg, precision, config=None):
             continue
     assert y.shape == plan.output_shape
     return y
-
-
-def tensors(cfg, dtype):
-    x, w, b = make_tensors(dict(cfg, unbatched=False), torch.float32, DEVICE)
-    return x.to(dtype), w.to(dtype), (b.to(dtype) if b is not None else None)
 
 
 def reference(x, w, b, cfg):
