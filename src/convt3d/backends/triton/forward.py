@@ -143,19 +143,55 @@ def _useful_taps(q_lo, q_hi, m0, M_STEP: tl.constexpr, count, size):
 
 
 @triton.jit
+def _axis_taps(v, u_first, u_last, SIZE, K, S: tl.constexpr, P: tl.constexpr, DIL: tl.constexpr,
+               STEP: tl.constexpr):
+    """Along one axis, for the outputs o = S * u + v with u in [u_first, u_last]: their input offset base (tap j of
+    their phase reads input u + base - m0 - j * STEP * DIL // S), the phase's first tap t0 and offset m0, and the
+    range [j_lo, j_hi) of its taps that read the input for some u (empty when u_last < u_first)."""
+    r = (v + P) % S + u_first * 0  # a runtime value, also where v is a constexpr
+    base = (v + P) // S
+    t0, count = _phase_taps(r, S, DIL, STEP, K)
+    m0 = (t0 * DIL - r) // S
+    j_lo, j_hi = _useful_taps(u_first + base, u_last + base, m0, STEP * DIL // S, count, SIZE)
+    return base, m0, t0, j_lo, tl.where(u_last >= u_first, j_hi, j_lo)
+
+
+@triton.jit
 def _column_taps(v_w: tl.constexpr, u_w0, OW, W, KW, S_W: tl.constexpr, P_W: tl.constexpr, DIL_W: tl.constexpr,
                  STEP_W: tl.constexpr, BLOCK_Q: tl.constexpr):
-    """For output columns ow = S_W * u_w + v_w of the block u_w in [u_w0, u_w0 + BLOCK_Q) that exist (ow < OW):
-    their input offset base_w, the phase's first tap t0_w and offset m0_w, and the range [jw_lo, jw_hi) of its
-    taps that read the input for some column (empty when no column exists)."""
-    r_w = (v_w + P_W) % S_W
-    base_w = (v_w + P_W) // S_W
-    t0_w, n_w = _phase_taps(r_w + u_w0 * 0, S_W, DIL_W, STEP_W, KW)
-    m0_w = (t0_w * DIL_W - r_w) // S_W
+    """_axis_taps of the output columns ow = S_W * u_w + v_w of the block u_w in [u_w0, u_w0 + BLOCK_Q) that exist
+    (ow < OW)."""
     u_w_end = tl.minimum(u_w0 + BLOCK_Q, (OW - v_w + S_W - 1) // S_W)  # one past the block's last column
-    jw_lo, jw_hi = _useful_taps(u_w0 + base_w, u_w_end - 1 + base_w, m0_w, STEP_W * DIL_W // S_W, n_w, W)
-    jw_hi = tl.where(u_w_end > u_w0, jw_hi, jw_lo)
-    return base_w, m0_w, t0_w, jw_lo, jw_hi
+    return _axis_taps(v_w, u_w0, u_w_end - 1, W, KW, S_W, P_W, DIL_W, STEP_W)
+
+
+@triton.jit
+def load_operands(x_base, x_lo_base, w_base, w_lo_base, rows, row_ok, w_rows, w_row_ok, ci0, CIN_G, sxc,
+                  PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr):
+    """One K-step's tiles: A, the input at offsets rows by channels ci0 + [0, BLOCK_CI) (stride sxc), and B, the
+    weight at offsets w_rows by the same channels (contiguous: K-major, as TF32 tensor-core operands must be),
+    transposed for the dot; each with its low part under 3xTF32 (PRECISION 2), else the tile again. Rows not ok
+    and channels past CIN_G load as zeros."""
+    ci = ci0 + tl.arange(0, BLOCK_CI)
+    if EVEN_CI:  # whole channel blocks: masks constant along channels, so channel rows load as vectors
+        a_offs = rows[:, None] + (ci * sxc)[None, :]
+        b_offs = w_rows[:, None] + ci[None, :]
+        a_ok = row_ok[:, None]
+        b_ok = w_row_ok[:, None]
+    else:
+        ci_c = tl.minimum(ci, CIN_G - 1)
+        a_offs = rows[:, None] + (ci_c * sxc)[None, :]
+        b_offs = w_rows[:, None] + ci_c[None, :]
+        a_ok = row_ok[:, None] & (ci < CIN_G)[None, :]
+        b_ok = w_row_ok[:, None] & (ci < CIN_G)[None, :]
+    a = tl.load(x_base + a_offs, mask=a_ok, other=0.0)
+    b = tl.trans(tl.load(w_base + b_offs, mask=b_ok, other=0.0))
+    if PRECISION == 2:
+        a_lo = tl.load(x_lo_base + a_offs, mask=a_ok, other=0.0)
+        b_lo = tl.trans(tl.load(w_lo_base + b_offs, mask=b_ok, other=0.0))
+    else:
+        a_lo, b_lo = a, b
+    return a, a_lo, b, b_lo
 
 
 @triton.jit
@@ -171,7 +207,6 @@ def _phase_gemm(
 ):
     """The [BLOCK_M, BLOCK_CO] float32 tile of output columns ow = S_W * u_w + v_w: an implicit GEMM over the
     taps of their phase (in all three axes) and the group's input channels."""
-    ci = tl.arange(0, BLOCK_CI)
     CI_BLOCKS = tl.cdiv(CIN_G, BLOCK_CI)
     M_STEP_W: tl.constexpr = STEP_W * DIL_W // S_W
     base_w, m0_w, t0_w, jw_lo, jw_hi = _column_taps(v_w, u_w0, OW, W, KW, S_W, P_W, DIL_W, STEP_W, BLOCK_Q)
@@ -200,26 +235,9 @@ def _phase_gemm(
         rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
                 + tl.minimum(tl.maximum(i_w, 0), W - 1) * sxw)
         tap_row = ((t_d * KH + t_h) * KW + t_w) * GROUPS * CIN_G * COUT_G
-        if EVEN_CI:  # whole channel blocks: masks constant along channels, so channel rows load as vectors
-            a_offs = rows[:, None] + ((ci0 + ci) * sxc)[None, :]
-            b_offs = tap_row + tl.minimum(co, COUT_G - 1)[:, None] * CIN_G + (ci0 + ci)[None, :]
-            a_ok = row_ok[:, None]
-            b_ok = co_ok[:, None]
-        else:
-            ci_ok = ci0 + ci < CIN_G
-            ci_c = tl.minimum(ci0 + ci, CIN_G - 1)
-            a_offs = rows[:, None] + (ci_c * sxc)[None, :]
-            b_offs = tap_row + tl.minimum(co, COUT_G - 1)[:, None] * CIN_G + ci_c[None, :]
-            a_ok = row_ok[:, None] & ci_ok[None, :]
-            b_ok = co_ok[:, None] & ci_ok[None, :]
-        a = tl.load(x_base + a_offs, mask=a_ok, other=0.0)
-        # The weight K-major ([co, ci] tiles, channels contiguous), as TF32 tensor-core operands must be.
-        b = tl.trans(tl.load(w_group + b_offs, mask=b_ok, other=0.0))
-        if PRECISION == 2:
-            a_lo = tl.load(x_lo_base + a_offs, mask=a_ok, other=0.0)
-            b_lo = tl.trans(tl.load(w_lo_group + b_offs, mask=b_ok, other=0.0))
-        else:
-            a_lo, b_lo = a, b
+        a, a_lo, b, b_lo = load_operands(x_base, x_lo_base, w_group, w_lo_group, rows, row_ok,
+                                         tap_row + tl.minimum(co, COUT_G - 1) * CIN_G, co_ok, ci0, CIN_G, sxc,
+                                         PRECISION, BLOCK_CI, EVEN_CI)
         acc = mma(acc, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
     return acc
 
@@ -268,23 +286,15 @@ def conv_transpose3d_kernel(
         else:
             bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
 
-        # Depth: one output plane, phase r_d, compact index q_d.
-        r_d = (od + P_D) % S_D
-        q_d = (od + P_D) // S_D
-        t0_d, n_d = _phase_taps(r_d, S_D, DIL_D, STEP_D, KD)
+        # Depth: one output plane od = S_D * u_d + v_d, compact index q_d.
         M_STEP_D: tl.constexpr = STEP_D * DIL_D // S_D
-        m0_d = (t0_d * DIL_D - r_d) // S_D
-        jd_lo, jd_hi = _useful_taps(q_d, q_d, m0_d, M_STEP_D, n_d, D)
-        # Height: rows oh = S_H * u_h + v_h of phase r_h.
+        base_d, m0_d, t0_d, jd_lo, jd_hi = _axis_taps(od % S_D, od // S_D, od // S_D, D, KD, S_D, P_D, DIL_D, STEP_D)
+        q_d = od // S_D + base_d
+        # Height: rows oh = S_H * u_h + v_h of the block.
         M_STEP_H: tl.constexpr = STEP_H * DIL_H // S_H
         u_h0 = uh_block * BLOCK_R
-        r_h = (v_h + P_H) % S_H
-        base_h = (v_h + P_H) // S_H
-        t0_h, n_h = _phase_taps(r_h, S_H, DIL_H, STEP_H, KH)
-        m0_h = (t0_h * DIL_H - r_h) // S_H
         u_h_end = tl.minimum(u_h0 + BLOCK_R, (OH - v_h + S_H - 1) // S_H)  # one past the block's last row
-        jh_lo, jh_hi = _useful_taps(u_h0 + base_h, u_h_end - 1 + base_h, m0_h, M_STEP_H, n_h, H)
-        jh_hi = tl.where(u_h_end > u_h0, jh_hi, jh_lo)
+        base_h, m0_h, t0_h, jh_lo, jh_hi = _axis_taps(v_h, u_h0, u_h_end - 1, H, KH, S_H, P_H, DIL_H, STEP_H)
         u_w0 = uw_block * BLOCK_Q
         # Taps that reach some column of the block, over all column phases: none means no GEMM at all.
         w_taps = 0
@@ -518,3 +528,4 @@ def _autotune(launch, candidates, key):
     logger.debug("convt3d: Triton config %s for %s (warm ms by config: %s)", candidates[best], key,
                  {i: round(ms, 4) for i, ms in times.items()})
     return candidates[best]
+
