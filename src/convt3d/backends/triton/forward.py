@@ -461,7 +461,7 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
         config = _best_config.get(key)
     x_hi, x_lo, w_hi, w_lo = _operands(input, weight, plan.groups, precision)
     if config is None:
-        config = pick_config(_best_config, key, _configs(),
+        config = pick_config(_best_config, key, candidates(plan),
                              lambda cfg: _launch(cfg, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision), input.device)
     _launch(config, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
     return out
@@ -499,7 +499,17 @@ def _geometry(plan: Plan, block_m: int, block_co: int, block_ci: int, programs_p
     return (programs,), sizes, blocks, constexprs
 
 
+def candidates(plan: Plan) -> list[dict]:
+    """The tile configs to autotune among: this kernel's, then tap_columns' where it serves the layer."""
+    configs = _configs()
+    if tap_columns.unsupported_reason(plan) is None:
+        configs += tap_columns.configs()
+    return configs
+
+
 def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
+    if cfg.get("KERNEL") == "tap_columns":
+        return tap_columns.launch(cfg, plan, x, x_lo, w, w_lo, bias, out, precision)
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_CO"], cfg["BLOCK_CI"], cfg["PER_SM"],
                                                 out.device.index or 0)
     _kernel.launch(
@@ -529,3 +539,6 @@ def _autotune(launch, candidates, key):
                  {i: round(ms, 4) for i, ms in times.items()})
     return candidates[best]
 
+
+# Last: tap_columns builds on this module's device functions (mma and the phase arithmetic).
+from . import tap_columns  # noqa: E402

@@ -1,0 +1,226 @@
+"""Triton forward with the taps along W as GEMM columns, so that each input tile is loaded once per (depth, height)
+tap instead of once per tap.
+
+The general kernel (forward.py) computes each output-column phase as an implicit GEMM over all of its taps, and
+loads an input tile per tap: on the H200 its times followed the bytes those loads move from L2 (benchmarks/
+RESULTS.md, eighteenth session). Here a program takes a run of input columns c of some output rows oh (one depth
+plane od, one height phase) and computes one GEMM whose columns are (W tap, output channel):
+
+    P[c, (t_w, co)] = sum over the depth and height taps of the rows' phases and the input channels ci of
+                      x[n, ci, i_d, i_h, c] * weight[ci, co, t_d, t_h, t_w]
+
+Along W, output column ow = S_W * u + v receives tap t_w from input column u + delta(t_w), where tap t_w reaches
+phase v = (DIL_W * t_w - P_W) mod S_W and delta(t_w) = (v + P_W - DIL_W * t_w) / S_W. So
+
+    y[n, co, od, oh, S_W * u + v] = bias[co] + sum over the taps t_w of phase v of P[u + delta(t_w), (t_w, co)]
+
+which the epilogue forms by gathering each tap's column of P from the row delta(t_w) - DMIN further on (DMIN the
+smallest delta), in registers. A row of outputs needs its input columns from u + DMIN to u + DMAX, HALO = DMAX -
+DMIN more than it has: each output row's input columns are laid out as a virtual row of U_W + HALO slots (slot s holds
+input column s + DMIN and output column group u = s), the rows one after another, and a program takes BLOCK_M
+consecutive slots, of which the first BLOCK_M - HALO are its outputs; the next program starts there.
+
+Operands as the general kernel's operand pass lays them out: the input channels-last and the weight tap-major and
+K-major, TF32-rounded or split (precisions as in forward.py). Stride along W of 1 or 2 only (the output's phases
+interleave in registers as whole rows).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import triton
+import triton.language as tl
+
+from ...plan import Plan
+from . import cdiv, interpreted, next_power_of_2
+from .forward import _axis_taps, load_operands, mma
+from .launch import Launcher
+
+
+def w_shifts(plan: Plan) -> tuple[int, int]:
+    """(DMIN, HALO): the smallest delta(t_w) over the W taps, and the largest less the smallest."""
+    s, p, dil, k = plan.stride[2], plan.padding[2], plan.dilation[2], plan.kernel_size[2]
+    deltas = [((dil * t - p) % s + p - dil * t) // s for t in range(k)]
+    return min(deltas), max(deltas) - min(deltas)
+
+
+@functools.lru_cache(maxsize=256)
+def unsupported_reason(plan: Plan) -> str | None:
+    """None when this kernel can serve the layer, else why not."""
+    if plan.stride[2] > 2:
+        return "stride along W above 2"
+    if w_shifts(plan)[1] > 8:  # (so that even the smallest tile, 32 slots, keeps 3/4 of its slots as outputs)
+        return "the W taps span more than 8 input columns"
+    return None
+
+
+@triton.jit
+def tap_columns_kernel(
+    x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, b_ptr, y_ptr,
+    CIN_G, COUT_G, D, H, W, OD, OH, OW, KD, KH,
+    sxn, sxc, sxd, sxh, sxw,
+    syn, syc, syd, syh, syw,
+    U_H, U_W, TILES, CO_BLOCKS, GROUPS,
+    S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
+    P_D: tl.constexpr, P_H: tl.constexpr, P_W: tl.constexpr,
+    DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+    STEP_D: tl.constexpr, STEP_H: tl.constexpr,
+    KW: tl.constexpr, KW_P2: tl.constexpr, DMIN: tl.constexpr, HALO: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr,
+    DIAG: tl.constexpr = 0,
+):
+    # GEMM columns (t_w, co), co fastest: a tap's weight rows lie together, and each thread's accumulator holds
+    # all taps of its columns, so that summing over taps stays in registers. KW_P2 = KW rounded up to a power of 2.
+    BLOCK_N: tl.constexpr = KW_P2 * BLOCK_CO
+    OUTPUTS: tl.constexpr = BLOCK_M - HALO  # slots whose outputs this program writes
+    # Program order: output-channel blocks fastest, so that programs reading one input tile run together.
+    pid = tl.program_id(0)
+    co_block = pid % (CO_BLOCKS * GROUPS)
+    pid = pid // (CO_BLOCKS * GROUPS)
+    tile = pid % TILES
+    pid = pid // TILES
+    v_h = pid % S_H
+    pid = pid // S_H
+    od = pid % OD
+    n = pid // OD
+    group = co_block // CO_BLOCKS
+    co0 = (co_block % CO_BLOCKS) * BLOCK_CO
+
+    # The program's slots: virtual rows of U_W + HALO slots, slot s of row u_h holding input column s + DMIN.
+    row_slots = U_W + HALO
+    first = tile * OUTPUTS
+    m = tl.arange(0, BLOCK_M)
+    u_h = (first + m) // row_slots
+    s = (first + m) % row_slots
+    c = s + DMIN
+
+    # Depth: one output plane od = S_D * u_d + v_d, compact index q_d; height: the program's rows (as in forward.py).
+    M_STEP_D: tl.constexpr = STEP_D * DIL_D // S_D
+    base_d, m0_d, t0_d, jd_lo, jd_hi = _axis_taps(od % S_D, od // S_D, od // S_D, D, KD, S_D, P_D, DIL_D, STEP_D)
+    q_d = od // S_D + base_d
+    M_STEP_H: tl.constexpr = STEP_H * DIL_H // S_H
+    u_h_last = tl.minimum((first + BLOCK_M - 1) // row_slots, U_H - 1)
+    base_h, m0_h, t0_h, jh_lo, jh_hi = _axis_taps(v_h, first // row_slots, u_h_last, H, KH, S_H, P_H, DIL_H, STEP_H)
+    # Division below by at least 1 (the pipeliner forms the addresses of iterations past the last one too).
+    nh = tl.maximum(jh_hi - jh_lo, 1)
+
+    x_base = x_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
+    x_lo_base = x_lo_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
+    slot_ok = (c >= 0) & (c < W) & (u_h < U_H)
+    # B: BLOCK_N weight rows (t_w, co) of the taps (t_d, t_h, t_w) in the layout (taps, groups, C_out/g, C_in/g).
+    j = tl.arange(0, BLOCK_N)
+    t_w = j // BLOCK_CO
+    co = co0 + j % BLOCK_CO
+    b_ok = (co < COUT_G) & (t_w < KW)  # the padding taps' rows load as zeros: their columns of P are zero
+    b_rows = ((tl.minimum(t_w, KW - 1) * GROUPS + group) * COUT_G + tl.minimum(co, COUT_G - 1)) * CIN_G
+    CI_BLOCKS = tl.cdiv(CIN_G, BLOCK_CI)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range((jd_hi - jd_lo) * (jh_hi - jh_lo) * CI_BLOCKS):
+        tap = k // CI_BLOCKS
+        ci0 = (k % CI_BLOCKS) * BLOCK_CI
+        jd = jd_lo + tap // nh
+        jh = jh_lo + tap % nh
+        t_d = tl.minimum(t0_d + jd * STEP_D, KD - 1)
+        t_h = tl.minimum(t0_h + jh * STEP_H, KH - 1)
+        i_d = q_d - m0_d - jd * M_STEP_D + m * 0  # broadcast: the interpreter cannot mask with scalars
+        i_h = u_h + base_h - m0_h - jh * M_STEP_H
+        row_ok = slot_ok & (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H)
+        rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
+                + tl.minimum(tl.maximum(c, 0), W - 1) * sxw)
+        tap_base = (t_d * KH + t_h) * KW * GROUPS * COUT_G * CIN_G
+        a, a_lo, b, b_lo = load_operands(x_base, x_lo_base, w_ptr, w_lo_ptr, rows, row_ok, tap_base + b_rows, b_ok,
+                                         ci0, CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI)
+        acc = mma(acc, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
+
+    # Each tap's column of P, moved up by its shift delta(t_w) - DMIN, lines up with the outputs it feeds.
+    taps = tl.reshape(acc, (BLOCK_M, KW_P2, BLOCK_CO))
+    t = tl.arange(0, KW_P2)
+    phase = (DIL_W * t + (S_W - 1) * P_W) % S_W  # (DIL_W * t - P_W) mod S_W, on a nonnegative operand
+    shift = (phase + P_W - DIL_W * t) // S_W - DMIN  # exact divisions
+    # (Clamped: the padding taps' shifts may point outside the tile; their columns are zero.)
+    source = tl.minimum(tl.maximum(m[:, None, None] + shift[None, :, None], 0), BLOCK_M - 1) + tl.zeros(
+        [BLOCK_M, KW_P2, BLOCK_CO], dtype=tl.int32)
+    if DIAG == 1:  # diagnostic: no gather (a wrong result), to time it
+        aligned = taps
+    else:
+        aligned = tl.gather(taps, source, 0)
+    co_t = co0 + tl.arange(0, BLOCK_CO)
+    co_ok = co_t < COUT_G
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + group * COUT_G + co_t, mask=co_ok, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
+    y_base = y_ptr + n.to(tl.int64) * syn + od.to(tl.int64) * syd + (group * COUT_G).to(tl.int64) * syc
+    out_even = tl.sum(tl.where((phase == 0)[None, :, None], aligned, 0.0), axis=1) + bias[None, :]
+    if S_W == 1:
+        oh = S_H * u_h + v_h
+        ok = (m < OUTPUTS) & (s < U_W) & (oh < OH)
+        ptrs = y_base + co_t[:, None] * syc + (oh * syh + s * syw)[None, :]
+        tl.store(ptrs, tl.trans(out_even).to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok[None, :])
+    else:
+        # Stride 2: both column phases interleaved in registers, so that each output row is stored contiguously.
+        out_odd = tl.sum(tl.where((phase == 1)[None, :, None], aligned, 0.0), axis=1) + bias[None, :]
+        tile_out = tl.reshape(tl.permute(tl.join(out_even, out_odd), (1, 0, 2)), (BLOCK_CO, 2 * BLOCK_M))
+        e = tl.arange(0, 2 * BLOCK_M)
+        slot = first + e // 2
+        oh2 = S_H * (slot // row_slots) + v_h
+        ow2 = 2 * (slot % row_slots) + e % 2
+        ok2 = (e // 2 < OUTPUTS) & (slot % row_slots < U_W) & (oh2 < OH) & (ow2 < OW)
+        tl.store(y_base + co_t[:, None] * syc + (oh2 * syh + ow2 * syw)[None, :],
+                 tile_out.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok2[None, :])
+
+
+def configs():
+    """Tile configs: BLOCK_M slots by BLOCK_N columns (t_w, co) by BLOCK_CI channels; "KERNEL" names this module for
+    forward.py's launcher. Measured on the H200 (benchmarks/RESULTS.md, eighteenth session): 256 columns took 255
+    registers (spilling on vae_k4s2p1) and 2-3.6x the time of 128; 64 channels per step and 256 slots were never the
+    fastest."""
+    if interpreted():
+        return [dict(KERNEL="tap_columns", BLOCK_M=32, BLOCK_N=32, BLOCK_CI=16, num_warps=4, num_stages=1)]
+    return [
+        dict(KERNEL="tap_columns", BLOCK_M=m, BLOCK_N=128, BLOCK_CI=32, num_warps=w, num_stages=3)
+        for m, w in [(128, 4), (128, 8), (64, 4)]
+    ]
+
+
+@functools.lru_cache(maxsize=256)
+def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int):
+    """(grid, the kernel's sizes, blocks, constexprs) of a config for a layer: once per layer, as host time shows."""
+    d_min, halo = w_shifts(plan)
+    n, c_in, (d, h, w_in) = plan.batch, plan.in_channels, plan.input_spatial
+    groups = plan.groups
+    cin_g, cout_g = c_in // groups, plan.out_channels // groups
+    od, oh, ow = plan.output_spatial
+    (kd, kh, kw), (s_d, s_h, s_w) = plan.kernel_size, plan.stride
+    (p_d, p_h, p_w), (dl_d, dl_h, dl_w) = plan.padding, plan.dilation
+    kw_p2 = next_power_of_2(kw)
+    block_co = max(1, min(block_n // kw_p2, next_power_of_2(cout_g)))
+    block_co = max(block_co, 16 // kw_p2)  # tensor-core tiles are at least 16 wide
+    block_ci = max(16, min(block_ci, next_power_of_2(cin_g)))
+    u_h, u_w = cdiv(oh, s_h), cdiv(ow, s_w)
+    tiles = cdiv(u_h * (u_w + halo) - halo, block_m - halo)
+    co_blocks = cdiv(cout_g, block_co)
+    grid = (n * od * s_h * tiles * co_blocks * groups,)
+    sizes = (cin_g, cout_g, d, h, w_in, od, oh, ow, kd, kh)
+    blocks = (u_h, u_w, tiles, co_blocks, groups)
+    constexprs = (
+        ("S_D", s_d), ("S_H", s_h), ("S_W", s_w), ("P_D", p_d), ("P_H", p_h), ("P_W", p_w),
+        ("DIL_D", dl_d), ("DIL_H", dl_h), ("DIL_W", dl_w), ("STEP_D", s_d // math.gcd(s_d, dl_d)),
+        ("STEP_H", s_h // math.gcd(s_h, dl_h)), ("KW", kw), ("KW_P2", kw_p2), ("DMIN", d_min), ("HALO", halo),
+        ("BLOCK_M", block_m), ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci), ("EVEN_CI", cin_g % block_ci == 0))
+    return grid, sizes, blocks, constexprs
+
+
+def launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
+    """One launch on forward._operands' results (x channels-last, w tap-major and K-major)."""
+    grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_CI"])
+    _kernel.launch(
+        grid, (x, x_lo, w, w_lo, bias if bias is not None else w, out), (*sizes, *x.stride(), *out.stride(), *blocks),
+        (*constexprs, ("HAS_BIAS", bias is not None), ("PRECISION", precision), ("INTERPRETED", interpreted()),
+         ("DIAG", cfg.get("DIAG", 0)), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
+
+
+_kernel = Launcher(tap_columns_kernel)

@@ -1,0 +1,139 @@
+"""The Triton forward with the W taps as GEMM columns (backends/triton/tap_columns.py), under TRITON_INTERPRET=1 on
+the CPU (and natively on a GPU)."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import assert_close_rel, layer_args, random_config
+
+triton = pytest.importorskip("triton")
+from convt3d.backends.triton import forward, tap_columns  # noqa: E402
+from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402
+from convt3d.plan import make_plan  # noqa: E402
+from test_triton_forward import round_to_tf32, tensors  # noqa: E402
+
+
+def layer(kernel, stride, padding, spatial, in_channels=5, out_channels=3, batch=1, groups=1, dilation=1,
+          output_padding=0, bias=True):
+    return dict(batch=batch, in_channels=in_channels, out_channels=out_channels, groups=groups, kernel_size=kernel,
+                stride=stride, padding=padding, dilation=dilation, output_padding=output_padding, spatial=spatial,
+                bias=bias)
+
+
+CASES = [
+    # k4 s2 p1 (VAE decoder): taps reaching both column phases, shifts -1, 0 and 1; rows split between programs.
+    layer((4, 4, 4), 2, 1, (2, 3, 5)),
+    # k3 s2 p1 output_padding 1 (video decoder), over two groups, channels not a multiple of the K block.
+    layer((3, 3, 3), 2, 1, (2, 4, 6), in_channels=20, out_channels=6, groups=2, output_padding=1, batch=2),
+    # k3 s1 p1: one column phase, three shifts; more output channels than one block.
+    layer((3, 3, 3), 1, 1, (2, 3, 7), in_channels=6, out_channels=40),
+    # Problem 77 in miniature: dilation 2, one column phase of two empty.
+    layer((3, 3, 3), 2, 1, (3, 3, 6), in_channels=4, out_channels=8, dilation=2, bias=False),
+    # Mixed strides and dilations along D and H, KW = 1 (no shift), width 1.
+    layer((2, 3, 1), (3, 2, 1), (1, 0, 0), (2, 3, 1), dilation=(2, 1, 1), output_padding=(1, 1, 0)),
+    # Padding larger than the kernel along W: whole column phases read nothing, shifts all positive.
+    layer((1, 2, 3), (1, 2, 2), (0, 1, 4), (2, 3, 9), output_padding=(0, 1, 1)),
+]
+
+# The interpreter's config (on a GPU: the first of the library's, and the one with the fewest slots per tile).
+CONFIGS = [tap_columns.configs()[0], min(tap_columns.configs(), key=lambda cfg: cfg["BLOCK_M"])]
+
+
+def run(x, w, b, cfg, precision, config):
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    assert tap_columns.unsupported_reason(plan) is None
+    y = forward.conv_transpose3d_triton(x, w, b, plan, precision=precision, config=config)
+    assert y.shape == plan.output_shape
+    return y
+
+
+def reference(x, w, b, cfg):
+    return F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=("first", "smallest"))
+@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
+def test_tf32_rounds_operands_to_nearest(cfg, config):
+    x, w, b = tensors(cfg, torch.float32)
+    y = run(x, w, b, cfg, TF32, config)
+    # Exactly the products of the TF32-rounded operands, summed in float32.
+    assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
+    assert_close_rel(y, reference(x, w, b, cfg), 2e-3)  # TF32 keeps 11 significant bits
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
+def test_tf32x3_is_float32_accurate(cfg):
+    x, w, b = tensors(cfg, torch.float32)
+    assert_close_rel(run(x, w, b, cfg, TF32X3, CONFIGS[0]), reference(x, w, b, cfg), 1e-6)
+
+
+# float16 keeps 11 significant bits, bfloat16 8: the output's own rounding dominates.
+@pytest.mark.parametrize("dtype, rel", [(torch.float16, 2e-3), (torch.bfloat16, 1.5e-2)])
+@pytest.mark.parametrize("cfg", CASES[:3], ids=range(3))
+def test_half_precision(cfg, dtype, rel):
+    x, w, b = tensors(cfg, dtype)
+    y = run(x, w, b, cfg, NATIVE, CONFIGS[0])
+    assert y.dtype == dtype
+    assert_close_rel(y, reference(x, w, b, cfg), rel)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_layers_tf32x3(seed):
+    rng = random.Random(9100 + seed)
+    cfg = random_config(rng)
+    while tap_columns.unsupported_reason(make_plan(
+            (1, cfg["in_channels"], *cfg["spatial"]),
+            (cfg["in_channels"], cfg["out_channels"] // cfg["groups"], *cfg["kernel_size"]), **layer_args(cfg))):
+        cfg = random_config(rng)
+    cfg["batch"] = max(1, cfg["batch"])
+    x, w, b = tensors(cfg, torch.float32)
+    assert_close_rel(run(x, w, b, cfg, TF32X3, CONFIGS[0]), reference(x, w, b, cfg), 1e-6, str(cfg))
+
+
+def test_every_element_written_and_inputs_untouched():
+    """The output is allocated uninitialised: poison what the allocator hands out and check no NaN survives."""
+    cfg = CASES[1]
+    x, w, b = tensors(cfg, torch.float32)
+    x_before, w_before = x.clone(), w.clone()
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    torch.empty = poisoned_empty
+    try:
+        y = run(x, w, b, cfg, TF32X3, CONFIGS[0])
+    finally:
+        torch.empty = real_empty
+    assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
+    assert torch.equal(x, x_before) and torch.equal(w, w_before)
+
+
+def test_channels_last_input_keeps_pytorchs_memory_format():
+    cfg = CASES[0]
+    x, w, b = tensors(cfg, torch.float32)
+    y = run(x.to(memory_format=torch.channels_last_3d), w, b, cfg, TF32X3, CONFIGS[0])
+    assert y.is_contiguous(memory_format=torch.channels_last_3d)
+    assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
+
+
+@pytest.mark.parametrize("args, reason", [
+    (dict(stride=3), "stride along W"),
+    (dict(kernel_size=(1, 1, 10)), "span more than 8"),
+])
+def test_layers_it_does_not_serve_say_why(args, reason):
+    kernel = args.pop("kernel_size", (3, 3, 3))
+    plan = make_plan((1, 4, 3, 3, 12), (4, 2, *kernel), **args)
+    assert reason in tap_columns.unsupported_reason(plan)
+    assert not any(cfg.get("KERNEL") == "tap_columns" for cfg in forward.candidates(plan))
+
+
+def test_shifts_and_halo():
+    # k4 s2 p1: taps 1, 3 reach even columns from input columns u and u - 1, taps 0, 2 odd ones from u + 1 and u.
+    assert tap_columns.w_shifts(make_plan((1, 1, 2, 2, 2), (1, 1, 4, 4, 4), stride=2, padding=1)) == (-1, 2)
+    # k2 s2 (kernel == stride): every tap from input column u.
+    assert tap_columns.w_shifts(make_plan((1, 1, 2, 2, 2), (1, 1, 2, 2, 2), stride=2)) == (0, 0)
