@@ -1,5 +1,6 @@
-"""The general Triton forward (backends/triton/forward.py) on sweep layers (GPU): the kernel alone per tile config,
-the library's configs and candidates beside them, against eager, the `torch` path and the autotuned Triton call.
+"""The Triton forward's two kernels (backends/triton/forward.py and tap_columns.py) on sweep layers (GPU): the
+kernel alone per tile config of the library's (the autotuner's candidates), against eager, the `torch` path and
+the autotuned Triton call.
 
     PYTHONPATH=src python3 benchmarks/diag_forward.py [--iters 30] [--layers vae_k4s2p1,...] [--modes tf32,off]
 
@@ -18,12 +19,10 @@ from convt3d.backends.triton import forward as tf
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.bench.workloads import DTYPES, load_sweep
 
-# (BLOCK_M, BLOCK_CO, BLOCK_CI, num_warps, num_stages): wider channel blocks than the library's list, which was
-# tuned on problem 77's 32 input channels.
-CANDIDATES = [
-    (128, 64, 64, 4, 3), (128, 64, 64, 8, 3), (128, 64, 64, 4, 2), (256, 64, 64, 8, 3), (256, 64, 64, 8, 2),
-    (128, 128, 64, 8, 3), (64, 64, 64, 4, 3), (64, 64, 32, 4, 4), (128, 32, 64, 4, 3), (256, 128, 32, 8, 3),
-]
+def config_label(cfg):
+    if cfg.get("KERNEL") == "tap_columns":
+        return "tap_columns {BLOCK_M}x{BLOCK_N}x{BLOCK_CI} w{num_warps} s{num_stages}".format(**cfg)
+    return "general {BLOCK_M}x{BLOCK_CO}x{BLOCK_CI} w{num_warps} s{num_stages}".format(**cfg)
 
 
 def main():
@@ -34,9 +33,6 @@ def main():
     parser.add_argument("--modes", default="tf32")
     args = parser.parse_args()
     layers = {layer.name: layer for layer in load_sweep(None)}
-    configs = [(cfg, "lib") for cfg in tf._configs()] + [
-        (dict(BLOCK_M=m, BLOCK_CO=co, BLOCK_CI=ci, num_warps=w, num_stages=s, PER_SM=0), "new")
-        for m, co, ci, w, s in CANDIDATES]
     rows = []
     for name in args.layers.split(","):
         layer = layers[name]
@@ -77,10 +73,10 @@ def main():
             if precision == tf.TF32:
                 add("triton 3xTF32, autotuned", lambda: tf.conv_transpose3d_triton(x, w, b, plan, tf.TF32X3))
             add("operand pass", lambda: tf._operands(x, w, plan.groups, precision))
-            for cfg, origin in configs:
+            for cfg in tf.candidates(plan):
                 out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
-                label = "{} {BLOCK_M}x{BLOCK_CO}x{BLOCK_CI} w{num_warps} s{num_stages}".format(origin, **cfg)
-                add(label, lambda cfg=cfg, out=out: tf._launch(cfg, plan, *operands, b, out, precision), out)
+                add(config_label(cfg), lambda cfg=cfg, out=out: tf._launch(cfg, plan, *operands, b, out, precision),
+                    out)
             del operands
     torch.backends.cudnn.allow_tf32 = True
     print("| layer | mode | variant | mean ms | min ms | check, rel. err. vs float64 |")

@@ -1,0 +1,96 @@
+"""The tap_columns kernel (backends/triton/tap_columns.py) per tile config on sweep layers (GPU): the kernel alone,
+the same without its epilogue's gather (DIAG 1, a wrong result, to time the gather), and its registers, spills and
+shared memory, beside eager and two configs of the general kernel.
+
+    PYTHONPATH=src python3 benchmarks/diag_tap_columns.py [--iters 30] [--layers vae_k4s2p1,...]
+
+Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), on operands laid out
+beforehand. Each output is NaN-poisoned before its first call, then checked against eager (KernelBench's check)
+and float64 (relative error), TF32 mode.
+"""
+
+import argparse
+
+import torch
+
+from convt3d.backends.triton import forward as tf
+from convt3d.backends.triton import tap_columns
+from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
+from convt3d.bench.workloads import DTYPES, load_sweep
+
+# (BLOCK_M, BLOCK_N, BLOCK_CI, num_warps, num_stages)
+TAP_COLUMNS = [
+    (128, 256, 32, 8, 3), (128, 256, 32, 8, 2), (64, 256, 32, 8, 3), (64, 256, 64, 8, 2), (128, 128, 32, 4, 3),
+    (128, 128, 32, 8, 3), (64, 128, 32, 4, 3), (128, 128, 64, 4, 2), (256, 128, 32, 8, 3),
+]
+GENERAL = [(128, 64, 32, 4, 3), (128, 64, 64, 4, 2)]  # (BLOCK_M, BLOCK_CO, BLOCK_CI, num_warps, num_stages)
+
+
+def compiled_kernels(fn):
+    """Every kernel Triton compiled from fn so far (its JIT caches, whose layout varies between versions)."""
+    kernels = []
+    for cache in fn.device_caches.values():
+        kernels += [k for k in cache[0].values() if hasattr(k, "n_regs")]
+    return kernels
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--layers", default="vae_k4s2p1,video_k3s2p1op1,k3s1p1,vae_k4s2p1_fp16")
+    args = parser.parse_args()
+    layers = {layer.name: layer for layer in load_sweep(None)}
+    rows = []
+    for name in args.layers.split(","):
+        layer = layers[name]
+        dtype = DTYPES[layer.dtype]
+        plan = layer.plan()
+        torch.manual_seed(0)
+        module = layer.module().cuda().to(dtype)
+        x = torch.rand(layer.input_shape, device="cuda", dtype=dtype)
+        w, b = module.weight.detach(), module.bias.detach() if module.bias is not None else None
+        reference = torch.nn.functional.conv_transpose3d(
+            x.double(), w.double(), b.double() if b is not None else None, plan.stride, plan.padding,
+            plan.output_padding, plan.groups, plan.dilation)
+        precision = tf.precision_for(dtype)
+        with torch.no_grad():
+            expected = module(x)
+        operands = tf._operands(x, w, plan.groups, precision)
+        t = time_cuda(lambda: module(x), iters=args.iters)
+        rows.append((name, "eager", t.mean_ms, t.min_ms, ""))
+        configs = [("general {}x{}x{} w{} s{}".format(*c), dict(BLOCK_M=c[0], BLOCK_CO=c[1], BLOCK_CI=c[2],
+                                                                  num_warps=c[3], num_stages=c[4], PER_SM=0))
+                   for c in GENERAL]
+        for c in TAP_COLUMNS:
+            cfg = dict(KERNEL="tap_columns", BLOCK_M=c[0], BLOCK_N=c[1], BLOCK_CI=c[2], num_warps=c[3], num_stages=c[4])
+            configs += [("tap_columns {}x{}x{} w{} s{}".format(*c), cfg), ("  same, no gather", dict(cfg, DIAG=1))]
+        for label, cfg in configs:
+            out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
+            before = {id(k) for k in compiled_kernels(tap_columns.tap_columns_kernel)}
+
+            def call(cfg=cfg, out=out):
+                tf._launch(cfg, plan, *operands, b, out, precision)
+
+            try:
+                call()
+                text = "" if cfg.get("DIAG") else (
+                    f"KB {kernelbench_check(out, expected)}, {relative_error(out, reference):.1e}")
+                t = time_cuda(call, iters=args.iters)
+            except Exception as error:  # a config that does not fit: say so and go on
+                rows.append((name, label, float("nan"), float("nan"), repr(error)[:80]))
+                continue
+            new = [k for k in compiled_kernels(tap_columns.tap_columns_kernel) if id(k) not in before]
+            if new:
+                k = new[0]
+                text += f"; {k.n_regs} regs, {k.n_spills} spills, {k.metadata.shared // 1024} KB shared"
+            rows.append((name, label, t.mean_ms, t.min_ms, text))
+            print(rows[-1], flush=True)
+        del operands
+    print("| layer | variant | mean ms | min ms | check, rel. err. vs float64; resources |")
+    print("|---|---|---|---|---|")
+    for name, label, mean, low, text in rows:
+        print(f"| {name} | {label} | {mean:.4f} | {low:.4f} | {text} |")
+
+
+if __name__ == "__main__":
+    main()
