@@ -15,6 +15,9 @@ round (PRECISION 1: TF32, to nearest with ties away, as cuDNN's conversion does;
 or split (PRECISION 2: TF32 high part and TF32 remainder; three dots, 3xTF32, about float32
 accuracy), so that loads feed the tensor cores directly. PRECISION 0 is the native dot of
 float16/bfloat16 operands. Accumulation is float32 always.
+
+tap_columns.py holds a second kernel on the same operands, with the taps along W as GEMM columns;
+conv_transpose3d_triton autotunes over the configs of both (candidates()).
 """
 
 from __future__ import annotations
