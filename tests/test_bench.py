@@ -127,3 +127,18 @@ def test_cpu_mode_end_to_end(tmp_path, capsys):
             assert row["kernelbench_check"] is True and row["rel_err_fp64"] < 1e-5
     if plot is not None:
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rows_carry_the_choices_convt3d_made(monkeypatch):
+    # A layer's first call in each mode logs which backend "auto" took (and on a GPU the Triton tile config); the
+    # row of the implementation that made the call keeps those lines. A fresh choice cache, so that this call chooses.
+    from convt3d import functional
+    from convt3d.bench.runner import run_layer
+    from convt3d.bench.workloads import Layer
+
+    monkeypatch.setattr(functional, "_choice", {})
+    layer = Layer(name="tiny", in_channels=2, out_channels=2, kernel_size=2, stride=2, padding=0, dilation=1,
+                  bias=True, input_shape=[1, 2, 2, 3, 3]).validate()
+    rows = {r["implementation"]: r for r in run_layer(layer, torch.device("cpu"), compile=False, iters=1)}
+    assert any("auto chose" in line for line in rows["convt3d"]["decisions"])
+    assert "decisions" not in rows["PyTorch eager"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
 from contextlib import nullcontext
 from typing import Callable
 
@@ -66,13 +68,15 @@ def run_layer(layer: Layer, device: torch.device, backward: bool = False, compil
     rows = []
     with torch.no_grad():
         for name, fn, tf32 in impls:
-            log(f"{name}: checking")
-            check, err = _correctness(layer, fn, eager, dtype, device, tf32 if on_gpu else None)
-            log(f"{name}: timing")
-            x = torch.rand(layer.input_shape, device=device, dtype=dtype)
-            with _tf32(tf32) if on_gpu else nullcontext():
-                timing = _time(lambda: fn(x), on_gpu, iters)
-            rows.append(_row(name, timing, rel_err_fp64=err, kernelbench_check=check))
+            with _decisions() as decisions:
+                log(f"{name}: checking")
+                check, err = _correctness(layer, fn, eager, dtype, device, tf32 if on_gpu else None)
+                log(f"{name}: timing")
+                x = torch.rand(layer.input_shape, device=device, dtype=dtype)
+                with _tf32(tf32) if on_gpu else nullcontext():
+                    timing = _time(lambda: fn(x), on_gpu, iters)
+            extra = dict(decisions=decisions) if decisions else {}
+            rows.append(_row(name, timing, rel_err_fp64=err, kernelbench_check=check, **extra))
         out_shape = layer.plan().output_shape
         if on_gpu:
             buf = torch.empty(out_shape, device=device, dtype=dtype)
@@ -87,6 +91,28 @@ def run_layer(layer: Layer, device: torch.device, backward: bool = False, compil
         rows += _backward_rows(layer, eager, ours, dtype, device, iters)
     _relate(rows)
     return rows
+
+
+@contextlib.contextmanager
+def _decisions():
+    """The choices convt3d logs (at debug level) while the block runs: which backend `auto` took, which Triton tile
+    config the autotuner kept and its candidates' times. Made on a layer's first call in each mode, they go into the
+    row of the implementation that made them, so that a figure can be read with what produced it."""
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("convt3d")
+    handler, level = Collect(logging.DEBUG), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _time(fn, on_gpu: bool, iters: int | None) -> Timing:
