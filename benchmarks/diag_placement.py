@@ -35,10 +35,7 @@ def main():
         layer = layers[name]
         dtype = DTYPES[layer.dtype]
         plan = layer.plan()
-        torch.manual_seed(0)
-        module = layer.module().cuda().to(dtype)
-        w, b = module.weight.detach(), module.bias.detach() if module.bias is not None else None
-        x = torch.rand(layer.input_shape, device="cuda", dtype=dtype)
+        _, x, w, b, _ = layer.kernel_case("cuda")
 
         with torch.no_grad():
             expected = conv_transpose3d(x, w, b, plan)  # autotunes once

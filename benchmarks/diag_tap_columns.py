@@ -45,13 +45,7 @@ def main():
         layer = layers[name]
         dtype = DTYPES[layer.dtype]
         plan = layer.plan()
-        torch.manual_seed(0)
-        module = layer.module().cuda().to(dtype)
-        x = torch.rand(layer.input_shape, device="cuda", dtype=dtype)
-        w, b = module.weight.detach(), module.bias.detach() if module.bias is not None else None
-        reference = torch.nn.functional.conv_transpose3d(
-            x.double(), w.double(), b.double() if b is not None else None, plan.stride, plan.padding,
-            plan.output_padding, plan.groups, plan.dilation)
+        module, x, w, b, reference = layer.kernel_case("cuda")
         precision = tf.precision_for(dtype)
         with torch.no_grad():
             expected = module(x)

@@ -142,3 +142,16 @@ def test_rows_carry_the_choices_convt3d_made(monkeypatch):
     rows = {r["implementation"]: r for r in run_layer(layer, torch.device("cpu"), compile=False, iters=1)}
     assert any("auto chose" in line for line in rows["convt3d"]["decisions"])
     assert "decisions" not in rows["PyTorch eager"]
+
+
+def test_kernel_case_is_the_seeded_module_and_its_float64_result():
+    from convt3d.bench.workloads import Layer
+
+    layer = Layer(name="tiny", in_channels=3, out_channels=4, kernel_size=3, stride=2, padding=1, dilation=1,
+                  bias=True, input_shape=[2, 3, 2, 3, 4]).validate()
+    module, x, w, b, reference = layer.kernel_case("cpu")
+    again = layer.kernel_case("cpu")[0]
+    assert torch.equal(module.weight, again.weight)  # seeded: every script times the same weights
+    assert w is not module.weight and torch.equal(w, module.weight) and not w.requires_grad
+    expected = torch.nn.functional.conv_transpose3d(x.double(), w.double(), b.double(), stride=2, padding=1)
+    assert reference.dtype == torch.float64 and torch.equal(reference, expected)

@@ -65,6 +65,20 @@ class Layer:
         w = torch.randn(self.weight_shape(), device=device, dtype=dtype) * 0.05
         return plan, phase.axes, x, w
 
+    def kernel_case(self, device) -> tuple:
+        """For timing kernels on their own: (the nn module in the layer's dtype, its weights seeded with 0, a fresh
+        random input, the module's weight and bias detached, the layer's float64 result on them)."""
+        dtype = DTYPES[self.dtype]
+        torch.manual_seed(0)
+        module = self.module().to(device=device, dtype=dtype)
+        x = torch.rand(self.input_shape, device=device, dtype=dtype)
+        w, b = module.weight.detach(), module.bias.detach() if module.bias is not None else None
+        plan = self.plan()
+        reference = torch.nn.functional.conv_transpose3d(
+            x.double(), w.double(), b.double() if b is not None else None, plan.stride, plan.padding,
+            plan.output_padding, plan.groups, plan.dilation)
+        return module, x, w, b, reference
+
     def training_case(self, device) -> tuple:
         """For forward+backward timings: (the nn module, convt3d's with the same weights, a fresh random input
         that requires grad, a fresh random gradient of the output)."""
