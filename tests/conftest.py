@@ -23,6 +23,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def nan_poisoned_allocator(monkeypatch):
+    """Every torch.empty hands out NaN-filled memory, so an element a kernel skips shows up. (Integer buffers, such
+    as autotuning's, stay as they are.)"""
+    real_empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+
+
 def random_config(rng: random.Random, max_size: int = 5) -> dict:
     """A random valid ConvTranspose3d configuration, small enough for float64 on the CPU."""
     while True:
