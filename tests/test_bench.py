@@ -1,6 +1,7 @@
 """The bench CLI's protocol helpers, workloads, JSON schema, and its CPU mode end to end at a tiny size."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -139,9 +140,18 @@ def test_rows_carry_the_choices_convt3d_made(monkeypatch):
     monkeypatch.setattr(functional, "_choice", {})
     layer = Layer(name="tiny", in_channels=2, out_channels=2, kernel_size=2, stride=2, padding=0, dilation=1,
                   bias=True, input_shape=[1, 2, 2, 3, 3]).validate()
+    # The caller's logging as logging.basicConfig(level=INFO) sets it up: a root handler that takes every level
+    # (records passed up from convt3d's logger skip the root's own level). The debug lines must not reach it.
+    shown = []
+    root_handler = logging.Handler()
+    root_handler.emit = shown.append
+    monkeypatch.setattr(logging.getLogger(), "handlers", [root_handler])
+    monkeypatch.setattr(logging.getLogger(), "level", logging.INFO)
     rows = {r["implementation"]: r for r in run_layer(layer, torch.device("cpu"), compile=False, iters=1)}
     assert any("auto chose" in line for line in rows["convt3d"]["decisions"])
     assert "decisions" not in rows["PyTorch eager"]
+    assert not [r for r in shown if r.levelno < logging.INFO]
+    assert not logging.getLogger("convt3d").handlers and logging.getLogger("convt3d").propagate
 
 
 def test_kernel_case_is_the_seeded_module_and_its_float64_result():

@@ -105,7 +105,9 @@ def _decisions():
             messages.append(record.getMessage())
 
     logger = logging.getLogger("convt3d")
-    handler, level = Collect(logging.DEBUG), logger.level
+    handler, level, propagate = Collect(logging.DEBUG), logger.level, logger.propagate
+    # Debug lines the caller's logging would not have shown stay here (handlers up the tree see every level).
+    logger.propagate = propagate and logger.isEnabledFor(logging.DEBUG)
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
     try:
@@ -113,6 +115,7 @@ def _decisions():
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _time(fn, on_gpu: bool, iters: int | None) -> Timing:
