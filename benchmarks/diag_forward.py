@@ -17,6 +17,7 @@ import torch
 from convt3d.backends.torch_phase import conv_transpose3d as torch_phase_forward
 from convt3d.backends.triton import forward as tf
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
+from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import DTYPES, load_sweep
 
 def config_label(cfg):
@@ -73,10 +74,7 @@ def main():
                     out)
             del operands
     torch.backends.cudnn.allow_tf32 = True
-    print("| layer | mode | variant | mean ms | min ms | check, rel. err. vs float64 |")
-    print("|---|---|---|---|---|---|")
-    for name, mode, label, mean, low, text in rows:
-        print(f"| {name} | {mode} | {label} | {mean:.4f} | {low:.4f} | {text} |")
+    print(markdown_table(["layer", "mode", "variant", "mean ms", "min ms", "check, rel. err. vs float64"], rows))
 
 
 if __name__ == "__main__":

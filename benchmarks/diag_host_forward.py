@@ -14,6 +14,7 @@ import torch
 
 from convt3d import convert
 from convt3d.bench.protocol import host_time_cuda, time_cuda
+from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import DTYPES, load_sweep
 
 
@@ -41,10 +42,8 @@ def main():
                 host = host_time_cuda(lambda: module(x), calls=args.iters)
                 rows.append((name, label, cold.mean_ms, cold.min_ms, queued.mean_ms, host))
                 print(rows[-1], flush=True)
-    print("| layer | implementation | cold mean ms | cold min ms | queued mean ms | host ms (median) |")
-    print("|---|---|---|---|---|---|")
-    for name, label, mean, low, queued, host in rows:
-        print(f"| {name} | {label} | {mean:.4f} | {low:.4f} | {queued:.4f} | {host:.4f} |")
+    print(markdown_table(["layer", "implementation", "cold mean ms", "cold min ms", "queued mean ms",
+                          "host ms (median)"], rows))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import torch
 from convt3d.backends.triton import conv_transpose3d
 from convt3d.backends.triton import forward as tf
 from convt3d.bench.protocol import time_cuda
+from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import DTYPES, load_sweep
 
 OFFSETS_KB = [0, 4, 64, 260, 1024, 2044, 3000, 6144]
@@ -65,10 +66,7 @@ def main():
                                  "kernel alone" if label == "output" else "whole call"))
                     print(rows[-1], flush=True)
             del out_pool, in_pool, outputs, inputs, operands
-    print("| layer | placed | offset KB | address mod 2 MB | mean ms | min ms | what |")
-    print("|---|---|---|---|---|---|---|")
-    for name, label, kb, offset, mean, low, what in rows:
-        print(f"| {name} | {label} | {kb} | {offset} | {mean:.4f} | {low:.4f} | {what} |")
+    print(markdown_table(["layer", "placed", "offset KB", "address mod 2 MB", "mean ms", "min ms", "what"], rows))
 
 
 if __name__ == "__main__":

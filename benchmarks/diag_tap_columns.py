@@ -16,6 +16,7 @@ import torch
 from convt3d.backends.triton import forward as tf
 from convt3d.backends.triton import tap_columns
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
+from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import DTYPES, load_sweep
 
 # (BLOCK_M, BLOCK_N, BLOCK_CI, num_warps, num_stages)
@@ -80,10 +81,7 @@ def main():
             rows.append((name, label, t.mean_ms, t.min_ms, text))
             print(rows[-1], flush=True)
         del operands
-    print("| layer | variant | mean ms | min ms | check, rel. err. vs float64; resources |")
-    print("|---|---|---|---|---|")
-    for name, label, mean, low, text in rows:
-        print(f"| {name} | {label} | {mean:.4f} | {low:.4f} | {text} |")
+    print(markdown_table(["layer", "variant", "mean ms", "min ms", "check, rel. err. vs float64; resources"], rows))
 
 
 if __name__ == "__main__":

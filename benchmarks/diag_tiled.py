@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from convt3d.backends.triton import tiled
 from convt3d.backends.triton.forward import precision_for
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
+from convt3d.bench.report import markdown_table
 from convt3d.plan import make_plan
 
 SWEEP = pathlib.Path(__file__).with_name("sweep.json")
@@ -98,10 +99,7 @@ def main():
                 print(rows[-1], flush=True)
             del operands, variants
     torch.backends.cudnn.allow_tf32 = True
-    print("| layer | mode | variant | mean ms | min ms | check, rel. err. vs float64 |")
-    print("|---|---|---|---|---|---|")
-    for name, mode, label, mean, low, note in rows:
-        print(f"| {name} | {mode} | {label} | {mean:.4f} | {low:.4f} | {note} |")
+    print(markdown_table(["layer", "mode", "variant", "mean ms", "min ms", "check, rel. err. vs float64"], rows))
 
 
 if __name__ == "__main__":

@@ -165,3 +165,12 @@ def test_kernel_case_is_the_seeded_module_and_its_float64_result():
     assert w is not module.weight and torch.equal(w, module.weight) and not w.requires_grad
     expected = torch.nn.functional.conv_transpose3d(x.double(), w.double(), b.double(), stride=2, padding=1)
     assert reference.dtype == torch.float64 and torch.equal(reference, expected)
+
+
+def test_markdown_table_prints_times_to_four_decimals():
+    from convt3d.bench.report import markdown_table
+
+    text = markdown_table(["layer", "offset KB", "mean ms", "check"], [("vae", 4, 0.12346, "KB True"),
+                                                                      ("k3", 0, float("nan"), "")])
+    assert text.splitlines() == ["| layer | offset KB | mean ms | check |", "|---|---|---|---|",
+                                 "| vae | 4 | 0.1235 | KB True |", "| k3 | 0 | nan |  |"]

@@ -70,6 +70,14 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def markdown_table(header: list[str], rows: list[tuple]) -> str:
+    """The rows as a Markdown table, as the diagnostic scripts print them for benchmarks/RESULTS.md: floats (times in
+    ms) to 4 decimals, anything else as it prints."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def write_json(path: str, env: dict, rows: list[dict], workload: dict | list) -> None:
     with open(path, "w") as f:
         json.dump(dict(environment=env, workload=workload, results=rows), f, indent=2)
