@@ -22,11 +22,14 @@ import torch
 
 from . import interpreted
 
-# Distinct keys kept per kernel before starting over (each layer shape and batch size makes its own).
+# Distinct bindings kept per kernel before starting over (each layer shape and batch size makes its own).
 MAX_KEYS = 64
 
 # The current stream of a device as Triton's own launcher gets it (torch's raw-stream call where it exists).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# The current device's index: torch.cuda.current_device() without its Python wrapper (3-4 us a call on the GPU
+# machine's host under cProfile). Launches follow a CUDA tensor's creation, so CUDA is initialised by then.
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
 
 
 def _current_stream(device: int) -> int:
@@ -36,7 +39,13 @@ def _current_stream(device: int) -> int:
 class Launcher:
     """launcher.launch(grid, pointers, scalars, options) does what kernel[grid](*pointers, *scalars, **options)
     does. The kernel's pointer arguments (named *_ptr) come first, then its other runtime arguments (scalars, all
-    ints), then its constexprs; options is a tuple of (name, value) pairs: constexprs and launch options."""
+    ints), then its constexprs; options is a tuple of (name, value) pairs: constexprs and launch options.
+
+    launcher.bind(grid, scalars, options) is the same launch with all but the pointers fixed, for callers that keep
+    it per layer: calling it hashes only the device and the pointers' dtypes and alignments, not the fifty-odd other
+    arguments. With the forward's launches bound once per layer (and the environment and device lookups below
+    moved off the call), the host time of a forward call on the H200 machine fell from 73-87 to 57-61 us
+    (benchmarks/RESULTS.md, nineteenth session)."""
 
     def __init__(self, kernel):
         names = kernel.arg_names
@@ -44,25 +53,50 @@ class Launcher:
         if any(name.endswith("_ptr") for name in names[self.pointers:]):
             raise ValueError(f"{kernel.__name__}: pointer arguments must come first")
         self.kernel = kernel
-        self._compiled = {}
+        # Whether the kernel runs in Triton's interpreter: triton.jit decided that when it decorated the kernel,
+        # from the same environment variable, at import.
+        self.interpreted = interpreted()
+        self._bound = {}
 
-    def launch(self, grid, pointers, scalars, options):
-        if interpreted():
-            return self.kernel[grid](*pointers, *scalars, **dict(options))
-        device = torch.cuda.current_device()
-        key = (device, tuple((t.dtype, t.data_ptr() % 16 == 0) for t in pointers), grid, scalars, options)
-        hit = self._compiled.get(key)
-        if hit is None:
-            if len(pointers) != self.pointers or not all(type(value) is int for value in scalars):
+    def bind(self, grid, scalars, options) -> "BoundLaunch":
+        key = (grid, scalars, options)
+        bound = self._bound.get(key)
+        if bound is None:
+            if not all(type(value) is int for value in scalars):
                 raise TypeError(f"{self.kernel.__name__}: {self.pointers} pointers, then ints (by value in the key, "
                                 "where True would equal 1)")
-            if len(self._compiled) >= MAX_KEYS:
-                self._compiled.clear()
-            compiled = self.kernel[grid](*pointers, *scalars, **dict(options))
-            # The compiled kernel's runner takes every argument in the kernel's order, constexprs too.
-            named = dict(options)
-            constexprs = tuple(named[name] for name in self.kernel.arg_names[len(pointers) + len(scalars):])
-            self._compiled[key] = (compiled[(*grid, 1, 1)[:3]], constexprs)
+            if len(self._bound) >= MAX_KEYS:
+                self._bound.clear()
+            bound = self._bound[key] = BoundLaunch(self, grid, scalars, options)
+        return bound
+
+    def launch(self, grid, pointers, scalars, options):
+        self.bind(grid, scalars, options)(pointers)
+
+
+class BoundLaunch:
+    """One launch of a kernel with its grid, scalars and options fixed; call it with the pointers. The compiled
+    kernel is kept per current device and the pointers' dtypes and 16-byte alignments."""
+
+    __slots__ = ("kernel", "pointers", "grid", "scalars", "options", "constexprs", "interpreted", "_compiled")
+
+    def __init__(self, launcher: Launcher, grid, scalars, options):
+        self.kernel, self.pointers, self.interpreted = launcher.kernel, launcher.pointers, launcher.interpreted
+        self.grid, self.scalars, self.options = grid, scalars, dict(options)
+        # The compiled kernel's runner takes every argument in the kernel's order, constexprs too.
+        self.constexprs = tuple(self.options[name] for name in self.kernel.arg_names[self.pointers + len(scalars):])
+        self._compiled = {}
+
+    def __call__(self, pointers):
+        if self.interpreted:
+            return self.kernel[self.grid](*pointers, *self.scalars, **self.options)
+        device = _current_device()
+        key = (device, *[(t.dtype, t.data_ptr() % 16 == 0) for t in pointers])
+        runner = self._compiled.get(key)
+        if runner is None:
+            if len(pointers) != self.pointers:
+                raise TypeError(f"{self.kernel.__name__}: {self.pointers} pointers, then ints")
+            compiled = self.kernel[self.grid](*pointers, *self.scalars, **self.options)
+            self._compiled[key] = compiled[(*self.grid, 1, 1)[:3]]
             return
-        runner, constexprs = hit
-        runner(*pointers, *scalars, *constexprs, stream=_current_stream(device))
+        runner(*pointers, *self.scalars, *self.constexprs, stream=_current_stream(device))
