@@ -217,3 +217,34 @@ def test_autotune_keeps_the_fastest_config_that_fits_and_logs_the_times(monkeypa
     assert "{'ms': 0.03} for layer" in caplog.text and "{0: 0.05, 2: 0.03, 3: 0.04}" in caplog.text
     with pytest.raises(RuntimeError, match="no Triton tile config fits"):
         forward._autotune(lambda cfg: None, [dict(), dict()], "layer")
+
+
+@pytest.mark.parametrize("kernel", ["forward", "tiled"])
+def test_the_chosen_configs_launch_serves_later_calls(monkeypatch, kernel):
+    """After its first call a layer's launch is bound once and kept (_chosen), with nothing but the pointers
+    changing between calls. The interpreter never remembers a config (no timing), so the choice is stood in for
+    here: the first candidate, remembered as the autotuner would."""
+    from convt3d.backends.triton import forward, tiled
+
+    module, run_layer = (forward, conv_transpose3d_triton) if kernel == "forward" else (
+        tiled, tiled.conv_transpose3d_tiled)
+    picks = []
+
+    def remember_first(cache, key, candidates, launch, device):
+        picks.append(key)
+        cache[key] = candidates[0]
+        return cache[key]
+
+    monkeypatch.setattr(module, "pick_config", remember_first)
+    monkeypatch.setattr(module, "_best_config", {})
+    monkeypatch.setattr(module, "_chosen", {})
+    cfg = CASES[1] if kernel == "forward" else CASES[3]
+    plan = make_plan(tuple(tensors(cfg, torch.float32)[0].shape), tuple(tensors(cfg, torch.float32)[1].shape),
+                     **layer_args(cfg))
+    for _ in range(3):  # fresh inputs each time, through the same bound launches
+        x, w, b = tensors(cfg, torch.float32)
+        y = run_layer(x, w, b, plan, TF32X3)
+        reference = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None,
+                                       plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation)
+        assert_close_rel(y, reference, 1e-6)
+    assert len(picks) == 1 and len(module._chosen) == 1

@@ -396,24 +396,45 @@ def precision_for(dtype: torch.dtype) -> int:
 
 
 def _operands(input, weight, groups, precision):
-    """(x, x_lo, w, w_lo) as the GEMM reads them: channels-last input and tap-major, K-major weights, TF32-rounded
-    or split into high and low parts for float32 (x_lo, w_lo are x, w where unused)."""
-    c_in, c_out_g = weight.shape[:2]
-    taps = weight[0, 0].numel()
-    w_hi = torch.empty((taps, groups, c_out_g, c_in // groups), dtype=weight.dtype, device=weight.device)
-    w_lo = torch.empty_like(w_hi) if precision == TF32X3 else w_hi
-    n, c, d, h, w = input.shape
-    x_hi = torch.empty((n, d, h, w, c), dtype=input.dtype, device=input.device).permute(0, 4, 1, 2, 3)
-    x_lo = torch.empty_like(x_hi) if precision == TF32X3 else x_hi
+    """(x, x_lo, w, w_lo) as the GEMM reads them, by the operand pass: the input channels-last, (N, D, H, W, C_in),
+    and the weight tap-major and K-major, (taps, groups, C_out/g, C_in/g); TF32-rounded or split into high and low
+    parts for float32 (x_lo, w_lo are x, w where unused)."""
+    operands = _operand_buffers(input, weight, groups, precision)
     flat = input.flatten(2)  # a view where the strides allow, else a copy
+    _operand_pass(tuple(input.shape), tuple(weight.shape), groups, flat.stride(), precision)(
+        (flat, *operands[:2], weight.contiguous(), *operands[2:]))
+    return operands
+
+
+def _operand_buffers(input, weight, groups, precision):
+    c_in, c_out_g, kd, kh, kw = weight.shape
+    w_hi = torch.empty((kd * kh * kw, groups, c_out_g, c_in // groups), dtype=weight.dtype, device=weight.device)
+    n, c, d, h, w = input.shape
+    x_hi = torch.empty((n, d, h, w, c), dtype=input.dtype, device=input.device)
+    if precision == TF32X3:
+        return x_hi, torch.empty_like(x_hi), w_hi, torch.empty_like(w_hi)
+    return x_hi, x_hi, w_hi, w_hi
+
+
+@functools.lru_cache(maxsize=256)
+def _operand_pass(input_shape, weight_shape, groups: int, flat_strides, precision: int):
+    """The operand pass of a layer, for an input with these strides (as (N, C, D*H*W)), bound (launch.BoundLaunch)."""
+    n, c, d, h, w = input_shape
+    c_in, c_out_g = weight_shape[:2]
+    taps = math.prod(weight_shape[2:])
     block_c, block_s, block_w = 32, 64, 1024
     s_blocks = cdiv(d * h * w, block_s)
     x_programs = n * cdiv(c, block_c) * s_blocks
-    _prepare.launch(
-        (x_programs + cdiv(w_hi.numel(), block_w),), (flat, x_hi, x_lo, weight.contiguous(), w_hi, w_lo),
-        (c, d * h * w, s_blocks, x_programs, *flat.stride(), c_in, c_in // groups, c_out_g, taps),
+    return _prepare.bind(
+        (x_programs + cdiv(taps * c_in * c_out_g, block_w),),
+        (c, d * h * w, s_blocks, x_programs, *flat_strides, c_in, c_in // groups, c_out_g, taps),
         (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s), ("BLOCK_W", block_w)))
-    return x_hi, x_lo, w_hi, w_lo
+
+
+def channels_last_strides(plan: Plan) -> tuple[int, ...]:
+    """The strides of _operands' input, (N, D, H, W, C) contiguous, as (N, C, D, H, W)."""
+    c, (d, h, w) = plan.in_channels, plan.input_spatial
+    return d * h * w * c, 1, h * w * c, w * c, c
 
 
 @functools.lru_cache(maxsize=None)
@@ -453,20 +474,35 @@ def pick_config(cache: dict, key, candidates, launch, device: torch.device):
     return config
 
 
+# The bound launch of the chosen config, per key of _best_config: the host looks up one dict between the two launches.
+_chosen: dict = {}
+
+
 def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | None = None, config: dict | None = None):
-    """Check, allocate, launch. input (N, C_in, D, H, W) and weight are validated; any strides."""
+    """Check, allocate, launch. input (N, C_in, D, H, W) and weight are validated; any strides. Everything the
+    kernel's launch needs is found before the operand pass is launched: between the two launches the GPU waits
+    for the host once the pass is done."""
     out, finished = allocate_output(input, weight, bias, plan)
     if finished:
         return out
     precision = precision_for(input.dtype) if precision is None else precision
-    if config is None:  # looked up before the operand pass, so that the host does less between the two launches
-        key = (plan.key, input.dtype, precision, input.device, out.stride(), bias is not None)
-        config = _best_config.get(key)
-    x_hi, x_lo, w_hi, w_lo = _operands(input, weight, plan.groups, precision)
-    if config is None:
-        config = pick_config(_best_config, key, candidates(plan),
-                             lambda cfg: _launch(cfg, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision), input.device)
-    _launch(config, plan, x_hi, x_lo, w_hi, w_lo, bias, out, precision)
+    key = (plan.key, input.dtype, precision, input.device, out.stride(), bias is not None)
+    main = _chosen.get(key) if config is None else None
+    flat = input.flatten(2)  # a view where the strides allow, else a copy
+    operand_pass = _operand_pass(tuple(input.shape), tuple(weight.shape), plan.groups, flat.stride(), precision)
+    x_hi, x_lo, w_hi, w_lo = _operand_buffers(input, weight, plan.groups, precision)
+    operand_pass((flat, x_hi, x_lo, weight.contiguous(), w_hi, w_lo))
+    pointers = (x_hi, x_lo, w_hi, w_lo, bias if bias is not None else w_hi, out)
+    if main is None:
+        device_index = out.device.index or 0
+        chosen = config if config is not None else pick_config(
+            _best_config, key, candidates(plan),
+            lambda cfg: _main_launch(cfg, plan, precision, bias is not None, out.stride(), device_index)(pointers),
+            input.device)
+        main = _main_launch(chosen, plan, precision, bias is not None, out.stride(), device_index)
+        if config is None and key in _best_config:
+            _chosen[key] = main
+    main(pointers)
     return out
 
 
@@ -511,13 +547,20 @@ def candidates(plan: Plan) -> list[dict]:
 
 
 def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
+    """One launch of a config on _operands' results."""
+    _main_launch(cfg, plan, precision, bias is not None, out.stride(), out.device.index or 0)(
+        (x, x_lo, w, w_lo, bias if bias is not None else w, out))
+
+
+def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_index: int):
+    """A config's launch for a layer, bound (launch.BoundLaunch): call it with (x, x_lo, w, w_lo, bias, out)."""
     if cfg.get("KERNEL") == "tap_columns":
-        return tap_columns.launch(cfg, plan, x, x_lo, w, w_lo, bias, out, precision)
+        return tap_columns.bind(cfg, plan, precision, has_bias, out_strides)
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_CO"], cfg["BLOCK_CI"], cfg["PER_SM"],
-                                                out.device.index or 0)
-    _kernel.launch(
-        grid, (x, x_lo, w, w_lo, bias if bias is not None else w, out), (*sizes, *x.stride(), *out.stride(), *blocks),
-        (*constexprs, ("HAS_BIAS", bias is not None), ("PRECISION", precision), ("INTERPRETED", interpreted()),
+                                                device_index)
+    return _kernel.bind(
+        grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
+        (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _kernel.interpreted),
          ("DIAG", cfg.get("DIAG", 0)), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
 
 

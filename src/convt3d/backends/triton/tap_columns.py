@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from . import cdiv, interpreted, next_power_of_2
-from .forward import _axis_taps, load_operands, mma
+from .forward import _axis_taps, channels_last_strides, load_operands, mma
 from .launch import Launcher
 
 
@@ -214,12 +214,13 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int):
     return grid, sizes, blocks, constexprs
 
 
-def launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
-    """One launch on forward._operands' results (x channels-last, w tap-major and K-major)."""
+def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides):
+    """A config's launch for a layer on forward._operands' results (x channels-last, w tap-major and K-major),
+    bound (launch.BoundLaunch): call it with (x, x_lo, w, w_lo, bias, out)."""
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_CI"])
-    _kernel.launch(
-        grid, (x, x_lo, w, w_lo, bias if bias is not None else w, out), (*sizes, *x.stride(), *out.stride(), *blocks),
-        (*constexprs, ("HAS_BIAS", bias is not None), ("PRECISION", precision), ("INTERPRETED", interpreted()),
+    return _kernel.bind(
+        grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
+        (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _kernel.interpreted),
          ("DIAG", cfg.get("DIAG", 0)), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
 
 

@@ -200,22 +200,35 @@ def configs():
 def _operands(input, weight, precision):
     """(x, x_lo, w, w_lo) laid out by the operand pass: the input channels-last (N, D, H, W, C_in) and the weight
     K-major (KD, KH, C_out, KW, C_in), TF32-rounded or split for float32 (x_lo, w_lo are x, w where unused)."""
+    operands = _operand_buffers(input, weight, precision)
+    flat = input.flatten(2)  # a view where the strides allow, else a copy
+    _operand_pass(tuple(input.shape), tuple(weight.shape), flat.stride(), precision)(
+        (flat, *operands[:2], weight.contiguous(), *operands[2:]))
+    return operands
+
+
+def _operand_buffers(input, weight, precision):
     c_in, c_out, kd, kh, kw = weight.shape
     w_hi = torch.empty((kd, kh, c_out, kw, c_in), dtype=weight.dtype, device=weight.device)
-    w_lo = torch.empty_like(w_hi) if precision == TF32X3 else w_hi
     n, c, d, h, w = input.shape
     x_hi = torch.empty((n, d, h, w, c), dtype=input.dtype, device=input.device)
-    x_lo = torch.empty_like(x_hi) if precision == TF32X3 else x_hi
-    flat = input.flatten(2)  # a view where the strides allow, else a copy
+    if precision == TF32X3:
+        return x_hi, torch.empty_like(x_hi), w_hi, torch.empty_like(w_hi)
+    return x_hi, x_hi, w_hi, w_hi
+
+
+@functools.lru_cache(maxsize=256)
+def _operand_pass(input_shape, weight_shape, flat_strides, precision: int):
+    """The operand pass of a layer, for an input with these strides (as (N, C, D*H*W)), bound (launch.BoundLaunch)."""
+    n, c, d, h, w = input_shape
+    c_in, c_out, kd, kh, kw = weight_shape
     block_c, block_s = 32, 64
     s_blocks = cdiv(d * h * w, block_s)
     x_programs = n * cdiv(c, block_c) * s_blocks
     w_programs = cdiv(c_in, block_c) * cdiv(c_out * kd * kh * kw, block_s)
-    _prepare.launch(
-        (x_programs + w_programs,), (flat, x_hi, x_lo, weight.contiguous(), w_hi, w_lo),
-        (c, d * h * w, s_blocks, x_programs, *flat.stride(), c_out, kd * kh, kw),
+    return _prepare.bind(
+        (x_programs + w_programs,), (c, d * h * w, s_blocks, x_programs, *flat_strides, c_out, kd * kh, kw),
         (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s)))
-    return x_hi, x_lo, w_hi, w_lo
 
 
 @functools.lru_cache(maxsize=256)
@@ -243,17 +256,24 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_k: int):
 def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision, strides=None):
     """One launch on _operands' results, or on x and w read through strides (theirs, as (N, C_in, D, H, W) and
     (C_in, C_out, KD, KH, KW))."""
+    _main_launch(cfg, plan, precision, bias is not None, strides, out.stride())(
+        (x, x_lo, w, w_lo, bias if bias is not None else w, out))
+
+
+def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, strides, out_strides):
+    """A config's launch for a layer, bound (launch.BoundLaunch): call it with (x, x_lo, w, w_lo, bias, out)."""
     grid, sizes, prepared, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"])
-    strides = prepared if strides is None else strides
-    _tiled.launch(
-        grid, (x, x_lo, w, w_lo, bias if bias is not None else w, out), (*sizes, *strides, *out.stride(), *blocks),
-        (*constexprs, ("HAS_BIAS", bias is not None), ("PRECISION", precision), ("INTERPRETED", interpreted()),
+    return _tiled.bind(
+        grid, (*sizes, *(prepared if strides is None else strides), *out_strides, *blocks),
+        (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _tiled.interpreted),
          ("SWAP", cfg["SWAP"]), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
 
 
 _prepare = Launcher(prepare_operands_kernel)
 _tiled = Launcher(tiled_kernel)
 _best_config: dict = {}
+# The bound launch of the chosen config, per key of _best_config: the host looks up one dict between the two launches.
+_chosen: dict = {}
 
 
 def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | None = None,
@@ -262,18 +282,30 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     None. Float32 goes through the operand pass, half precision is read as it is. On the H200 (benchmarks/RESULTS.md,
     sixteenth session) float32 read as given, rounded in registers, made the kernel 2.5-5x slower (TF32 tensor-core
     operands must be K-major), while bfloat16 read as given took 0.035-0.036 ms, about the pass and the kernel
-    after it together (0.009 + 0.025), in one launch: the host's time between two launches showed in the timings."""
+    after it together (0.009 + 0.025), in one launch: the host's time between two launches showed in the timings.
+    Everything the kernel's launch needs is found before the operand pass is launched."""
     out, finished = allocate_output(input, weight, bias, plan)
     if finished:
         return out
     precision = precision_for(input.dtype) if precision is None else precision
     strides = None if input.dtype == torch.float32 else (*input.stride(), *weight.stride())
-    if config is None:  # looked up before the operand pass, so that the host does less between the two launches
-        key = (plan.key, input.dtype, precision, input.device, strides, out.stride(), bias is not None)
-        config = _best_config.get(key)
-    operands = _operands(input, weight, precision) if strides is None else (input, input, weight, weight)
-    if config is None:
-        config = pick_config(_best_config, key, configs(),
-                             lambda cfg: _launch(cfg, plan, *operands, bias, out, precision, strides), input.device)
-    _launch(config, plan, *operands, bias, out, precision, strides)
+    key = (plan.key, input.dtype, precision, input.device, strides, out.stride(), bias is not None)
+    main = _chosen.get(key) if config is None else None
+    if strides is None:
+        flat = input.flatten(2)  # a view where the strides allow, else a copy
+        operand_pass = _operand_pass(tuple(input.shape), tuple(weight.shape), flat.stride(), precision)
+        operands = _operand_buffers(input, weight, precision)
+        operand_pass((flat, *operands[:2], weight.contiguous(), *operands[2:]))
+    else:
+        operands = (input, input, weight, weight)
+    pointers = (*operands, bias if bias is not None else operands[2], out)
+    if main is None:
+        chosen = config if config is not None else pick_config(
+            _best_config, key, configs(),
+            lambda cfg: _main_launch(cfg, plan, precision, bias is not None, strides, out.stride())(pointers),
+            input.device)
+        main = _main_launch(chosen, plan, precision, bias is not None, strides, out.stride())
+        if config is None and key in _best_config:
+            _chosen[key] = main
+    main(pointers)
     return out
