@@ -161,7 +161,11 @@ class Plan:
     def __hash__(self) -> int:
         # The key defines the plan, so equal plans hash alike. The generated hash walked the nested axis plans and
         # phases on every lookup of a per-plan cache, some 50 hashes per forward+backward call, whose host time
-        # shows on a GPU (benchmarks/RESULTS.md, fifth session).
+        # shows on a GPU (benchmarks/RESULTS.md, fifth session). Computed once, as AxisPhase's.
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
         return hash(self.key)
 
     @functools.cached_property
