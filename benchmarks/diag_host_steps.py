@@ -1,0 +1,99 @@
+"""Where the host's time goes in one `backend="triton"` forward call (GPU machine).
+
+    PYTHONPATH=src python3 benchmarks/diag_host_steps.py [--calls 300] [--layers k3s1p1,...] [--profile-top 15]
+
+Per layer: the median host time (from a synchronisation to the return) of the whole module call, eager's module
+and functional call beside it, and of the Triton forward's steps called one by one on the same tensors (output
+allocation, operand pass, kernel launch, and a bare torch.empty); then Python's profiler over the module's calls,
+functions by own time per call (the profiler inflates small functions).
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import torch
+
+from convt3d import convert, functional
+from convt3d.backends.triton import forward, interpreted, tiled
+from convt3d.bench.report import markdown_table
+from convt3d.bench.workloads import load_sweep
+
+
+def host_us(fn, calls):
+    samples = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def steps(layer, calls):
+    module, x, w, b, _ = layer.kernel_case("cuda")
+    ours = convert(module, backend="triton")
+    plan = layer.plan()
+    with torch.no_grad():
+        ours(x)  # compile and autotune
+        precision = forward.precision_for(x.dtype)
+        pieces = {
+            "convt3d module": lambda: ours(x),
+            "eager module": lambda: module(x),
+            "validate": lambda: functional.validate(x, w, b, ours.stride, ours.padding, ours.output_padding,
+                                                    ours.groups, ours.dilation),
+            "backends.triton.conv_transpose3d": lambda: functional.run_backend("triton", x, w, b, plan),
+            "torch.empty (output)": lambda: torch.empty(plan.output_shape, device="cuda", dtype=x.dtype),
+            "interpreted()": interpreted,
+        }
+        if tiled.unsupported_reason(plan) is not None:
+            out = forward.allocate_output(x, w, b, plan)[0]
+            config = forward._best_config[(plan.key, x.dtype, precision, x.device, out.stride(), b is not None)]
+            operands = forward._operands(x, w, plan.groups, precision)
+            pieces.update({
+                "allocate_output": lambda: forward.allocate_output(x, w, b, plan),
+                "_operands (3-5 allocations, pass launch)": lambda: forward._operands(x, w, plan.groups, precision),
+                "_launch (main kernel)": lambda: forward._launch(config, plan, *operands, b, out, precision),
+            })
+        return {name: host_us(fn, calls) for name, fn in pieces.items()}, ours, x
+
+
+def profile(ours, x, calls, top):
+    profiler = cProfile.Profile()
+    with torch.no_grad():
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            profiler.enable()
+            ours(x)
+            profiler.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (file, line, name), (_, ncalls, tottime, cumtime, _) in stats.stats.items():
+        rows.append((tottime / calls * 1e6, cumtime / calls * 1e6, ncalls / calls, f"{file.split('/')[-1]}:{line} {name}"))
+    rows.sort(reverse=True)
+    return [(f"{own:.1f}", f"{cum:.1f}", f"{n:g}", where) for own, cum, n, where in rows[:top]]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--layers", default="k3s1p1,video_k3s2p1op1,unet3d_k2s2,vae_k4s2p1")
+    parser.add_argument("--profile-top", type=int, default=15)
+    args = parser.parse_args()
+    layers = {layer.name: layer for layer in load_sweep(None)}
+    for name in args.layers.split(","):
+        times, ours, x = steps(layers[name], args.calls)
+        print(f"\n### {name}: host us, median of {args.calls} calls\n")
+        print(markdown_table(["step", "host us"], [(step, f"{us:.1f}") for step, us in times.items()]))
+        print(f"\nprofile, per call ({name}):\n")
+        print(markdown_table(["own us", "cumulative us", "calls", "function"],
+                             profile(ours, x, args.calls, args.profile_top)))
+
+
+if __name__ == "__main__":
+    main()
