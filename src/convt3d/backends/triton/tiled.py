@@ -27,7 +27,8 @@ import triton.language as tl
 
 from ...plan import Plan
 from . import cdiv, interpreted, next_power_of_2
-from .forward import TF32X3, _channels_last, _store_operand, allocate_output, mma, pick_config, precision_for
+from .forward import (_channels_last, _store_operand, allocate_output, mma, operand_buffers, pick_config,
+                      precision_for)
 from .launch import Launcher
 
 
@@ -209,12 +210,7 @@ def _operands(input, weight, precision):
 
 def _operand_buffers(input, weight, precision):
     c_in, c_out, kd, kh, kw = weight.shape
-    w_hi = torch.empty((kd, kh, c_out, kw, c_in), dtype=weight.dtype, device=weight.device)
-    n, c, d, h, w = input.shape
-    x_hi = torch.empty((n, d, h, w, c), dtype=input.dtype, device=input.device)
-    if precision == TF32X3:
-        return x_hi, torch.empty_like(x_hi), w_hi, torch.empty_like(w_hi)
-    return x_hi, x_hi, w_hi, w_hi
+    return operand_buffers(input, (kd, kh, c_out, kw, c_in), precision)
 
 
 @functools.lru_cache(maxsize=256)
