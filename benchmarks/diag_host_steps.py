@@ -10,28 +10,19 @@ functions by own time per call (the profiler inflates small functions).
 
 import argparse
 import cProfile
-import io
 import pstats
-import statistics
-import time
 
 import torch
 
 from convt3d import convert, functional
 from convt3d.backends.triton import forward, interpreted, tiled
+from convt3d.bench.protocol import host_time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import load_sweep
 
 
 def host_us(fn, calls):
-    samples = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
+    return host_time_cuda(fn, calls) * 1e3
 
 
 def steps(layer, calls):
