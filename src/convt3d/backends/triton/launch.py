@@ -44,8 +44,8 @@ class Launcher:
     launcher.bind(grid, scalars, options) is the same launch with all but the pointers fixed, for callers that keep
     it per layer: calling it hashes only the device and the pointers' dtypes and alignments, not the fifty-odd other
     arguments. With the forward's launches bound once per layer (and the environment and device lookups below
-    moved off the call), the host time of a forward call on the H200 machine fell from 73-87 to 57-61 us
-    (benchmarks/RESULTS.md, nineteenth session)."""
+    moved off the call), the median host time of a forward call on the H200 machine fell from 73-87 to 57-61 us in
+    seven of eight measurements (benchmarks/RESULTS.md, nineteenth session)."""
 
     def __init__(self, kernel):
         names = kernel.arg_names
