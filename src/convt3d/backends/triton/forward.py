@@ -399,7 +399,8 @@ def _operands(input, weight, groups, precision):
     """(x, x_lo, w, w_lo) as the GEMM reads them, by the operand pass: the input channels-last, (N, D, H, W, C_in),
     and the weight tap-major and K-major, (taps, groups, C_out/g, C_in/g); TF32-rounded or split into high and low
     parts for float32 (x_lo, w_lo are x, w where unused)."""
-    operands = operand_buffers(input, _weight_operand_shape(weight.shape, groups), precision)
+    c_in, c_out_g, kd, kh, kw = weight.shape
+    operands = operand_buffers(input, (kd * kh * kw, groups, c_out_g, c_in // groups), precision)
     flat = input.flatten(2)  # a view where the strides allow, else a copy
     _operand_pass(tuple(input.shape), tuple(weight.shape), groups, flat.stride(), precision)(
         (flat, *operands[:2], weight.contiguous(), *operands[2:]))
@@ -415,11 +416,6 @@ def operand_buffers(input, weight_operand_shape, precision):
     if precision == TF32X3:
         return x_hi, torch.empty_like(x_hi), w_hi, torch.empty_like(w_hi)
     return x_hi, x_hi, w_hi, w_hi
-
-
-def _weight_operand_shape(weight_shape, groups: int) -> tuple[int, int, int, int]:
-    c_in, c_out_g, kd, kh, kw = weight_shape
-    return kd * kh * kw, groups, c_out_g, c_in // groups
 
 
 @functools.lru_cache(maxsize=256)
@@ -494,10 +490,7 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
     precision = precision_for(input.dtype) if precision is None else precision
     key = (plan.key, input.dtype, precision, input.device, out.stride(), bias is not None)
     main = _chosen.get(key) if config is None else None
-    flat = input.flatten(2)  # a view where the strides allow, else a copy
-    operand_pass = _operand_pass(tuple(input.shape), tuple(weight.shape), plan.groups, flat.stride(), precision)
-    x_hi, x_lo, w_hi, w_lo = operand_buffers(input, _weight_operand_shape(weight.shape, plan.groups), precision)
-    operand_pass((flat, x_hi, x_lo, weight.contiguous(), w_hi, w_lo))
+    x_hi, x_lo, w_hi, w_lo = _operands(input, weight, plan.groups, precision)
     pointers = (x_hi, x_lo, w_hi, w_lo, bias if bias is not None else w_hi, out)
     if main is None:
         device_index = out.device.index or 0

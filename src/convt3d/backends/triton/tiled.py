@@ -201,16 +201,12 @@ def configs():
 def _operands(input, weight, precision):
     """(x, x_lo, w, w_lo) laid out by the operand pass: the input channels-last (N, D, H, W, C_in) and the weight
     K-major (KD, KH, C_out, KW, C_in), TF32-rounded or split for float32 (x_lo, w_lo are x, w where unused)."""
-    operands = _operand_buffers(input, weight, precision)
+    c_in, c_out, kd, kh, kw = weight.shape
+    operands = operand_buffers(input, (kd, kh, c_out, kw, c_in), precision)
     flat = input.flatten(2)  # a view where the strides allow, else a copy
     _operand_pass(tuple(input.shape), tuple(weight.shape), flat.stride(), precision)(
         (flat, *operands[:2], weight.contiguous(), *operands[2:]))
     return operands
-
-
-def _operand_buffers(input, weight, precision):
-    c_in, c_out, kd, kh, kw = weight.shape
-    return operand_buffers(input, (kd, kh, c_out, kw, c_in), precision)
 
 
 @functools.lru_cache(maxsize=256)
@@ -287,13 +283,7 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     strides = None if input.dtype == torch.float32 else (*input.stride(), *weight.stride())
     key = (plan.key, input.dtype, precision, input.device, strides, out.stride(), bias is not None)
     main = _chosen.get(key) if config is None else None
-    if strides is None:
-        flat = input.flatten(2)  # a view where the strides allow, else a copy
-        operand_pass = _operand_pass(tuple(input.shape), tuple(weight.shape), flat.stride(), precision)
-        operands = _operand_buffers(input, weight, precision)
-        operand_pass((flat, *operands[:2], weight.contiguous(), *operands[2:]))
-    else:
-        operands = (input, input, weight, weight)
+    operands = _operands(input, weight, precision) if strides is None else (input, input, weight, weight)
     pointers = (*operands, bias if bias is not None else operands[2], out)
     if main is None:
         chosen = config if config is not None else pick_config(
