@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .backends import torch_phase
+from .backends import current_cuda_device, torch_phase
 from .plan import Plan, make_plan
 
 
@@ -35,16 +35,11 @@ def _plan_of(input, weight, stride, padding, output_padding, groups, dilation) -
                        tuple(output_padding), groups, tuple(dilation))
 
 
-# torch.cuda.current_device() without its Python wrapper (3-4 us a call on the GPU machine's host); it is asked
-# only about CUDA tensors, whose creation initialised CUDA.
-_current_cuda_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
-
-
 def _off_current_device(t: torch.Tensor) -> bool:
     """Whether t is a CUDA tensor on another GPU than the current one. Triton launches on the current device (and
     "auto" times with its events), so such calls run under torch.cuda.device(t.device), as PyTorch's own ops do:
     a model placed on cuda:1 runs without the caller switching devices."""
-    return t.is_cuda and t.get_device() != _current_cuda_device()
+    return t.is_cuda and t.get_device() != current_cuda_device()
 
 
 def _forward(input, weight, bias, plan: Plan, backend: str) -> torch.Tensor:

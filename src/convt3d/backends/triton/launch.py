@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import current_cuda_device as _current_device
 from . import interpreted
 
 # Distinct bindings kept per kernel before starting over (each layer shape and batch size makes its own).
@@ -27,9 +28,6 @@ MAX_KEYS = 64
 
 # The current stream of a device as Triton's own launcher gets it (torch's raw-stream call where it exists).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-# The current device's index: torch.cuda.current_device() without its Python wrapper (3-4 us a call on the GPU
-# machine's host under cProfile). Launches follow a CUDA tensor's creation, so CUDA is initialised by then.
-_current_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
 
 
 def _current_stream(device: int) -> int:
