@@ -18,7 +18,7 @@ from convt3d.backends.torch_phase import conv_transpose3d as torch_phase_forward
 from convt3d.backends.triton import forward as tf
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.bench.report import markdown_table
-from convt3d.bench.workloads import DTYPES, load_sweep
+from convt3d.bench.workloads import DTYPES, sweep_layers
 
 def config_label(cfg):
     if cfg.get("KERNEL") == "tap_columns":
@@ -33,10 +33,9 @@ def main():
                                             "vae_k4s2p1_fp16,grouped_g4")
     parser.add_argument("--modes", default="tf32")
     args = parser.parse_args()
-    layers = {layer.name: layer for layer in load_sweep(None)}
     rows = []
-    for name in args.layers.split(","):
-        layer = layers[name]
+    for layer in sweep_layers(args.layers):
+        name = layer.name
         dtype = DTYPES[layer.dtype]
         plan = layer.plan()
         module, x, w, b, reference = layer.kernel_case("cuda")

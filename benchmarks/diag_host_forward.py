@@ -15,7 +15,7 @@ import torch
 from convt3d import convert
 from convt3d.bench.protocol import host_time_cuda, time_cuda
 from convt3d.bench.report import markdown_table
-from convt3d.bench.workloads import DTYPES, load_sweep
+from convt3d.bench.workloads import DTYPES, sweep_layers
 
 
 def main():
@@ -25,10 +25,9 @@ def main():
     parser.add_argument("--tf32", choices=("on", "off"), default="on")
     args = parser.parse_args()
     torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
-    layers = {layer.name: layer for layer in load_sweep(None)}
     rows = []
-    for name in args.layers.split(","):
-        layer = layers[name]
+    for layer in sweep_layers(args.layers):
+        name = layer.name
         dtype = DTYPES[layer.dtype]
         torch.manual_seed(0)
         eager = layer.module().cuda().to(dtype)

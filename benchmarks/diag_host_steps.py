@@ -18,7 +18,7 @@ from convt3d import convert, functional
 from convt3d.backends.triton import forward, interpreted, tiled
 from convt3d.bench.protocol import host_time_cuda
 from convt3d.bench.report import markdown_table
-from convt3d.bench.workloads import load_sweep
+from convt3d.bench.workloads import sweep_layers
 
 
 def host_us(fn, calls):
@@ -76,9 +76,9 @@ def main():
     parser.add_argument("--layers", default="k3s1p1,video_k3s2p1op1,unet3d_k2s2,vae_k4s2p1")
     parser.add_argument("--profile-top", type=int, default=15)
     args = parser.parse_args()
-    layers = {layer.name: layer for layer in load_sweep(None)}
-    for name in args.layers.split(","):
-        times, ours, x = steps(layers[name], args.calls)
+    for layer in sweep_layers(args.layers):
+        name = layer.name
+        times, ours, x = steps(layer, args.calls)
         print(f"\n### {name}: host us, median of {args.calls} calls\n")
         print(markdown_table(["step", "host us"], [(step, f"{us:.1f}") for step, us in times.items()]))
         print(f"\nprofile, per call ({name}):\n")

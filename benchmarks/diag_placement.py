@@ -18,7 +18,7 @@ from convt3d.backends.triton import conv_transpose3d
 from convt3d.backends.triton import forward as tf
 from convt3d.bench.protocol import time_cuda
 from convt3d.bench.report import markdown_table
-from convt3d.bench.workloads import DTYPES, load_sweep
+from convt3d.bench.workloads import DTYPES, sweep_layers
 
 OFFSETS_KB = [0, 4, 64, 260, 1024, 2044, 3000, 6144]
 
@@ -30,10 +30,9 @@ def main():
     args = parser.parse_args()
     logging.basicConfig()
     logging.getLogger("convt3d").setLevel(logging.DEBUG)  # the autotuner's times and choice
-    layers = {layer.name: layer for layer in load_sweep(None)}
     rows = []
-    for name in args.layers.split(","):
-        layer = layers[name]
+    for layer in sweep_layers(args.layers):
+        name = layer.name
         dtype = DTYPES[layer.dtype]
         plan = layer.plan()
         _, x, w, b, _ = layer.kernel_case("cuda")

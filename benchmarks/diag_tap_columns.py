@@ -17,7 +17,7 @@ from convt3d.backends.triton import forward as tf
 from convt3d.backends.triton import tap_columns
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.bench.report import markdown_table
-from convt3d.bench.workloads import DTYPES, load_sweep
+from convt3d.bench.workloads import DTYPES, sweep_layers
 
 # (BLOCK_M, BLOCK_N, BLOCK_CI, num_warps, num_stages)
 TAP_COLUMNS = [
@@ -40,10 +40,9 @@ def main():
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--layers", default="vae_k4s2p1,video_k3s2p1op1,k3s1p1,vae_k4s2p1_fp16")
     args = parser.parse_args()
-    layers = {layer.name: layer for layer in load_sweep(None)}
     rows = []
-    for name in args.layers.split(","):
-        layer = layers[name]
+    for layer in sweep_layers(args.layers):
+        name = layer.name
         dtype = DTYPES[layer.dtype]
         plan = layer.plan()
         module, x, w, b, reference = layer.kernel_case("cuda")

@@ -9,7 +9,7 @@ import torch
 from convt3d.__main__ import main
 from convt3d.bench.protocol import Timing, datasheet_bandwidth, floor_bytes, kernelbench_check, time_interleaved
 from convt3d.bench.report import table
-from convt3d.bench.workloads import PROBLEM_77, parse_config
+from convt3d.bench.workloads import PROBLEM_77, load_sweep, parse_config, sweep_layers
 
 TINY = '{"in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2, "padding": 1, "dilation": 2, ' \
        '"bias": true, "input_shape": [2, 4, 3, 4, 5]}'
@@ -174,3 +174,10 @@ def test_markdown_table_prints_times_to_four_decimals():
                                                                       ("k3", 0, float("nan"), "")])
     assert text.splitlines() == ["| layer | offset KB | mean ms | check |", "|---|---|---|---|",
                                  "| vae | 4 | 0.1235 | KB True |", "| k3 | 0 | nan |  |"]
+
+
+def test_sweep_layers_come_in_the_order_named_and_unknown_names_are_named():
+    by_name = {layer.name: layer for layer in load_sweep(None)}
+    assert sweep_layers("k3s1p1,unet3d_k2s2") == [by_name["k3s1p1"], by_name["unet3d_k2s2"]]
+    with pytest.raises(ValueError, match="no sweep layer named k3s1, vae"):
+        sweep_layers("unet3d_k2s2,k3s1,vae")

@@ -129,3 +129,12 @@ def load_sweep(path: str | None) -> list[Layer]:
     if not sweep_path.is_file():
         raise ValueError(f"sweep file {sweep_path} not found: pass --sweep PATH to a JSON list of layers")
     return [Layer(**entry).validate() for entry in json.loads(sweep_path.read_text())]
+
+
+def sweep_layers(names: str, path: str | None = None) -> list[Layer]:
+    """The sweep's layers named in a comma-separated list, in the list's order (the diagnostic scripts' --layers)."""
+    layers = {layer.name: layer for layer in load_sweep(path)}
+    unknown = [name for name in names.split(",") if name not in layers]
+    if unknown:
+        raise ValueError(f"layers: no sweep layer named {', '.join(unknown)} (the sweep has {', '.join(layers)})")
+    return [layers[name] for name in names.split(",")]
