@@ -1,8 +1,9 @@
 """The tap_columns kernel (backends/triton/tap_columns.py) per tile config on sweep layers (GPU): the kernel alone,
-the same without its epilogue's gather (DIAG 1, a wrong result, to time the gather), and its registers, spills and
-shared memory, beside eager and two configs of the general kernel.
+with --no-gather also without its epilogue's gather (DIAG 1, a wrong result, to time the gather), and its
+registers, spills and shared memory, beside eager and two configs of the general kernel. A config's columns are a
+budget: the label gives the layout it comes to (BLOCK_CO, KW_A, KW_B), tap_columns.column_layout.
 
-    PYTHONPATH=src python3 benchmarks/diag_tap_columns.py [--iters 30] [--layers vae_k4s2p1,...]
+    PYTHONPATH=src python3 benchmarks/diag_tap_columns.py [--iters 30] [--layers vae_k4s2p1,...] [--no-gather]
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), on operands laid out
 beforehand. Each output is NaN-poisoned before its first call, then checked against eager (KernelBench's check)
@@ -19,10 +20,10 @@ from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import DTYPES, sweep_layers
 
-# (BLOCK_M, BLOCK_N, BLOCK_CI, num_warps, num_stages)
+# (BLOCK_M, BLOCK_N, BLOCK_CI, num_warps, num_stages); BLOCK_N is a budget of columns (tap_columns.column_layout).
 TAP_COLUMNS = [
-    (128, 256, 32, 8, 3), (128, 256, 32, 8, 2), (64, 256, 32, 8, 3), (64, 256, 64, 8, 2), (128, 128, 32, 4, 3),
-    (128, 128, 32, 8, 3), (64, 128, 32, 4, 3), (128, 128, 64, 4, 2), (256, 128, 32, 8, 3),
+    (128, 128, 32, 4, 3), (128, 128, 32, 8, 3), (64, 128, 32, 4, 3), (128, 192, 32, 8, 3), (64, 192, 32, 4, 3),
+    (128, 192, 32, 4, 3), (256, 192, 32, 8, 3),
 ]
 GENERAL = [(128, 64, 32, 4, 3), (128, 64, 64, 4, 2)]  # (BLOCK_M, BLOCK_CO, BLOCK_CI, num_warps, num_stages)
 
@@ -39,6 +40,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--layers", default="vae_k4s2p1,video_k3s2p1op1,k3s1p1,vae_k4s2p1_fp16")
+    parser.add_argument("--no-gather", action="store_true", help="also time each config without its gather")
     args = parser.parse_args()
     rows = []
     for layer in sweep_layers(args.layers):
@@ -57,7 +59,10 @@ def main():
                    for c in GENERAL]
         for c in TAP_COLUMNS:
             cfg = dict(KERNEL="tap_columns", BLOCK_M=c[0], BLOCK_N=c[1], BLOCK_CI=c[2], num_warps=c[3], num_stages=c[4])
-            configs += [("tap_columns {}x{}x{} w{} s{}".format(*c), cfg), ("  same, no gather", dict(cfg, DIAG=1))]
+            layout = tap_columns.column_layout(plan, c[1])  # (BLOCK_CO, KW_A, KW_B)
+            configs += [("tap_columns {}x{}x{} w{} s{} {}".format(*c, layout), cfg)]
+            if args.no_gather:
+                configs += [("  same, no gather", dict(cfg, DIAG=1))]
         for label, cfg in configs:
             out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
             before = {id(k) for k in compiled_kernels(tap_columns.tap_columns_kernel)}

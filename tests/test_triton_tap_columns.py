@@ -122,6 +122,38 @@ def test_layers_it_does_not_serve_say_why(kernel, args, reason):
     assert not any(cfg.get("KERNEL") == "tap_columns" for cfg in forward.candidates(plan))
 
 
+@pytest.mark.parametrize("kw, out_channels, block_n, layout", [
+    (3, 64, 192, (64, 2, 1)),  # 2 + 1 taps by 64 channels: 192 columns, none padding
+    (3, 64, 128, (32, 2, 1)),
+    (4, 64, 192, (32, 4, 0)),  # a power of two: one group
+    (3, 8, 128, (8, 4, 0)),  # 1 tap by 8 channels is narrower than a tensor-core tile: one padded group
+    (5, 64, 128, (16, 4, 1)),
+    (7, 64, 128, (16, 8, 0)),  # 4 + 4 pads as many columns as 8
+    (1, 3, 48, (16, 1, 0)),  # at least 16 columns
+])
+def test_column_layout(kw, out_channels, block_n, layout):
+    plan = make_plan((1, 4, 3, 3, 12), (4, out_channels, 1, 1, kw))
+    assert tap_columns.column_layout(plan, block_n) == layout
+
+
+def test_cases_cover_both_column_layouts():
+    layouts = [tap_columns.column_layout(make_plan((1, c["in_channels"], *c["spatial"]), (
+        c["in_channels"], c["out_channels"] // c["groups"], *c["kernel_size"]), **layer_args(c)), CONFIGS[0]["BLOCK_N"])
+        for c in CASES]
+    assert any(kw_b for _, _, kw_b in layouts)
+    assert any(not kw_b and c["kernel_size"][2] == 3 for (_, _, kw_b), c in zip(layouts, CASES))
+
+
+@pytest.mark.parametrize("precision, rel", [(TF32X3, 1e-6), (TF32, 2e-3)])
+def test_five_taps_in_groups_of_four_and_one(precision, rel):
+    cfg = layer((1, 2, 5), (1, 2, 1), (0, 1, 2), (2, 3, 9), in_channels=6, out_channels=20)
+    config = dict(CONFIGS[0], BLOCK_N=80)  # 16 channels by 4 + 1 taps
+    plan = make_plan((1, 6, 2, 3, 9), (6, 20, 1, 2, 5), **layer_args(cfg))
+    assert tap_columns.column_layout(plan, 80) == (16, 4, 1)
+    x, w, b = tensors(cfg, torch.float32)
+    assert_close_rel(run(x, w, b, cfg, precision, config), reference(x, w, b, cfg), rel)
+
+
 def test_shifts_and_halo():
     # k4 s2 p1: taps 1, 3 reach even columns from input columns u and u - 1, taps 0, 2 odd ones from u + 1 and u.
     assert tap_columns.w_shifts(make_plan((1, 1, 2, 2, 2), (1, 1, 4, 4, 4), stride=2, padding=1)) == (-1, 2)

@@ -25,6 +25,10 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+def power_of_2_at_most(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
 def interpreted() -> bool:
     """Whether Triton kernels run in its interpreter (TRITON_INTERPRET=1: on the CPU, as CI tests them)."""
     return os.environ.get("TRITON_INTERPRET") == "1"

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from .. import output_memory_format
-from . import NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2
+from . import NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2, power_of_2_at_most
 from .launch import Launcher
 
 logger = logging.getLogger("convt3d")
@@ -169,31 +169,45 @@ def _column_taps(v_w: tl.constexpr, u_w0, OW, W, KW, S_W: tl.constexpr, P_W: tl.
 
 
 @triton.jit
+def load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr,
+                 EVEN_CI: tl.constexpr):
+    """A K-step's B tile: the weight at offsets w_rows by channels ci0 + [0, BLOCK_CI) (contiguous: K-major, as TF32
+    tensor-core operands must be), transposed for the dot, with its low part under 3xTF32 (PRECISION 2), else the tile
+    again. Rows not ok and channels past CIN_G load as zeros."""
+    ci = ci0 + tl.arange(0, BLOCK_CI)
+    if EVEN_CI:
+        b_offs = w_rows[:, None] + ci[None, :]
+        b_ok = w_row_ok[:, None]
+    else:
+        b_offs = w_rows[:, None] + tl.minimum(ci, CIN_G - 1)[None, :]
+        b_ok = w_row_ok[:, None] & (ci < CIN_G)[None, :]
+    b = tl.trans(tl.load(w_base + b_offs, mask=b_ok, other=0.0))
+    if PRECISION == 2:
+        b_lo = tl.trans(tl.load(w_lo_base + b_offs, mask=b_ok, other=0.0))
+    else:
+        b_lo = b
+    return b, b_lo
+
+
+@triton.jit
 def load_operands(x_base, x_lo_base, w_base, w_lo_base, rows, row_ok, w_rows, w_row_ok, ci0, CIN_G, sxc,
                   PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr):
-    """One K-step's tiles: A, the input at offsets rows by channels ci0 + [0, BLOCK_CI) (stride sxc), and B, the
-    weight at offsets w_rows by the same channels (contiguous: K-major, as TF32 tensor-core operands must be),
-    transposed for the dot; each with its low part under 3xTF32 (PRECISION 2), else the tile again. Rows not ok
-    and channels past CIN_G load as zeros."""
+    """One K-step's tiles: A, the input at offsets rows by channels ci0 + [0, BLOCK_CI) (stride sxc), and B
+    (load_weights); each with its low part under 3xTF32 (PRECISION 2), else the tile again. Rows not ok and channels
+    past CIN_G load as zeros."""
     ci = ci0 + tl.arange(0, BLOCK_CI)
     if EVEN_CI:  # whole channel blocks: masks constant along channels, so channel rows load as vectors
         a_offs = rows[:, None] + (ci * sxc)[None, :]
-        b_offs = w_rows[:, None] + ci[None, :]
         a_ok = row_ok[:, None]
-        b_ok = w_row_ok[:, None]
     else:
-        ci_c = tl.minimum(ci, CIN_G - 1)
-        a_offs = rows[:, None] + (ci_c * sxc)[None, :]
-        b_offs = w_rows[:, None] + ci_c[None, :]
+        a_offs = rows[:, None] + (tl.minimum(ci, CIN_G - 1) * sxc)[None, :]
         a_ok = row_ok[:, None] & (ci < CIN_G)[None, :]
-        b_ok = w_row_ok[:, None] & (ci < CIN_G)[None, :]
     a = tl.load(x_base + a_offs, mask=a_ok, other=0.0)
-    b = tl.trans(tl.load(w_base + b_offs, mask=b_ok, other=0.0))
+    b, b_lo = load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION, BLOCK_CI, EVEN_CI)
     if PRECISION == 2:
         a_lo = tl.load(x_lo_base + a_offs, mask=a_ok, other=0.0)
-        b_lo = tl.trans(tl.load(w_lo_base + b_offs, mask=b_ok, other=0.0))
     else:
-        a_lo, b_lo = a, b
+        a_lo = a
     return a, a_lo, b, b_lo
 
 
@@ -384,10 +398,6 @@ def _configs():
     ]
 
 
-def _pow2_at_most(n: int) -> int:
-    return 1 << (max(1, n).bit_length() - 1)
-
-
 def precision_for(dtype: torch.dtype) -> int:
     """PyTorch's rule for convolutions: TF32 when torch.backends.cudnn.allow_tf32, else full float32."""
     if dtype != torch.float32:
@@ -515,7 +525,7 @@ def _geometry(plan: Plan, block_m: int, block_co: int, block_ci: int, programs_p
     od, oh, ow = plan.output_spatial
     (s_d, s_h, s_w), (p_d, p_h, p_w), (dl_d, dl_h, dl_w) = plan.stride, plan.padding, plan.dilation
     u_h, u_w = -(-oh // s_h), -(-ow // s_w)
-    block_q = min(32, _pow2_at_most(u_w))
+    block_q = min(32, power_of_2_at_most(u_w))
     block_r = max(1, block_m // block_q)
     block_co = max(16, min(block_co, next_power_of_2(cout_g)))
     block_ci = max(16, min(block_ci, next_power_of_2(cin_g)))
@@ -541,7 +551,7 @@ def candidates(plan: Plan) -> list[dict]:
     """The tile configs to autotune among: this kernel's, then tap_columns' where it serves the layer."""
     configs = _configs()
     if tap_columns.unsupported_reason(plan) is None:
-        configs += tap_columns.configs()
+        configs += tap_columns.configs(plan)
     return configs
 
 

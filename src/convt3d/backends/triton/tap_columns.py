@@ -20,6 +20,10 @@ DMIN more than it has: each output row's input columns are laid out as a virtual
 input column s + DMIN and output column group u = s), the rows one after another, and a program takes BLOCK_M
 consecutive slots, of which the first BLOCK_M - HALO are its outputs; the next program starts there.
 
+A K-step loads its A tile once for two GEMMs where KW is not a power of two (column_layout): KW = 3 takes 2 + 1 taps'
+columns instead of 4, the fourth all zeros, so that a 64-channel block fits in 192 columns and each input tile is
+loaded once for all 64 output channels.
+
 Operands as the general kernel's operand pass lays them out: the input channels-last and the weight tap-major and
 K-major, TF32-rounded or split (precisions as in forward.py). Stride along W of 1 or 2 only (the output's phases
 interleave in registers as whole rows).
@@ -34,8 +38,8 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from . import cdiv, interpreted, next_power_of_2
-from .forward import _axis_taps, channels_last_strides, load_operands, mma
+from . import cdiv, interpreted, next_power_of_2, power_of_2_at_most
+from .forward import _axis_taps, channels_last_strides, load_operands, load_weights, mma
 from .launch import Launcher
 
 
@@ -67,14 +71,15 @@ def tap_columns_kernel(
     P_D: tl.constexpr, P_H: tl.constexpr, P_W: tl.constexpr,
     DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     STEP_D: tl.constexpr, STEP_H: tl.constexpr,
-    KW: tl.constexpr, KW_P2: tl.constexpr, DMIN: tl.constexpr, HALO: tl.constexpr,
+    KW: tl.constexpr, KW_A: tl.constexpr, KW_B: tl.constexpr, DMIN: tl.constexpr, HALO: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr,
     DIAG: tl.constexpr = 0,
 ):
     # GEMM columns (t_w, co), co fastest: a tap's weight rows lie together, and each thread's accumulator holds
-    # all taps of its columns, so that summing over taps stays in registers. KW_P2 = KW rounded up to a power of 2.
-    BLOCK_N: tl.constexpr = KW_P2 * BLOCK_CO
+    # all taps of its columns, so that summing over taps stays in registers. Tensor shapes are powers of two, so the
+    # KW taps are split in two column groups on the same A tile: taps [0, KW_A) and [KW_A, KW_A + KW_B) (KW_B 0: one
+    # group), the taps past KW padding (zero columns). KW = 3 takes 2 + 1 groups rather than 4 padded columns.
     OUTPUTS: tl.constexpr = BLOCK_M - HALO  # slots whose outputs this program writes
     # Program order: output-channel blocks fastest, so that programs reading one input tile run together.
     pid = tl.program_id(0)
@@ -110,14 +115,14 @@ def tap_columns_kernel(
     x_base = x_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
     x_lo_base = x_lo_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
     slot_ok = (c >= 0) & (c < W) & (u_h < U_H)
-    # B: BLOCK_N weight rows (t_w, co) of the taps (t_d, t_h, t_w) in the layout (taps, groups, C_out/g, C_in/g).
-    j = tl.arange(0, BLOCK_N)
-    t_w = j // BLOCK_CO
-    co = co0 + j % BLOCK_CO
-    b_ok = (co < COUT_G) & (t_w < KW)  # the padding taps' rows load as zeros: their columns of P are zero
-    b_rows = ((tl.minimum(t_w, KW - 1) * GROUPS + group) * COUT_G + tl.minimum(co, COUT_G - 1)) * CIN_G
+    # B: the weight rows (t_w, co) of each column group, of the taps (t_d, t_h, t_w), in the layout (taps, groups,
+    # C_out/g, C_in/g).
+    b_rows_a, b_ok_a = _weight_rows(0, KW_A, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
+    acc_a = tl.zeros([BLOCK_M, KW_A * BLOCK_CO], dtype=tl.float32)
+    if KW_B > 0:
+        b_rows_b, b_ok_b = _weight_rows(KW_A, KW_B, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
+        acc_b = tl.zeros([BLOCK_M, KW_B * BLOCK_CO], dtype=tl.float32)
     CI_BLOCKS = tl.cdiv(CIN_G, BLOCK_CI)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range((jd_hi - jd_lo) * (jh_hi - jh_lo) * CI_BLOCKS):
         tap = k // CI_BLOCKS
         ci0 = (k % CI_BLOCKS) * BLOCK_CI
@@ -131,30 +136,29 @@ def tap_columns_kernel(
         rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
                 + tl.minimum(tl.maximum(c, 0), W - 1) * sxw)
         tap_base = (t_d * KH + t_h) * KW * GROUPS * COUT_G * CIN_G
-        a, a_lo, b, b_lo = load_operands(x_base, x_lo_base, w_ptr, w_lo_ptr, rows, row_ok, tap_base + b_rows, b_ok,
-                                         ci0, CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI)
-        acc = mma(acc, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
+        a, a_lo, b, b_lo = load_operands(x_base, x_lo_base, w_ptr, w_lo_ptr, rows, row_ok, tap_base + b_rows_a,
+                                         b_ok_a, ci0, CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI)
+        acc_a = mma(acc_a, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
+        if KW_B > 0:
+            b, b_lo = load_weights(w_ptr, w_lo_ptr, tap_base + b_rows_b, b_ok_b, ci0, CIN_G, PRECISION, BLOCK_CI,
+                                   EVEN_CI)
+            acc_b = mma(acc_b, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
 
-    # Each tap's column of P, moved up by its shift delta(t_w) - DMIN, lines up with the outputs it feeds.
-    taps = tl.reshape(acc, (BLOCK_M, KW_P2, BLOCK_CO))
-    t = tl.arange(0, KW_P2)
-    phase = (DIL_W * t + (S_W - 1) * P_W) % S_W  # (DIL_W * t - P_W) mod S_W, on a nonnegative operand
-    shift = (phase + P_W - DIL_W * t) // S_W - DMIN  # exact divisions
-    # (Clamped: the padding taps' shifts may point outside the tile; their columns are zero.)
-    source = tl.minimum(tl.maximum(m[:, None, None] + shift[None, :, None], 0), BLOCK_M - 1) + tl.zeros(
-        [BLOCK_M, KW_P2, BLOCK_CO], dtype=tl.int32)
-    if DIAG == 1:  # diagnostic: no gather (a wrong result), to time it
-        aligned = taps
-    else:
-        aligned = tl.gather(taps, source, 0)
+    # Each tap's column of P, moved up by its shift delta(t_w) - DMIN, lines up with the outputs it feeds; summed per
+    # column phase.
+    out_even, out_odd = _phase_sums(acc_a, 0, KW_A, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
+    if KW_B > 0:
+        even_b, odd_b = _phase_sums(acc_b, KW_A, KW_B, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
+        out_even += even_b
+        out_odd += odd_b
     co_t = co0 + tl.arange(0, BLOCK_CO)
     co_ok = co_t < COUT_G
     if HAS_BIAS:
         bias = tl.load(b_ptr + group * COUT_G + co_t, mask=co_ok, other=0.0).to(tl.float32)
     else:
         bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
+    out_even += bias[None, :]
     y_base = y_ptr + n.to(tl.int64) * syn + od.to(tl.int64) * syd + (group * COUT_G).to(tl.int64) * syc
-    out_even = tl.sum(tl.where((phase == 0)[None, :, None], aligned, 0.0), axis=1) + bias[None, :]
     if S_W == 1:
         oh = S_H * u_h + v_h
         ok = (m < OUTPUTS) & (s < U_W) & (oh < OH)
@@ -162,7 +166,7 @@ def tap_columns_kernel(
         tl.store(ptrs, tl.trans(out_even).to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok[None, :])
     else:
         # Stride 2: both column phases interleaved in registers, so that each output row is stored contiguously.
-        out_odd = tl.sum(tl.where((phase == 1)[None, :, None], aligned, 0.0), axis=1) + bias[None, :]
+        out_odd += bias[None, :]
         tile_out = tl.reshape(tl.permute(tl.join(out_even, out_odd), (1, 0, 2)), (BLOCK_CO, 2 * BLOCK_M))
         e = tl.arange(0, 2 * BLOCK_M)
         slot = first + e // 2
@@ -173,17 +177,78 @@ def tap_columns_kernel(
                  tile_out.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok2[None, :])
 
 
-def configs():
-    """Tile configs: BLOCK_M slots by BLOCK_N columns (t_w, co) by BLOCK_CI channels; "KERNEL" names this module for
-    forward.py's launcher. Measured on the H200 (benchmarks/RESULTS.md, eighteenth session): 256 columns took 255
-    registers (spilling on vae_k4s2p1) and 2-3.6x the time of 128; 64 channels per step and 256 slots were never the
-    fastest."""
+@triton.jit
+def _weight_rows(T0: tl.constexpr, TAPS: tl.constexpr, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO: tl.constexpr):
+    """Offsets (within one (t_d, t_h) tap's block) and validity of the weight rows of the GEMM columns (t_w, co), t_w
+    in [T0, T0 + TAPS): the taps past KW and the channels past C_out/g load as zeros, so their columns of P are zero."""
+    j = tl.arange(0, TAPS * BLOCK_CO)
+    t_w = T0 + j // BLOCK_CO
+    co = co0 + j % BLOCK_CO
+    ok = (co < COUT_G) & (t_w < KW)
+    return ((tl.minimum(t_w, KW - 1) * GROUPS + group) * COUT_G + tl.minimum(co, COUT_G - 1)) * CIN_G, ok
+
+
+@triton.jit
+def _phase_sums(acc, T0: tl.constexpr, TAPS: tl.constexpr, m, S_W: tl.constexpr, P_W: tl.constexpr,
+                DIL_W: tl.constexpr, DMIN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr,
+                DIAG: tl.constexpr):
+    """The sums over the column phases 0 and 1 of a column group's taps t_w in [T0, T0 + TAPS), each tap's column of P
+    (acc) moved up by its shift, [BLOCK_M, BLOCK_CO] each (the second zero with S_W 1)."""
+    taps = tl.reshape(acc, (BLOCK_M, TAPS, BLOCK_CO))
+    t = T0 + tl.arange(0, TAPS)
+    phase = (DIL_W * t + (S_W - 1) * P_W) % S_W  # (DIL_W * t - P_W) mod S_W, on a nonnegative operand
+    shift = (phase + P_W - DIL_W * t) // S_W - DMIN  # exact divisions
+    # (Clamped: the padding taps' shifts may point outside the tile; their columns are zero.)
+    source = tl.minimum(tl.maximum(m[:, None, None] + shift[None, :, None], 0), BLOCK_M - 1) + tl.zeros(
+        [BLOCK_M, TAPS, BLOCK_CO], dtype=tl.int32)
+    if DIAG == 1:  # diagnostic: no gather (a wrong result), to time it
+        aligned = taps
+    else:
+        aligned = tl.gather(taps, source, 0)
+    even = tl.sum(tl.where((phase == 0)[None, :, None], aligned, 0.0), axis=1)
+    odd = tl.sum(tl.where((phase == 1)[None, :, None], aligned, 0.0), axis=1)
+    return even, odd
+
+
+def configs(plan: Plan | None = None):
+    """Tile configs: BLOCK_M slots by at most BLOCK_N columns (t_w, co) by BLOCK_CI channels; "KERNEL" names this
+    module for forward.py's launcher. Given a plan, configs that come to the same tiles for it (column_layout) are
+    left out after the first. Measured on the H200 (benchmarks/RESULTS.md, eighteenth and twentieth sessions): 256
+    columns took 255 registers (spilling on vae_k4s2p1) and 2-3.6x the time of 128; 64 channels per step and 256
+    slots were never the fastest; 192 columns (KW = 3 by 64 channels) were fastest on 64 slots with 4 warps, and slower
+    on 128 slots (8 warps: one program per multiprocessor; 4 warps: 255 registers, spilling on wide_256to128_k3s2)."""
     if interpreted():
-        return [dict(KERNEL="tap_columns", BLOCK_M=32, BLOCK_N=32, BLOCK_CI=16, num_warps=4, num_stages=1)]
-    return [
-        dict(KERNEL="tap_columns", BLOCK_M=m, BLOCK_N=128, BLOCK_CI=32, num_warps=w, num_stages=3)
-        for m, w in [(128, 4), (128, 8), (64, 4)]
+        # 48 columns: both column layouts on small layers (KW = 3 splits in 2 + 1 taps by 16 channels).
+        return [dict(KERNEL="tap_columns", BLOCK_M=32, BLOCK_N=48, BLOCK_CI=16, num_warps=4, num_stages=1)]
+    candidates = [
+        dict(KERNEL="tap_columns", BLOCK_M=m, BLOCK_N=n, BLOCK_CI=32, num_warps=w, num_stages=3)
+        for m, n, w in [(128, 128, 4), (128, 128, 8), (64, 128, 4), (64, 192, 4)]
     ]
+    if plan is None:
+        return candidates
+    kept, seen = [], set()
+    for cfg in candidates:
+        tiles = (cfg["BLOCK_M"], column_layout(plan, cfg["BLOCK_N"]), cfg["num_warps"])
+        if tiles not in seen:
+            seen.add(tiles)
+            kept.append(cfg)
+    return kept
+
+
+def column_layout(plan: Plan, block_n: int) -> tuple[int, int, int]:
+    """(BLOCK_CO, KW_A, KW_B): the output channels per program and the two column groups' tap counts (powers of two,
+    KW_B 0 for one group) for a budget of block_n columns. The KW taps split into KW_A = the largest power of two up
+    to KW and KW_B = the rest rounded up, where that pads fewer columns than one group of KW rounded up; tensor-core
+    tiles are at least 16 columns wide."""
+    kw = plan.kernel_size[2]
+    cout_g = plan.out_channels // plan.groups
+    block_co = min(power_of_2_at_most(max(1, block_n // kw)), next_power_of_2(cout_g))
+    kw_a = power_of_2_at_most(kw)
+    kw_b = next_power_of_2(kw - kw_a) if kw > kw_a else 0
+    if kw_b and kw_a + kw_b < next_power_of_2(kw) and kw_b * block_co >= 16:
+        return block_co, kw_a, kw_b
+    kw_p2 = next_power_of_2(kw)
+    return max(block_co, 16 // kw_p2), kw_p2, 0
 
 
 @functools.lru_cache(maxsize=256)
@@ -196,9 +261,7 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int):
     od, oh, ow = plan.output_spatial
     (kd, kh, kw), (s_d, s_h, s_w) = plan.kernel_size, plan.stride
     (p_d, p_h, p_w), (dl_d, dl_h, dl_w) = plan.padding, plan.dilation
-    kw_p2 = next_power_of_2(kw)
-    block_co = max(1, min(block_n // kw_p2, next_power_of_2(cout_g)))
-    block_co = max(block_co, 16 // kw_p2)  # tensor-core tiles are at least 16 wide
+    block_co, kw_a, kw_b = column_layout(plan, block_n)
     block_ci = max(16, min(block_ci, next_power_of_2(cin_g)))
     u_h, u_w = cdiv(oh, s_h), cdiv(ow, s_w)
     tiles = cdiv(u_h * (u_w + halo) - halo, block_m - halo)
@@ -209,8 +272,9 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int):
     constexprs = (
         ("S_D", s_d), ("S_H", s_h), ("S_W", s_w), ("P_D", p_d), ("P_H", p_h), ("P_W", p_w),
         ("DIL_D", dl_d), ("DIL_H", dl_h), ("DIL_W", dl_w), ("STEP_D", s_d // math.gcd(s_d, dl_d)),
-        ("STEP_H", s_h // math.gcd(s_h, dl_h)), ("KW", kw), ("KW_P2", kw_p2), ("DMIN", d_min), ("HALO", halo),
-        ("BLOCK_M", block_m), ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci), ("EVEN_CI", cin_g % block_ci == 0))
+        ("STEP_H", s_h // math.gcd(s_h, dl_h)), ("KW", kw), ("KW_A", kw_a), ("KW_B", kw_b), ("DMIN", d_min),
+        ("HALO", halo), ("BLOCK_M", block_m), ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci),
+        ("EVEN_CI", cin_g % block_ci == 0))
     return grid, sizes, blocks, constexprs
 
 
