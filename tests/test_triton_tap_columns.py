@@ -39,8 +39,11 @@ CASES = [
     layer((1, 2, 3), (1, 2, 2), (0, 1, 4), (2, 3, 9), output_padding=(0, 1, 1)),
 ]
 
-# The interpreter's config (on a GPU: the first of the library's, and the one with the fewest slots per tile).
-CONFIGS = [tap_columns.configs()[0], min(tap_columns.configs(), key=lambda cfg: cfg["BLOCK_M"])]
+# The interpreter's config (on a GPU: the first of the library's, the one with the fewest slots per tile and the one
+# with the most columns).
+_LIBRARY = tap_columns.configs()
+CONFIGS = list({repr(cfg): cfg for cfg in (_LIBRARY[0], min(_LIBRARY, key=lambda cfg: cfg["BLOCK_M"]),
+                                           max(_LIBRARY, key=lambda cfg: cfg["BLOCK_N"]))}.values())
 
 
 def run(x, w, b, cfg, precision, config):
@@ -55,7 +58,7 @@ def reference(x, w, b, cfg):
     return F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=("first", "smallest"))
+@pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
 def test_tf32_rounds_operands_to_nearest(cfg, config):
     x, w, b = tensors(cfg, torch.float32)
