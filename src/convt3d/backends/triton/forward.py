@@ -429,18 +429,22 @@ def operand_buffers(input, weight_operand_shape, precision):
 
 
 @functools.lru_cache(maxsize=256)
-def _operand_pass(input_shape, weight_shape, groups: int, flat_strides, precision: int):
-    """The operand pass of a layer, for an input with these strides (as (N, C, D*H*W)), bound (launch.BoundLaunch)."""
+def _operand_pass(input_shape, weight_shape, groups: int, flat_strides, precision: int, block_c: int = 32,
+                  block_s: int = 128, num_warps: int = 4):
+    """The operand pass of a layer, for an input with these strides (as (N, C, D*H*W)), bound (launch.BoundLaunch);
+    its input tiles are block_c channels by block_s positions. Of eight tiles on six sweep layers on the H200, 32 x 128
+    was the fastest or within 0.5 us of it on each (benchmarks/diag_operand_pass.py, twentieth session)."""
     n, c, d, h, w = input_shape
     c_in, c_out_g = weight_shape[:2]
     taps = math.prod(weight_shape[2:])
-    block_c, block_s, block_w = 32, 64, 1024
+    block_w = 1024
     s_blocks = cdiv(d * h * w, block_s)
     x_programs = n * cdiv(c, block_c) * s_blocks
     return _prepare.bind(
         (x_programs + cdiv(taps * c_in * c_out_g, block_w),),
         (c, d * h * w, s_blocks, x_programs, *flat_strides, c_in, c_in // groups, c_out_g, taps),
-        (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s), ("BLOCK_W", block_w)))
+        (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s), ("BLOCK_W", block_w),
+         ("num_warps", num_warps)))
 
 
 def channels_last_strides(plan: Plan) -> tuple[int, ...]:
