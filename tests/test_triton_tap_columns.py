@@ -139,6 +139,23 @@ def test_column_layout(kw, out_channels, block_n, layout):
     assert tap_columns.column_layout(plan, block_n) == layout
 
 
+def test_configs_that_come_to_the_same_tiles_are_timed_once(monkeypatch):
+    monkeypatch.setattr(tap_columns, "interpreted", lambda: False)  # the library's GPU configs
+    library = tap_columns.configs()
+
+    def tiles(plan, cfg):
+        return (cfg["BLOCK_M"], tap_columns.column_layout(plan, cfg["BLOCK_N"]), cfg["BLOCK_CI"], cfg["num_warps"],
+                cfg["num_stages"])
+
+    for kernel in (3, 4):
+        plan = make_plan((1, 4, 3, 3, 12), (4, 64, kernel, kernel, kernel), stride=2, padding=1)
+        kept = tap_columns.configs(plan)
+        assert len({tiles(plan, cfg) for cfg in kept}) == len(kept)
+        assert {tiles(plan, cfg) for cfg in kept} == {tiles(plan, cfg) for cfg in library}
+    # KW = 4 by 64 channels: a 192-column budget comes to 4 taps by 32 channels, as 128 columns do.
+    assert len(tap_columns.configs(plan)) < len(library)
+
+
 def test_cases_cover_both_column_layouts():
     layouts = [tap_columns.column_layout(make_plan((1, c["in_channels"], *c["spatial"]), (
         c["in_channels"], c["out_channels"] // c["groups"], *c["kernel_size"]), **layer_args(c)), CONFIGS[0]["BLOCK_N"])

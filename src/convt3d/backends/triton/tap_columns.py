@@ -228,7 +228,8 @@ def configs(plan: Plan | None = None):
         return candidates
     kept, seen = [], set()
     for cfg in candidates:
-        tiles = (cfg["BLOCK_M"], column_layout(plan, cfg["BLOCK_N"]), cfg["num_warps"])
+        tiles = (cfg["BLOCK_M"], column_layout(plan, cfg["BLOCK_N"]), cfg["BLOCK_CI"], cfg["num_warps"],
+                 cfg["num_stages"])
         if tiles not in seen:
             seen.add(tiles)
             kept.append(cfg)
