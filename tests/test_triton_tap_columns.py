@@ -179,3 +179,23 @@ def test_shifts_and_halo():
     assert tap_columns.w_shifts(make_plan((1, 1, 2, 2, 2), (1, 1, 4, 4, 4), stride=2, padding=1)) == (-1, 2)
     # k2 s2 (kernel == stride): every tap from input column u.
     assert tap_columns.w_shifts(make_plan((1, 1, 2, 2, 2), (1, 1, 2, 2, 2), stride=2)) == (0, 0)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last_3d], ids=("ncdhw", "ndhwc"))
+@pytest.mark.parametrize("dtype, precision, rel", [(torch.float32, TF32, 1e-6), (torch.float32, TF32X3, 1e-6),
+                                                   (torch.float16, NATIVE, 2e-3)], ids=("tf32", "tf32x3", "fp16"))
+@pytest.mark.parametrize("cfg", [CASES[0], CASES[2]], ids=("k4s2p1", "k3s1p1"))
+def test_raw_input_experiment(cfg, dtype, precision, rel, memory_format):
+    """The kernel on the input as given, rounding or splitting it as it loads it (RAW_A, benchmarks/diag_raw_input.py):
+    the same result as on the operand pass's input."""
+    x, w, b = tensors(cfg, dtype)
+    x = x.contiguous(memory_format=memory_format)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    _, _, w_op, w_lo = forward._operands(x, w, plan.groups, precision)
+    out = torch.full(plan.output_shape, float("nan"), dtype=dtype)
+    tap_columns.bind(CONFIGS[0], plan, precision, b is not None, out.stride(), x.stride())(
+        (x, x, w_op, w_lo, b if b is not None else w_op, out))
+    if precision == TF32:  # exactly the products of the TF32-rounded operands, summed in float32
+        assert_close_rel(out, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), rel)
+    else:
+        assert_close_rel(out, reference(x, w, b, cfg), rel)

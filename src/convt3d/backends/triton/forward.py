@@ -191,10 +191,11 @@ def load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION: tl.
 
 @triton.jit
 def load_operands(x_base, x_lo_base, w_base, w_lo_base, rows, row_ok, w_rows, w_row_ok, ci0, CIN_G, sxc,
-                  PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr):
+                  PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr, RAW_A: tl.constexpr):
     """One K-step's tiles: A, the input at offsets rows by channels ci0 + [0, BLOCK_CI) (stride sxc), and B
     (load_weights); each with its low part under 3xTF32 (PRECISION 2), else the tile again. Rows not ok and channels
-    past CIN_G load as zeros."""
+    past CIN_G load as zeros. RAW_A: A is the input as given, not the operand pass's, and is TF32-rounded or split here
+    as the pass would have (an experiment, benchmarks/diag_raw_input.py)."""
     ci = ci0 + tl.arange(0, BLOCK_CI)
     if EVEN_CI:  # whole channel blocks: masks constant along channels, so channel rows load as vectors
         a_offs = rows[:, None] + (ci * sxc)[None, :]
@@ -204,7 +205,13 @@ def load_operands(x_base, x_lo_base, w_base, w_lo_base, rows, row_ok, w_rows, w_
         a_ok = row_ok[:, None] & (ci < CIN_G)[None, :]
     a = tl.load(x_base + a_offs, mask=a_ok, other=0.0)
     b, b_lo = load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION, BLOCK_CI, EVEN_CI)
-    if PRECISION == 2:
+    if RAW_A and PRECISION == 1:
+        a = _round_to_tf32(a)
+        a_lo = a
+    elif RAW_A and PRECISION == 2:
+        a_lo = _round_to_tf32(a - _round_to_tf32(a))
+        a = _round_to_tf32(a)
+    elif PRECISION == 2:
         a_lo = tl.load(x_lo_base + a_offs, mask=a_ok, other=0.0)
     else:
         a_lo = a
@@ -254,7 +261,7 @@ def _phase_gemm(
         tap_row = ((t_d * KH + t_h) * KW + t_w) * GROUPS * CIN_G * COUT_G
         a, a_lo, b, b_lo = load_operands(x_base, x_lo_base, w_group, w_lo_group, rows, row_ok,
                                          tap_row + tl.minimum(co, COUT_G - 1) * CIN_G, co_ok, ci0, CIN_G, sxc,
-                                         PRECISION, BLOCK_CI, EVEN_CI)
+                                         PRECISION, BLOCK_CI, EVEN_CI, False)
         acc = mma(acc, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
     return acc
 

@@ -74,7 +74,7 @@ def tap_columns_kernel(
     KW: tl.constexpr, KW_A: tl.constexpr, KW_B: tl.constexpr, DMIN: tl.constexpr, HALO: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr,
-    DIAG: tl.constexpr = 0,
+    RAW_A: tl.constexpr = False, DIAG: tl.constexpr = 0,
 ):
     # GEMM columns (t_w, co), co fastest: a tap's weight rows lie together, and each thread's accumulator holds
     # all taps of its columns, so that summing over taps stays in registers. Tensor shapes are powers of two, so the
@@ -137,7 +137,7 @@ def tap_columns_kernel(
                 + tl.minimum(tl.maximum(c, 0), W - 1) * sxw)
         tap_base = (t_d * KH + t_h) * KW * GROUPS * COUT_G * CIN_G
         a, a_lo, b, b_lo = load_operands(x_base, x_lo_base, w_ptr, w_lo_ptr, rows, row_ok, tap_base + b_rows_a,
-                                         b_ok_a, ci0, CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI)
+                                         b_ok_a, ci0, CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI, RAW_A)
         acc_a = mma(acc_a, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
         if KW_B > 0:
             b, b_lo = load_weights(w_ptr, w_lo_ptr, tap_base + b_rows_b, b_ok_b, ci0, CIN_G, PRECISION, BLOCK_CI,
@@ -279,14 +279,18 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int):
     return grid, sizes, blocks, constexprs
 
 
-def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides):
+def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, input_strides=None):
     """A config's launch for a layer on forward._operands' results (x channels-last, w tap-major and K-major),
-    bound (launch.BoundLaunch): call it with (x, x_lo, w, w_lo, bias, out)."""
+    bound (launch.BoundLaunch): call it with (x, x_lo, w, w_lo, bias, out). With input_strides (an experiment,
+    benchmarks/diag_raw_input.py), x is the input as given, with these strides, and x_lo any tensor: the kernel rounds
+    or splits it as it loads it."""
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_CI"])
+    strides = channels_last_strides(plan) if input_strides is None else tuple(input_strides)
     return _kernel.bind(
-        grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
+        grid, (*sizes, *strides, *out_strides, *blocks),
         (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _kernel.interpreted),
-         ("DIAG", cfg.get("DIAG", 0)), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
+         ("RAW_A", input_strides is not None), ("DIAG", cfg.get("DIAG", 0)), ("num_warps", cfg["num_warps"]),
+         ("num_stages", cfg["num_stages"])))
 
 
 _kernel = Launcher(tap_columns_kernel)
