@@ -1,14 +1,19 @@
 """Forward calls on sweep layers (GPU): the host's time against the GPU's, as the bench calls them (no_grad).
 
-    PYTHONPATH=src python3 benchmarks/diag_host_forward.py [--iters 50] [--layers unet3d_k2s2,...]
+    PYTHONPATH=src python3 benchmarks/diag_host_forward.py [--iters 50] [--layers unet3d_k2s2,...] [--gc freeze]
+        [--pin 0]
 
 Per implementation: the bench's cold-L2 mean and minimum (a synchronisation before each call, so the GPU waits
 whenever the host is late), the same calls queued back to back (no synchronisation: the GPU's own time), and the
-median host time from a synchronisation to the call's return.
+median host time from a synchronisation to the call's return. To see whether a slow process's host time is Python's
+garbage collector or the scheduler: --gc freeze (gc.freeze() after each layer's first calls) or off, --pin CPU
+(the process on that one CPU).
 """
 
 import argparse
 import copy
+import gc
+import os
 
 import torch
 
@@ -23,7 +28,13 @@ def main():
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--layers", default="unet3d_k2s2,unet3d_k2s2_bf16,k3s1p1,video_k3s2p1op1,batch1_small_k3s2")
     parser.add_argument("--tf32", choices=("on", "off"), default="on")
+    parser.add_argument("--gc", choices=("on", "freeze", "off"), default="on")
+    parser.add_argument("--pin", type=int, default=None, help="run on this one CPU")
     args = parser.parse_args()
+    if args.pin is not None:
+        os.sched_setaffinity(0, {args.pin})
+    if args.gc == "off":
+        gc.disable()
     torch.backends.cudnn.allow_tf32 = args.tf32 == "on"
     rows = []
     for layer in sweep_layers(args.layers):
@@ -36,6 +47,9 @@ def main():
         x = torch.rand(layer.input_shape, device="cuda", dtype=dtype)
         with torch.no_grad():
             for label, module in impls.items():
+                if args.gc == "freeze":
+                    module(x)  # its first call: autotuning, caches
+                    gc.freeze()
                 cold = time_cuda(lambda: module(x), iters=args.iters)
                 queued = time_cuda(lambda: module(x), iters=args.iters, synchronize=False)
                 host = host_time_cuda(lambda: module(x), calls=args.iters)
