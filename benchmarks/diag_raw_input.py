@@ -1,12 +1,14 @@
-"""An experiment (GPU): the tap_columns kernel reading the input as given (NCDHW), rounding or splitting it as it loads
-it (RAW_A), so that the operand pass lays out only the weight, against the library's pass and kernel.
+"""An experiment (GPU): the tap_columns kernel rounding or splitting its operands as it loads them, against the
+library's operand pass that does it beforehand.
 
     PYTHONPATH=src python3 benchmarks/diag_raw_input.py [--iters 30] [--layers k3s1p1,...] [--modes tf32,off]
 
-Per layer, mode and tap_columns config of the library's: the kernel alone on the pass's operands and on the raw
-input, and each with its pass (the full pass; the weight's part alone): bench.protocol.time_cuda's mean and minimum
-in ms (L2 flushed before each call). Each output is NaN-poisoned before its first call, then checked: KernelBench's
-check against eager in the same mode and the relative error against float64.
+Per layer, mode and tap_columns config of the library's: the kernel alone on the pass's operands; on the input as
+given (NCDHW: RAW_A); on the pass's layouts left unrounded (the pass run as for half precision), A or A and B rounded or
+split in the kernel (RAW_A, RAW_B); and the whole of the library's call against the unrounded pass and the kernel that
+splits both. bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call). Each output is
+NaN-poisoned before its first call, then checked: KernelBench's check against eager in the same mode and the relative
+error against float64.
 """
 
 import argparse
@@ -33,7 +35,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--layers", default="k3s1p1,video_k3s2p1op1,wide_256to128_k3s2,vae_k4s2p1,video_spatial_k144,"
-                                            "vae_k4s2p1_fp16,batch1_small_k3s2")
+                                            "batch1_small_k3s2,grouped_g4")
     parser.add_argument("--modes", default="tf32,off")
     args = parser.parse_args()
     rows = []
@@ -64,20 +66,31 @@ def main():
 
             add("eager", lambda: module(x))
             add("operand pass", lambda: tf._operands(x, w, plan.groups, precision))
+            add("unrounded operand pass", lambda: tf._operands(x, w, plan.groups, tf.NATIVE))
             add("weight's part of the pass", lambda: weights(w_pointers))
+            x_cl, _, w_native, _ = tf._operands(x, w, plan.groups, tf.NATIVE)
+            bias = b if b is not None else operands[2]
+            cl_strides = tf.channels_last_strides(plan)
             for cfg in tap_columns.configs(plan):
                 label = "{BLOCK_M}x{BLOCK_N} w{num_warps}".format(**cfg)
-                out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
-                raw_out = torch.full_like(out, float("nan"))
-                bias = b if b is not None else operands[2]
-                kernel = tap_columns.bind(cfg, plan, precision, b is not None, out.stride())
-                raw = tap_columns.bind(cfg, plan, precision, b is not None, out.stride(), x.stride())
-                add(f"{label}: kernel", lambda: kernel((*operands, bias, out)), out)
-                add(f"{label}: raw-input kernel", lambda: raw((x, x, *operands[2:], bias, raw_out)), raw_out)
+
+                def poisoned():
+                    return torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
+
+                outs = [poisoned() for _ in range(4)]
+                kernel = tap_columns.bind(cfg, plan, precision, b is not None, outs[0].stride())
+                raw = tap_columns.bind(cfg, plan, precision, b is not None, outs[0].stride(), x.stride())
+                split_a = tap_columns.bind(cfg, plan, precision, b is not None, outs[0].stride(), cl_strides)
+                split_ab = tap_columns.bind(cfg, plan, precision, b is not None, outs[0].stride(), cl_strides, True)
+                add(f"{label}: kernel", lambda: kernel((*operands, bias, outs[0])), outs[0])
+                add(f"{label}: NCDHW input, A split here", lambda: raw((x, x, *operands[2:], bias, outs[1])), outs[1])
+                add(f"{label}: A split here", lambda: split_a((x_cl, x_cl, *operands[2:], bias, outs[2])), outs[2])
+                add(f"{label}: A, B split here", lambda: split_ab((x_cl, x_cl, w_native, w_native, bias, outs[3])),
+                    outs[3])
                 add(f"{label}: pass + kernel",
-                    lambda: kernel((*tf._operands(x, w, plan.groups, precision), bias, out)))
-                add(f"{label}: weight pass + raw-input kernel",
-                    lambda: (weights(w_pointers), raw((x, x, *operands[2:], bias, raw_out))))
+                    lambda: kernel((*tf._operands(x, w, plan.groups, precision), bias, outs[0])))
+                add(f"{label}: unrounded pass + A, B split here",
+                    lambda: split_ab((*tf._operands(x, w, plan.groups, tf.NATIVE), bias, outs[3])))
             del operands
     torch.backends.cudnn.allow_tf32 = True
     print(markdown_table(["layer", "mode", "variant", "mean ms", "min ms", "check, rel. err. vs float64"], rows))

@@ -199,3 +199,24 @@ def test_raw_input_experiment(cfg, dtype, precision, rel, memory_format):
         assert_close_rel(out, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), rel)
     else:
         assert_close_rel(out, reference(x, w, b, cfg), rel)
+
+
+@pytest.mark.parametrize("raw_b", [False, True], ids=("b_from_pass", "b_split_here"))
+@pytest.mark.parametrize("precision", [TF32, TF32X3], ids=("tf32", "tf32x3"))
+@pytest.mark.parametrize("cfg", [CASES[0], CASES[2]], ids=("k4s2p1", "k3s1p1"))
+def test_unrounded_operands_experiment(cfg, precision, raw_b):
+    """The kernel on the pass's layouts left unrounded (the pass as for half precision), rounding or splitting A, and B
+    with raw_b, as it loads them (benchmarks/diag_raw_input.py): the same result as on the rounded operands."""
+    x, w, b = tensors(cfg, torch.float32)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    x_cl, _, w_native, _ = forward._operands(x, w, plan.groups, NATIVE)
+    _, _, w_op, w_lo = forward._operands(x, w, plan.groups, precision)
+    if raw_b:
+        w_op = w_lo = w_native
+    out = torch.full(plan.output_shape, float("nan"))
+    tap_columns.bind(CONFIGS[0], plan, precision, b is not None, out.stride(), forward.channels_last_strides(plan),
+                     raw_b)((x_cl, x_cl, w_op, w_lo, b if b is not None else w_op, out))
+    if precision == TF32:  # exactly the products of the TF32-rounded operands, summed in float32
+        assert_close_rel(out, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
+    else:
+        assert_close_rel(out, reference(x, w, b, cfg), 1e-6)

@@ -47,15 +47,24 @@ def _round_to_tf32(x):
 
 
 @triton.jit
-def _store_operand(hi_ptr, lo_ptr, offs, x, mask, PRECISION: tl.constexpr):
-    """Store x as the GEMM reads it: as is (0), TF32-rounded (1), or as TF32 high and low parts (2)."""
+def _as_operand(x, PRECISION: tl.constexpr):
+    """(high, low): x as the GEMM reads it: as is (0), TF32-rounded (1), or as TF32 high and low parts (2); the low
+    part is the high one again where unused."""
     if PRECISION == 0:
-        tl.store(hi_ptr + offs, x, mask=mask)
-    else:
-        hi = _round_to_tf32(x)
-        tl.store(hi_ptr + offs, hi, mask=mask)
-        if PRECISION == 2:
-            tl.store(lo_ptr + offs, _round_to_tf32(x - hi), mask=mask)
+        return x, x
+    hi = _round_to_tf32(x)
+    if PRECISION == 2:
+        return hi, _round_to_tf32(x - hi)
+    return hi, hi
+
+
+@triton.jit
+def _store_operand(hi_ptr, lo_ptr, offs, x, mask, PRECISION: tl.constexpr):
+    """Store x as the GEMM reads it (_as_operand), its low part under PRECISION 2."""
+    hi, lo = _as_operand(x, PRECISION)
+    tl.store(hi_ptr + offs, hi, mask=mask)
+    if PRECISION == 2:
+        tl.store(lo_ptr + offs, lo, mask=mask)
 
 
 @triton.jit
@@ -170,10 +179,11 @@ def _column_taps(v_w: tl.constexpr, u_w0, OW, W, KW, S_W: tl.constexpr, P_W: tl.
 
 @triton.jit
 def load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr,
-                 EVEN_CI: tl.constexpr):
+                 EVEN_CI: tl.constexpr, RAW_B: tl.constexpr = False):
     """A K-step's B tile: the weight at offsets w_rows by channels ci0 + [0, BLOCK_CI) (contiguous: K-major, as TF32
     tensor-core operands must be), transposed for the dot, with its low part under 3xTF32 (PRECISION 2), else the tile
-    again. Rows not ok and channels past CIN_G load as zeros."""
+    again. Rows not ok and channels past CIN_G load as zeros. RAW_B: the weight is not rounded or split yet, and is
+    here (an experiment, benchmarks/diag_raw_input.py)."""
     ci = ci0 + tl.arange(0, BLOCK_CI)
     if EVEN_CI:
         b_offs = w_rows[:, None] + ci[None, :]
@@ -182,7 +192,9 @@ def load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION: tl.
         b_offs = w_rows[:, None] + tl.minimum(ci, CIN_G - 1)[None, :]
         b_ok = w_row_ok[:, None] & (ci < CIN_G)[None, :]
     b = tl.trans(tl.load(w_base + b_offs, mask=b_ok, other=0.0))
-    if PRECISION == 2:
+    if RAW_B:
+        b, b_lo = _as_operand(b, PRECISION)
+    elif PRECISION == 2:
         b_lo = tl.trans(tl.load(w_lo_base + b_offs, mask=b_ok, other=0.0))
     else:
         b_lo = b
@@ -191,11 +203,12 @@ def load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION: tl.
 
 @triton.jit
 def load_operands(x_base, x_lo_base, w_base, w_lo_base, rows, row_ok, w_rows, w_row_ok, ci0, CIN_G, sxc,
-                  PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr, RAW_A: tl.constexpr):
+                  PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr, RAW_A: tl.constexpr,
+                  RAW_B: tl.constexpr = False):
     """One K-step's tiles: A, the input at offsets rows by channels ci0 + [0, BLOCK_CI) (stride sxc), and B
     (load_weights); each with its low part under 3xTF32 (PRECISION 2), else the tile again. Rows not ok and channels
-    past CIN_G load as zeros. RAW_A: A is the input as given, not the operand pass's, and is TF32-rounded or split here
-    as the pass would have (an experiment, benchmarks/diag_raw_input.py)."""
+    past CIN_G load as zeros. RAW_A, RAW_B: A, B are not rounded or split yet, and are here as the pass would have (an
+    experiment, benchmarks/diag_raw_input.py)."""
     ci = ci0 + tl.arange(0, BLOCK_CI)
     if EVEN_CI:  # whole channel blocks: masks constant along channels, so channel rows load as vectors
         a_offs = rows[:, None] + (ci * sxc)[None, :]
@@ -204,13 +217,9 @@ def load_operands(x_base, x_lo_base, w_base, w_lo_base, rows, row_ok, w_rows, w_
         a_offs = rows[:, None] + (tl.minimum(ci, CIN_G - 1) * sxc)[None, :]
         a_ok = row_ok[:, None] & (ci < CIN_G)[None, :]
     a = tl.load(x_base + a_offs, mask=a_ok, other=0.0)
-    b, b_lo = load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION, BLOCK_CI, EVEN_CI)
-    if RAW_A and PRECISION == 1:
-        a = _round_to_tf32(a)
-        a_lo = a
-    elif RAW_A and PRECISION == 2:
-        a_lo = _round_to_tf32(a - _round_to_tf32(a))
-        a = _round_to_tf32(a)
+    b, b_lo = load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION, BLOCK_CI, EVEN_CI, RAW_B)
+    if RAW_A:
+        a, a_lo = _as_operand(a, PRECISION)
     elif PRECISION == 2:
         a_lo = tl.load(x_lo_base + a_offs, mask=a_ok, other=0.0)
     else:
