@@ -35,12 +35,13 @@ def main():
         expected = tf._operands(x, w, plan.groups, precision)
         moved = 2 * (x.numel() + w.numel()) * x.element_size()
         for block_c, block_s, warps in TILES:
-            ops = tf.operand_buffers(x, expected[2].shape, precision)
+            x_op, _, w_op, w_lo = tf.operand_buffers(x, expected[1].shape, precision, split_input=False)
+            ops = (x_op, w_op, w_lo)
             for t in ops:
                 t.fill_(float("nan"))
             launch = tf._operand_pass(tuple(x.shape), tuple(w.shape), plan.groups, flat.stride(), precision,
                                       block_c, block_s, warps)
-            pointers = (flat, *ops[:2], w.contiguous(), *ops[2:])
+            pointers = (flat, x_op, w.contiguous(), w_op, w_lo)
             launch(pointers)
             same = all(torch.equal(a, b) for a, b in zip(ops, expected))
             t = time_cuda(lambda: launch(pointers), iters=args.iters)

@@ -11,7 +11,8 @@ import convt3d
 from conftest import assert_close_rel, layer_args, make_tensors, random_config
 
 triton = pytest.importorskip("triton")
-from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3, _configs, conv_transpose3d_triton  # noqa: E402
+from convt3d.backends.triton.forward import (  # noqa: E402
+    NATIVE, TF32, TF32X3, _configs, _operands, conv_transpose3d_triton)
 from convt3d.plan import make_plan  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -94,6 +95,28 @@ def test_half_precision(cfg, dtype, rel):
     assert y.dtype == dtype
     ref = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
     assert_close_rel(y, ref, rel)
+
+
+@pytest.mark.parametrize("precision", [NATIVE, TF32, TF32X3])
+def test_operand_pass_layouts(precision):
+    """The input channels-last, rounded under TF32 and left whole under 3xTF32 (the kernels split it as they load it);
+    the weight (taps, groups, C_out/g, C_in/g), rounded or split into a high part and a rounded remainder."""
+    cfg = CASES[2]  # groups
+    x, w, _ = tensors(cfg, torch.float32)
+    x = x.transpose(3, 4)  # any strides
+    x_op, w_op, w_lo = _operands(x, w, cfg["groups"], precision)
+    x_expected = x.permute(0, 2, 3, 4, 1)
+    c_in, c_out_g = w.shape[:2]
+    w_expected = w.reshape(cfg["groups"], c_in // cfg["groups"], c_out_g, -1).permute(3, 0, 2, 1)
+    if precision == TF32:
+        x_expected, w_expected = round_to_tf32(x_expected), round_to_tf32(w_expected)
+    elif precision == TF32X3:
+        w_lo_expected = round_to_tf32(w_expected - round_to_tf32(w_expected))
+        w_expected = round_to_tf32(w_expected)
+        assert torch.equal(w_lo, w_lo_expected) and w_lo.abs().max() > 0
+    if precision != TF32X3:
+        assert w_lo is w_op
+    assert torch.equal(x_op, x_expected) and torch.equal(w_op, w_expected)
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -9,12 +9,13 @@ output channels. Per v_w it runs an implicit GEMM over (taps of the phase) x (in
 on tensor cores and stores the tile; rows whose depth or height phase no tap reaches are
 filled with the bias in full contiguous rows and run no GEMM at all.
 
-Before it, two small pre-pass kernels lay the operands out as the GEMM reads them: the input
-channels-last (the reduction axis contiguous) and the weight tap-major. For float32 they also
-round (PRECISION 1: TF32, to nearest with ties away, as cuDNN's conversion does; one TF32 dot)
-or split (PRECISION 2: TF32 high part and TF32 remainder; three dots, 3xTF32, about float32
-accuracy), so that loads feed the tensor cores directly. PRECISION 0 is the native dot of
-float16/bfloat16 operands. Accumulation is float32 always.
+Before it, an operand pass lays the operands out as the GEMM reads them: the input channels-last
+(the reduction axis contiguous) and the weight tap-major. For float32 it also rounds them
+(PRECISION 1: TF32, to nearest with ties away, as cuDNN's conversion does; one TF32 dot) or
+splits the weight (PRECISION 2: TF32 high part and TF32 remainder; three dots, 3xTF32, about
+float32 accuracy), so that loads feed the tensor cores directly; under 3xTF32 the kernels split
+the input as they load it. PRECISION 0 is the native dot of float16/bfloat16 operands.
+Accumulation is float32 always.
 
 tap_columns.py holds a second kernel on the same operands, with the taps along W as GEMM columns;
 conv_transpose3d_triton autotunes over the configs of both (candidates()).
@@ -69,7 +70,7 @@ def _store_operand(hi_ptr, lo_ptr, offs, x, mask, PRECISION: tl.constexpr):
 
 @triton.jit
 def prepare_operands_kernel(
-    x_ptr, x_hi_ptr, x_lo_ptr, w_ptr, w_hi_ptr, w_lo_ptr,
+    x_ptr, x_op_ptr, w_ptr, w_hi_ptr, w_lo_ptr,
     C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs, C_IN, CIN_G, C_OUT_G, TAPS,
     PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr,
 ):
@@ -79,10 +80,17 @@ def prepare_operands_kernel(
     and each position's channel row loads as wide vectors; the others lay the contiguous weight
     (C_in, C_out/g, taps) out tap-major and K-major, (taps, groups, C_out/g, C_in/g), so that each tap's weight is
     one contiguous tile with the reduction axis contiguous, as TF32 tensor-core operands must be. Float32 operands
-    are TF32-rounded (PRECISION 1) or split (PRECISION 2) on the way."""
+    are TF32-rounded (PRECISION 1); under 3xTF32 (PRECISION 2) the weight is split and the input left as it is: the
+    kernels split A as they load it, which moves half the bytes that loading both parts did (the tap_columns kernel
+    took 14-22% less time on four of seven sweep layers and no more on the others: benchmarks/RESULTS.md,
+    twenty-first session)."""
     pid = tl.program_id(0)
     if pid < X_PROGRAMS:
-        _channels_last(x_ptr, x_hi_ptr, x_lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION, BLOCK_C, BLOCK_S)
+        if PRECISION == 2:
+            _channels_last(x_ptr, x_op_ptr, x_op_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, 0, BLOCK_C, BLOCK_S)
+        else:
+            _channels_last(x_ptr, x_op_ptr, x_op_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION, BLOCK_C,
+                           BLOCK_S)
     else:
         _tap_major(w_ptr, w_hi_ptr, w_lo_ptr, pid - X_PROGRAMS, C_IN, CIN_G, C_OUT_G, TAPS, PRECISION, BLOCK_W)
 
@@ -179,11 +187,10 @@ def _column_taps(v_w: tl.constexpr, u_w0, OW, W, KW, S_W: tl.constexpr, P_W: tl.
 
 @triton.jit
 def load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr,
-                 EVEN_CI: tl.constexpr, RAW_B: tl.constexpr = False):
+                 EVEN_CI: tl.constexpr):
     """A K-step's B tile: the weight at offsets w_rows by channels ci0 + [0, BLOCK_CI) (contiguous: K-major, as TF32
     tensor-core operands must be), transposed for the dot, with its low part under 3xTF32 (PRECISION 2), else the tile
-    again. Rows not ok and channels past CIN_G load as zeros. RAW_B: the weight is not rounded or split yet, and is
-    here (an experiment, benchmarks/diag_raw_input.py)."""
+    again. Rows not ok and channels past CIN_G load as zeros."""
     ci = ci0 + tl.arange(0, BLOCK_CI)
     if EVEN_CI:
         b_offs = w_rows[:, None] + ci[None, :]
@@ -192,9 +199,7 @@ def load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION: tl.
         b_offs = w_rows[:, None] + tl.minimum(ci, CIN_G - 1)[None, :]
         b_ok = w_row_ok[:, None] & (ci < CIN_G)[None, :]
     b = tl.trans(tl.load(w_base + b_offs, mask=b_ok, other=0.0))
-    if RAW_B:
-        b, b_lo = _as_operand(b, PRECISION)
-    elif PRECISION == 2:
+    if PRECISION == 2:
         b_lo = tl.trans(tl.load(w_lo_base + b_offs, mask=b_ok, other=0.0))
     else:
         b_lo = b
@@ -202,13 +207,11 @@ def load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION: tl.
 
 
 @triton.jit
-def load_operands(x_base, x_lo_base, w_base, w_lo_base, rows, row_ok, w_rows, w_row_ok, ci0, CIN_G, sxc,
-                  PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr, RAW_A: tl.constexpr,
-                  RAW_B: tl.constexpr = False):
+def load_operands(x_base, w_base, w_lo_base, rows, row_ok, w_rows, w_row_ok, ci0, CIN_G, sxc,
+                  PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr):
     """One K-step's tiles: A, the input at offsets rows by channels ci0 + [0, BLOCK_CI) (stride sxc), and B
     (load_weights); each with its low part under 3xTF32 (PRECISION 2), else the tile again. Rows not ok and channels
-    past CIN_G load as zeros. RAW_A, RAW_B: A, B are not rounded or split yet, and are here as the pass would have (an
-    experiment, benchmarks/diag_raw_input.py)."""
+    past CIN_G load as zeros. Under 3xTF32, A is split here (the operand pass leaves the input whole)."""
     ci = ci0 + tl.arange(0, BLOCK_CI)
     if EVEN_CI:  # whole channel blocks: masks constant along channels, so channel rows load as vectors
         a_offs = rows[:, None] + (ci * sxc)[None, :]
@@ -217,11 +220,9 @@ def load_operands(x_base, x_lo_base, w_base, w_lo_base, rows, row_ok, w_rows, w_
         a_offs = rows[:, None] + (tl.minimum(ci, CIN_G - 1) * sxc)[None, :]
         a_ok = row_ok[:, None] & (ci < CIN_G)[None, :]
     a = tl.load(x_base + a_offs, mask=a_ok, other=0.0)
-    b, b_lo = load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION, BLOCK_CI, EVEN_CI, RAW_B)
-    if RAW_A:
+    b, b_lo = load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION, BLOCK_CI, EVEN_CI)
+    if PRECISION == 2:
         a, a_lo = _as_operand(a, PRECISION)
-    elif PRECISION == 2:
-        a_lo = tl.load(x_lo_base + a_offs, mask=a_ok, other=0.0)
     else:
         a_lo = a
     return a, a_lo, b, b_lo
@@ -229,7 +230,7 @@ def load_operands(x_base, x_lo_base, w_base, w_lo_base, rows, row_ok, w_rows, w_
 
 @triton.jit
 def _phase_gemm(
-    v_w: tl.constexpr, x_base, x_lo_base, w_group, w_lo_group, co, co_ok, m, u_h, u_w, u_w0,
+    v_w: tl.constexpr, x_base, w_group, w_lo_group, co, co_ok, m, u_h, u_w, u_w0,
     q_d, m0_d, t0_d, jd_lo, jd_hi, base_h, m0_h, t0_h, jh_lo, jh_hi,
     D, H, W, OW, KD, KH, KW, GROUPS, CIN_G, COUT_G, sxc, sxd, sxh, sxw,
     S_W: tl.constexpr, P_W: tl.constexpr, DIL_W: tl.constexpr, STEP_D: tl.constexpr, STEP_H: tl.constexpr,
@@ -268,16 +269,16 @@ def _phase_gemm(
         rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
                 + tl.minimum(tl.maximum(i_w, 0), W - 1) * sxw)
         tap_row = ((t_d * KH + t_h) * KW + t_w) * GROUPS * CIN_G * COUT_G
-        a, a_lo, b, b_lo = load_operands(x_base, x_lo_base, w_group, w_lo_group, rows, row_ok,
+        a, a_lo, b, b_lo = load_operands(x_base, w_group, w_lo_group, rows, row_ok,
                                          tap_row + tl.minimum(co, COUT_G - 1) * CIN_G, co_ok, ci0, CIN_G, sxc,
-                                         PRECISION, BLOCK_CI, EVEN_CI, False)
+                                         PRECISION, BLOCK_CI, EVEN_CI)
         acc = mma(acc, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
     return acc
 
 
 @triton.jit
 def conv_transpose3d_kernel(
-    x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, b_ptr, y_ptr,
+    x_ptr, w_ptr, w_lo_ptr, b_ptr, y_ptr,
     CIN_G, COUT_G, D, H, W, OD, OH, OW,
     KD, KH, KW,
     sxn, sxc, sxd, sxh, sxw,
@@ -352,10 +353,9 @@ def conv_transpose3d_kernel(
             u_w = u_w0 + m % BLOCK_Q
             oh = S_H * u_h + v_h
             x_base = x_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
-            x_lo_base = x_lo_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
             w_group = w_ptr + group * CIN_G * COUT_G
             w_lo_group = w_lo_ptr + group * CIN_G * COUT_G
-            args = (x_base, x_lo_base, w_group, w_lo_group, co, co_ok, m, u_h, u_w, u_w0,
+            args = (x_base, w_group, w_lo_group, co, co_ok, m, u_h, u_w, u_w0,
                     q_d, m0_d, t0_d, jd_lo, jd_hi, base_h, m0_h, t0_h, jh_lo, jh_hi,
                     D, H, W, OW, KD, KH, KW, GROUPS, CIN_G, COUT_G, sxc, sxd, sxh, sxw)
             for v_w in tl.static_range(S_W):
@@ -422,25 +422,26 @@ def precision_for(dtype: torch.dtype) -> int:
 
 
 def _operands(input, weight, groups, precision):
-    """(x, x_lo, w, w_lo) as the GEMM reads them, by the operand pass: the input channels-last, (N, D, H, W, C_in),
-    and the weight tap-major and K-major, (taps, groups, C_out/g, C_in/g); TF32-rounded or split into high and low
-    parts for float32 (x_lo, w_lo are x, w where unused)."""
+    """(x, w, w_lo) as the GEMM reads them, by the operand pass: the input channels-last, (N, D, H, W, C_in), and the
+    weight tap-major and K-major, (taps, groups, C_out/g, C_in/g); for float32 both TF32-rounded, or under 3xTF32 the
+    weight split into high and low parts and the input as it is (w_lo is w where unused)."""
     c_in, c_out_g, kd, kh, kw = weight.shape
-    operands = operand_buffers(input, (kd * kh * kw, groups, c_out_g, c_in // groups), precision)
+    x, _, w, w_lo = operand_buffers(input, (kd * kh * kw, groups, c_out_g, c_in // groups), precision,
+                                    split_input=False)
     flat = input.flatten(2)  # a view where the strides allow, else a copy
     _operand_pass(tuple(input.shape), tuple(weight.shape), groups, flat.stride(), precision)(
-        (flat, *operands[:2], weight.contiguous(), *operands[2:]))
-    return operands
+        (flat, x, weight.contiguous(), w, w_lo))
+    return x, w, w_lo
 
 
-def operand_buffers(input, weight_operand_shape, precision):
+def operand_buffers(input, weight_operand_shape, precision, split_input: bool = True):
     """Uninitialised (x, x_lo, w, w_lo) for an operand pass: the input's (N, D, H, W, C) and the weight's in the
-    shape given, a low part of each for 3xTF32 (else x, w again)."""
+    shape given, a low part of the weight for 3xTF32 and of the input too where split_input (else x, w again)."""
     w_hi = torch.empty(weight_operand_shape, dtype=input.dtype, device=input.device)
     n, c, d, h, w = input.shape
     x_hi = torch.empty((n, d, h, w, c), dtype=input.dtype, device=input.device)
     if precision == TF32X3:
-        return x_hi, torch.empty_like(x_hi), w_hi, torch.empty_like(w_hi)
+        return x_hi, torch.empty_like(x_hi) if split_input else x_hi, w_hi, torch.empty_like(w_hi)
     return x_hi, x_hi, w_hi, w_hi
 
 
@@ -520,8 +521,8 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
     precision = precision_for(input.dtype) if precision is None else precision
     key = (plan.key, input.dtype, precision, input.device, out.stride(), bias is not None)
     main = _chosen.get(key) if config is None else None
-    x_hi, x_lo, w_hi, w_lo = _operands(input, weight, plan.groups, precision)
-    pointers = (x_hi, x_lo, w_hi, w_lo, bias if bias is not None else w_hi, out)
+    x, w, w_lo = _operands(input, weight, plan.groups, precision)
+    pointers = (x, w, w_lo, bias if bias is not None else w, out)
     if main is None:
         device_index = out.device.index or 0
         chosen = config if config is not None else pick_config(
@@ -575,14 +576,14 @@ def candidates(plan: Plan) -> list[dict]:
     return configs
 
 
-def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision):
+def _launch(cfg, plan: Plan, x, w, w_lo, bias, out, precision):
     """One launch of a config on _operands' results."""
     _main_launch(cfg, plan, precision, bias is not None, out.stride(), out.device.index or 0)(
-        (x, x_lo, w, w_lo, bias if bias is not None else w, out))
+        (x, w, w_lo, bias if bias is not None else w, out))
 
 
 def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_index: int):
-    """A config's launch for a layer, bound (launch.BoundLaunch): call it with (x, x_lo, w, w_lo, bias, out)."""
+    """A config's launch for a layer, bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out)."""
     if cfg.get("KERNEL") == "tap_columns":
         return tap_columns.bind(cfg, plan, precision, has_bias, out_strides)
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_CO"], cfg["BLOCK_CI"], cfg["PER_SM"],

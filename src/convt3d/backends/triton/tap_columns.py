@@ -25,8 +25,8 @@ columns instead of 4, the fourth all zeros, so that a 64-channel block fits in 1
 loaded once for all 64 output channels.
 
 Operands as the general kernel's operand pass lays them out: the input channels-last and the weight tap-major and
-K-major, TF32-rounded or split (precisions as in forward.py). Stride along W of 1 or 2 only (the output's phases
-interleave in registers as whole rows).
+K-major, TF32-rounded or split (precisions as in forward.py; under 3xTF32 A is split as it loads). Stride along W of 1
+or 2 only (the output's phases interleave in registers as whole rows).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def unsupported_reason(plan: Plan) -> str | None:
 
 @triton.jit
 def tap_columns_kernel(
-    x_ptr, x_lo_ptr, w_ptr, w_lo_ptr, b_ptr, y_ptr,
+    x_ptr, w_ptr, w_lo_ptr, b_ptr, y_ptr,
     CIN_G, COUT_G, D, H, W, OD, OH, OW, KD, KH,
     sxn, sxc, sxd, sxh, sxw,
     syn, syc, syd, syh, syw,
@@ -74,7 +74,7 @@ def tap_columns_kernel(
     KW: tl.constexpr, KW_A: tl.constexpr, KW_B: tl.constexpr, DMIN: tl.constexpr, HALO: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr,
-    RAW_A: tl.constexpr = False, RAW_B: tl.constexpr = False, DIAG: tl.constexpr = 0,
+    DIAG: tl.constexpr = 0,
 ):
     # GEMM columns (t_w, co), co fastest: a tap's weight rows lie together, and each thread's accumulator holds
     # all taps of its columns, so that summing over taps stays in registers. Tensor shapes are powers of two, so the
@@ -113,7 +113,6 @@ def tap_columns_kernel(
     nh = tl.maximum(jh_hi - jh_lo, 1)
 
     x_base = x_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
-    x_lo_base = x_lo_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
     slot_ok = (c >= 0) & (c < W) & (u_h < U_H)
     # B: the weight rows (t_w, co) of each column group, of the taps (t_d, t_h, t_w), in the layout (taps, groups,
     # C_out/g, C_in/g).
@@ -136,12 +135,12 @@ def tap_columns_kernel(
         rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
                 + tl.minimum(tl.maximum(c, 0), W - 1) * sxw)
         tap_base = (t_d * KH + t_h) * KW * GROUPS * COUT_G * CIN_G
-        a, a_lo, b, b_lo = load_operands(x_base, x_lo_base, w_ptr, w_lo_ptr, rows, row_ok, tap_base + b_rows_a,
-                                         b_ok_a, ci0, CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI, RAW_A, RAW_B)
+        a, a_lo, b, b_lo = load_operands(x_base, w_ptr, w_lo_ptr, rows, row_ok, tap_base + b_rows_a, b_ok_a, ci0,
+                                         CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI)
         acc_a = mma(acc_a, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
         if KW_B > 0:
             b, b_lo = load_weights(w_ptr, w_lo_ptr, tap_base + b_rows_b, b_ok_b, ci0, CIN_G, PRECISION, BLOCK_CI,
-                                   EVEN_CI, RAW_B)
+                                   EVEN_CI)
             acc_b = mma(acc_b, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
 
     # Each tap's column of P, moved up by its shift delta(t_w) - DMIN, lines up with the outputs it feeds; summed per
@@ -279,18 +278,14 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int):
     return grid, sizes, blocks, constexprs
 
 
-def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, input_strides=None, raw_b: bool = False):
+def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides):
     """A config's launch for a layer on forward._operands' results (x channels-last, w tap-major and K-major),
-    bound (launch.BoundLaunch): call it with (x, x_lo, w, w_lo, bias, out). Experiments (benchmarks/diag_raw_input.py):
-    with input_strides, x is an input with these strides not rounded or split yet, and x_lo any tensor: the kernel
-    rounds or splits it as it loads it; with raw_b, the same for w (laid out as the pass does) and w_lo."""
+    bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out)."""
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_CI"])
-    strides = channels_last_strides(plan) if input_strides is None else tuple(input_strides)
     return _kernel.bind(
-        grid, (*sizes, *strides, *out_strides, *blocks),
+        grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
         (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _kernel.interpreted),
-         ("RAW_A", input_strides is not None), ("RAW_B", raw_b), ("DIAG", cfg.get("DIAG", 0)), ("num_warps", cfg["num_warps"]),
-         ("num_stages", cfg["num_stages"])))
+         ("DIAG", cfg.get("DIAG", 0)), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
 
 
 _kernel = Launcher(tap_columns_kernel)
