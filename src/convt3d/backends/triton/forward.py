@@ -51,12 +51,18 @@ def _round_to_tf32(x):
 def _as_operand(x, PRECISION: tl.constexpr):
     """(high, low): x as the GEMM reads it: as is (0), TF32-rounded (1), or as TF32 high and low parts (2); the low
     part is the high one again where unused."""
+    # One return at the end: Triton's compiler also compiles what follows a return inside a constexpr branch (here
+    # the rounding, on half-precision x, which does not compile).
     if PRECISION == 0:
-        return x, x
-    hi = _round_to_tf32(x)
-    if PRECISION == 2:
-        return hi, _round_to_tf32(x - hi)
-    return hi, hi
+        hi = x
+        lo = x
+    else:
+        hi = _round_to_tf32(x)
+        if PRECISION == 2:
+            lo = _round_to_tf32(x - hi)
+        else:
+            lo = hi
+    return hi, lo
 
 
 @triton.jit
