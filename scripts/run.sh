@@ -17,6 +17,10 @@ cmd=${1:-test}; shift || true
 case "$cmd" in
     test)
         if need pytest; then "$PY" -m pip install -q pytest; fi
+        # pytest-xdist spreads the tests over the machine's cores (the Triton interpreter keeps one core busy per
+        # process); offline without it they run in one process.
+        if need xdist; then "$PY" -m pip install -q pytest-xdist || echo "pytest-xdist unavailable: one process"; fi
+        if ! need xdist; then set -- -n auto "$@"; fi  # a later -n of the caller's wins
         # matplotlib only lets the bench tests draw their chart; offline without it they skip that part.
         if need matplotlib; then "$PY" -m pip install -q matplotlib || echo "matplotlib unavailable"; fi
         exec "$PY" -m pytest "$@" ;;
