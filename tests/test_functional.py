@@ -1,7 +1,7 @@
 import importlib
 import logging
 import random
-import time
+import types
 
 import pytest
 import torch
@@ -179,13 +179,17 @@ def test_auto_picks_the_faster_candidate_and_logs_the_times(monkeypatch, caplog,
     from convt3d import functional
 
     real = functional.run_backend
+    # A fake clock that each call advances, 5 ms for the slow candidate and 1 ms for the other: with a sleep and the
+    # real clock, the phase path's many small ops once took 23 ms on this tiny layer under pytest-xdist (two busy
+    # processes on two cores) and lost to eager with its 5 ms sleep.
+    clock = [0.0]
 
     def run(name, *args):
-        if name == slow:
-            time.sleep(0.005)
+        clock[0] += 5e-3 if name == slow else 1e-3
         return real(name, *args)
 
     monkeypatch.setattr(functional, "run_backend", run)
+    monkeypatch.setattr(functional, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(functional, "_choice", {})
     caplog.set_level(logging.DEBUG, logger="convt3d")
     x, w = torch.rand(1, 3, 4, 4, 4), torch.randn(3, 2, 3, 3, 3)

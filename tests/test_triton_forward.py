@@ -129,7 +129,7 @@ def test_random_configs_tf32x3(seed):
 
 
 def test_strided_and_channels_last_inputs_keep_pytorchs_memory_format():
-    cfg = CASES[1]
+    cfg = CASES[2]  # groups and bias; CASES[1] took 89 s of the interpreter here
     x, w, b = tensors(cfg, torch.float32)
     ref = F.conv_transpose3d(x.double(), w.double(), b.double(), **layer_args(cfg))
     x_cl = x.to(memory_format=torch.channels_last_3d)
@@ -261,7 +261,8 @@ def test_the_chosen_configs_launch_serves_later_calls(monkeypatch, kernel):
     monkeypatch.setattr(module, "pick_config", remember_first)
     monkeypatch.setattr(module, "_best_config", {})
     monkeypatch.setattr(module, "_chosen", {})
-    cfg = CASES[1] if kernel == "forward" else CASES[3]
+    # Small layers: the interpreter took 120 s for three calls of CASES[1].
+    cfg = CASES[0] if kernel == "forward" else CASES[3]
     plan = make_plan(tuple(tensors(cfg, torch.float32)[0].shape), tuple(tensors(cfg, torch.float32)[1].shape),
                      **layer_args(cfg))
     for _ in range(3):  # fresh inputs each time, through the same bound launches
