@@ -4,13 +4,16 @@ registers, spills and shared memory, beside eager and two configs of the general
 budget: the label gives the layout it comes to (BLOCK_CO, KW_A, KW_B), tap_columns.column_layout.
 
     PYTHONPATH=src python3 benchmarks/diag_tap_columns.py [--iters 30] [--layers vae_k4s2p1,...] [--no-gather]
+        [--modes tf32,off] [--configs 128x128x16w8s4,...] [--general 128x64x32w8s3,...]
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), on operands laid out
-beforehand. Each output is NaN-poisoned before its first call, then checked against eager (KernelBench's check)
-and float64 (relative error), TF32 mode.
+beforehand. Each output is NaN-poisoned before its first call, then checked against eager in the same mode
+(KernelBench's check) and float64 (relative error). --modes: TF32 mode (tf32) and TF32 off (off: 3xTF32) for float32
+layers. --configs and --general replace the tap_columns and general configs below (MxNxCI w<warps> s<stages>).
 """
 
 import argparse
+import re
 
 import torch
 
@@ -28,6 +31,12 @@ TAP_COLUMNS = [
 GENERAL = [(128, 64, 32, 4, 3), (128, 64, 64, 4, 2)]  # (BLOCK_M, BLOCK_CO, BLOCK_CI, num_warps, num_stages)
 
 
+def parse_configs(text):
+    """"128x128x16w8s4,..." -> [(128, 128, 16, 8, 4), ...]"""
+    return [tuple(int(v) for v in re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)", c).groups())
+            for c in text.split(",")]
+
+
 def compiled_kernels(fn):
     """Every kernel Triton compiled from fn so far (its JIT caches, whose layout varies between versions)."""
     kernels = []
@@ -41,51 +50,64 @@ def main():
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--layers", default="vae_k4s2p1,video_k3s2p1op1,k3s1p1,vae_k4s2p1_fp16")
     parser.add_argument("--no-gather", action="store_true", help="also time each config without its gather")
+    parser.add_argument("--modes", default="tf32")
+    parser.add_argument("--configs", type=parse_configs, default=TAP_COLUMNS)
+    parser.add_argument("--general", type=parse_configs, default=GENERAL)
     args = parser.parse_args()
     rows = []
     for layer in sweep_layers(args.layers):
-        name = layer.name
         dtype = DTYPES[layer.dtype]
-        plan = layer.plan()
-        module, x, w, b, reference = layer.kernel_case("cuda")
-        precision = tf.precision_for(dtype)
-        with torch.no_grad():
-            expected = module(x)
-        operands = tf._operands(x, w, plan.groups, precision)
-        t = time_cuda(lambda: module(x), iters=args.iters)
-        rows.append((name, "eager", t.mean_ms, t.min_ms, ""))
-        configs = [("general {}x{}x{} w{} s{}".format(*c), dict(BLOCK_M=c[0], BLOCK_CO=c[1], BLOCK_CI=c[2],
-                                                                  num_warps=c[3], num_stages=c[4], PER_SM=0))
-                   for c in GENERAL]
-        for c in TAP_COLUMNS:
-            cfg = dict(KERNEL="tap_columns", BLOCK_M=c[0], BLOCK_N=c[1], BLOCK_CI=c[2], num_warps=c[3], num_stages=c[4])
-            layout = tap_columns.column_layout(plan, c[1])  # (BLOCK_CO, KW_A, KW_B)
-            configs += [("tap_columns {}x{}x{} w{} s{} {}".format(*c, layout), cfg)]
-            if args.no_gather:
-                configs += [("  same, no gather", dict(cfg, DIAG=1))]
-        for label, cfg in configs:
-            out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
-            before = {id(k) for k in compiled_kernels(tap_columns.tap_columns_kernel)}
-
-            def call(cfg=cfg, out=out):
-                tf._launch(cfg, plan, *operands, b, out, precision)
-
-            try:
-                call()
-                text = "" if cfg.get("DIAG") else (
-                    f"KB {kernelbench_check(out, expected)}, {relative_error(out, reference):.1e}")
-                t = time_cuda(call, iters=args.iters)
-            except Exception as error:  # a config that does not fit: say so and go on
-                rows.append((name, label, float("nan"), float("nan"), repr(error)[:80]))
-                continue
-            new = [k for k in compiled_kernels(tap_columns.tap_columns_kernel) if id(k) not in before]
-            if new:
-                k = new[0]
-                text += f"; {k.n_regs} regs, {k.n_spills} spills, {k.metadata.shared // 1024} KB shared"
-            rows.append((name, label, t.mean_ms, t.min_ms, text))
-            print(rows[-1], flush=True)
-        del operands
+        for mode in args.modes.split(",") if dtype == torch.float32 else ["tf32"]:
+            torch.backends.cudnn.allow_tf32 = mode == "tf32"
+            rows += layer_rows(layer, mode, args)
+    torch.backends.cudnn.allow_tf32 = True
     print(markdown_table(["layer", "variant", "mean ms", "min ms", "check, rel. err. vs float64; resources"], rows))
+
+
+def layer_rows(layer, mode, args):
+    rows = []
+    name = f"{layer.name} ({mode})"
+    dtype = DTYPES[layer.dtype]
+    plan = layer.plan()
+    module, x, w, b, reference = layer.kernel_case("cuda")
+    precision = tf.precision_for(dtype)
+    with torch.no_grad():
+        expected = module(x)
+        t = time_cuda(lambda: module(x), iters=args.iters)
+    operands = tf._operands(x, w, plan.groups, precision)
+    rows.append((name, "eager", t.mean_ms, t.min_ms, ""))
+    configs = [("general {}x{}x{} w{} s{}".format(*c), dict(BLOCK_M=c[0], BLOCK_CO=c[1], BLOCK_CI=c[2],
+                                                              num_warps=c[3], num_stages=c[4], PER_SM=0))
+               for c in args.general]
+    for c in args.configs if tap_columns.unsupported_reason(plan) is None else []:
+        cfg = dict(KERNEL="tap_columns", BLOCK_M=c[0], BLOCK_N=c[1], BLOCK_CI=c[2], num_warps=c[3], num_stages=c[4])
+        layout = tap_columns.column_layout(plan, c[1])  # (BLOCK_CO, KW_A, KW_B)
+        configs += [("tap_columns {}x{}x{} w{} s{} {}".format(*c, layout), cfg)]
+        if args.no_gather:
+            configs += [("  same, no gather", dict(cfg, DIAG=1))]
+    kernels = (tap_columns.tap_columns_kernel, tf.conv_transpose3d_kernel)
+    for label, cfg in configs:
+        out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
+        before = {id(k) for fn in kernels for k in compiled_kernels(fn)}
+
+        def call(cfg=cfg, out=out):
+            tf._launch(cfg, plan, *operands, b, out, precision)
+
+        try:
+            call()
+            text = "" if cfg.get("DIAG") else (
+                f"KB {kernelbench_check(out, expected)}, {relative_error(out, reference):.1e}")
+            t = time_cuda(call, iters=args.iters)
+        except Exception as error:  # a config that does not fit: say so and go on
+            rows.append((name, label, float("nan"), float("nan"), repr(error)[:80]))
+            continue
+        new = [k for fn in kernels for k in compiled_kernels(fn) if id(k) not in before]
+        if new:
+            k = new[0]
+            text += f"; {k.n_regs} regs, {k.n_spills} spills, {k.metadata.shared // 1024} KB shared"
+        rows.append((name, label, t.mean_ms, t.min_ms, text))
+        print(rows[-1], flush=True)
+    return rows
 
 
 if __name__ == "__main__":
