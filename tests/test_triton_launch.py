@@ -14,13 +14,14 @@ class FakeKernel:
     __name__ = "fake_kernel"
     arg_names = ["x_ptr", "n", "stride", "BLOCK", "ROUND"]
 
-    def __init__(self):
-        self.jit_launches, self.compiled_launches = [], []
+    def __init__(self, compiled_class=None):
+        self.jit_launches, self.compiled_launches, self.direct_launches = [], [], []
+        self.compiled_class = compiled_class or FakeCompiled
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.jit_launches.append((grid, args, kwargs))
-            return FakeCompiled(self, len(self.jit_launches))
+            return self.compiled_class(self, len(self.jit_launches))
         return launch
 
 
@@ -31,6 +32,19 @@ class FakeCompiled:
     def __getitem__(self, grid):
         def run(*args, stream):
             self.kernel.compiled_launches.append((self.number, grid, args, stream))
+        return run
+
+
+class DirectCompiled(FakeCompiled):
+    """With the launcher object that Triton 3.x's runner calls, as compiled.run(grid x, y, z, stream, function,
+    packed metadata, launch metadata, enter hook, exit hook, *arguments)."""
+
+    function, packed_metadata = "function", "packed metadata"
+
+    @property
+    def run(self):
+        def run(*args):
+            self.kernel.direct_launches.append((self.number, args))
         return run
 
 
@@ -56,6 +70,45 @@ def test_the_same_arguments_reuse_the_compiled_kernel(compiled_mode):
     # the compiled kernel's runner for all three grid sizes, every argument in the kernel's order, constexprs
     # included (not launch options), and the current device's stream
     assert kernel.compiled_launches == [(1, (7, 2, 1), (y, 100, 5, 64, True), 1000)]
+
+
+@pytest.mark.parametrize("hooks", [False, True])
+def test_without_launch_hooks_it_calls_the_launcher_under_the_runner(compiled_mode, monkeypatch, hooks):
+    """What the runner would do, less its launch metadata and hook calls; with a hook registered, the runner."""
+    from convt3d.backends.triton import launch as launch_module
+
+    monkeypatch.setattr(launch_module, "_no_launch_hooks", lambda: not hooks)
+    kernel = FakeKernel(DirectCompiled)
+    bound = Launcher(kernel).bind((7, 2), (100, 5), OPTIONS)
+    x, y = torch.empty(64), torch.empty(64)
+    bound((x,))
+    bound((y,))
+    if hooks:
+        assert kernel.compiled_launches == [(1, (7, 2, 1), (y, 100, 5, 64, True), 1000)]
+        assert not kernel.direct_launches
+    else:
+        assert kernel.direct_launches == [
+            (1, (7, 2, 1, 1000, "function", "packed metadata", None, None, None, y, 100, 5, 64, True))]
+        assert not kernel.compiled_launches
+
+
+def test_launch_hooks_are_seen(monkeypatch):
+    from convt3d.backends.triton import launch as launch_module
+
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+
+    for enter, exit, idle in [([], [], True), ([print], [], False), ([], [print], False)]:
+        monkeypatch.setattr(launch_module, "_runtime_knobs", type("Knobs", (), dict(
+            launch_enter_hook=Chain(enter), launch_exit_hook=Chain(exit))))
+        assert launch_module._no_launch_hooks() is idle
+    # Hooks kept otherwise (older Triton: a function or None): not known to be idle.
+    monkeypatch.setattr(launch_module, "_runtime_knobs", type("Knobs", (), dict(launch_enter_hook=None,
+                                                                              launch_exit_hook=None)))
+    assert not launch_module._no_launch_hooks()
+    monkeypatch.setattr(launch_module, "_runtime_knobs", None)
+    assert not launch_module._no_launch_hooks()
 
 
 def test_a_bound_launch_takes_only_the_pointers(compiled_mode):

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from .backends import torch_phase
+from .backends import cudnn_allow_tf32, torch_phase
 from .ops import apply, cached_plan
 from .plan import Plan, make_plan, triple
 
@@ -127,8 +127,9 @@ def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) 
     slower on another), and with PyTorch's own kernel among the candidates "auto" is never slower than eager
     beyond timing noise and host time.
     """
-    key = (plan.key, input.dtype, input.device, torch.backends.cudnn.allow_tf32, torch.get_num_threads(),
-           bias is not None, input.is_contiguous())
+    # The plan itself (its hash computed once; the same object for the same layer), not its key, which hashes anew.
+    key = (plan, input.dtype, input.device, cudnn_allow_tf32(), torch.get_num_threads(), bias is not None,
+           input.is_contiguous())
     choice = _choice.get(key)
     if choice is not None:
         return choice

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from .. import output_memory_format
+from .. import cudnn_allow_tf32, output_memory_format
 from . import NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2, power_of_2_at_most
 from .launch import Launcher
 
@@ -437,7 +437,7 @@ def precision_for(dtype: torch.dtype) -> int:
     """PyTorch's rule for convolutions: TF32 when torch.backends.cudnn.allow_tf32, else full float32."""
     if dtype != torch.float32:
         return NATIVE
-    return TF32 if torch.backends.cudnn.allow_tf32 else TF32X3
+    return TF32 if cudnn_allow_tf32() else TF32X3
 
 
 def _operands(input, weight, groups, precision):
@@ -447,21 +447,53 @@ def _operands(input, weight, groups, precision):
     c_in, c_out_g, kd, kh, kw = weight.shape
     x, _, w, w_lo = operand_buffers(input, (kd * kh * kw, groups, c_out_g, c_in // groups), precision,
                                     split_input=False)
-    flat = input.flatten(2)  # a view where the strides allow, else a copy
-    _operand_pass(tuple(input.shape), tuple(weight.shape), groups, flat.stride(), precision)(
+    flat, flat_strides = flat_input(input)
+    _operand_pass(tuple(input.shape), tuple(weight.shape), groups, flat_strides, precision)(
         (flat, x, weight.contiguous(), w, w_lo))
     return x, w, w_lo
 
 
+def flat_input(input):
+    """input as (N, C, D*H*W) for the operand passes: the tensor itself and those strides where it is contiguous (no
+    view made: each costs host time), else input.flatten(2) (a view where the strides allow, else a copy)."""
+    if input.is_contiguous():
+        n, c, d, h, w = input.shape
+        return input, (c * d * h * w, d * h * w, 1)
+    flat = input.flatten(2)
+    return flat, flat.stride()
+
+
 def operand_buffers(input, weight_operand_shape, precision, split_input: bool = True):
     """Uninitialised (x, x_lo, w, w_lo) for an operand pass: the input's (N, D, H, W, C) and the weight's in the
-    shape given, a low part of the weight for 3xTF32 and of the input too where split_input (else x, w again)."""
-    w_hi = torch.empty(weight_operand_shape, dtype=input.dtype, device=input.device)
+    shape given, a low part of the weight for 3xTF32 and of the input too where split_input (else x, w again). All
+    are views of one allocation: a torch.empty took 6.7 us of the H200 machine's host time, two to four of them per
+    call (benchmarks/diag_host_steps.py, twenty-second session)."""
     n, c, d, h, w = input.shape
-    x_hi = torch.empty((n, d, h, w, c), dtype=input.dtype, device=input.device)
-    if precision == TF32X3:
-        return x_hi, torch.empty_like(x_hi) if split_input else x_hi, w_hi, torch.empty_like(w_hi)
-    return x_hi, x_hi, w_hi, w_hi
+    total, x_view, x_lo_view, w_view, w_lo_view = _operand_layout((n, d, h, w, c), tuple(weight_operand_shape),
+                                                                  precision == TF32X3, split_input)
+    buffer = torch.empty(total, dtype=input.dtype, device=input.device)
+    x = buffer.as_strided(*x_view)
+    weight_operand = buffer.as_strided(*w_view)
+    return (x, buffer.as_strided(*x_lo_view) if x_lo_view else x, weight_operand,
+            buffer.as_strided(*w_lo_view) if w_lo_view else weight_operand)
+
+
+@functools.lru_cache(maxsize=256)
+def _operand_layout(x_shape, w_shape, split: bool, split_input: bool):
+    """(elements, then (shape, strides, offset) of x, x_lo, w, w_lo, or None where unused): contiguous arrays one after
+    the other, each starting at a multiple of 64 elements (as aligned as the kernels' 16-byte loads need, and more)."""
+    views, total = [], 0
+    for shape, used in [(x_shape, True), (x_shape, split and split_input), (w_shape, True), (w_shape, split)]:
+        if not used:
+            views.append(None)
+            continue
+        strides, size = [], 1
+        for extent in reversed(shape):
+            strides.insert(0, size)
+            size *= extent
+        views.append((shape, tuple(strides), total))
+        total += -(-size // 64) * 64
+    return (total, *views)
 
 
 @functools.lru_cache(maxsize=256)

@@ -6,8 +6,12 @@ machine the weight gradient kernel's launch (about 40 arguments) took 41.6 us of
 this launcher's first version and 10.7 calling the compiled kernel directly (benchmarks/RESULTS.md, eighth
 session): host time that shows wherever the host, not the GPU, sets the pace, as it does in problem 77's backward.
 So the caller hands over its arguments already split and its constant part already hashable (computed once per
-layer), and a hit calls the compiled kernel's runner for that grid with the stream given (Triton's runner would
-look up the current device and its stream again).
+layer), and a hit calls the compiled kernel's launcher object (compiled.run) with the arguments that the compiled
+kernel's runner (compiled[grid]) would give it, the stream given. The runner itself costs more: on the H200 machine
+(benchmarks/diag_host_steps.py, twenty-second session) a launch took 14.9 us through the runner and 10.9 through
+compiled.run, about 4 us for its launch metadata (a dict built on every call in Triton 3.6 for launch hooks that may
+be registered) and its empty hook chains, which Triton's C launcher then calls. So the runner serves wherever a
+launch hook is registered (a profiler such as proton's) or this Triton's compiled kernel or hooks look otherwise.
 
 The key is finer than Triton's specialisation (Triton 3.x specialises each tensor on its dtype and 16-byte
 alignment, each integer on being 1, a multiple of 16 and within 32 bits): the current device, the pointers' dtypes
@@ -23,6 +27,11 @@ import torch
 from .. import current_cuda_device as _current_device
 from . import interpreted
 
+try:
+    from triton.knobs import runtime as _runtime_knobs  # Triton 3.4 and later
+except ImportError:
+    _runtime_knobs = None
+
 # Distinct bindings kept per kernel before starting over (each layer shape and batch size makes its own).
 MAX_KEYS = 64
 
@@ -32,6 +41,23 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 def _current_stream(device: int) -> int:
     return _raw_stream(device) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+def _no_launch_hooks() -> bool:
+    """Whether Triton's launch hook chains are known to be empty (Triton 3.4-3.9 keep them as HookChains)."""
+    if _runtime_knobs is None:
+        return False
+    return (not getattr(_runtime_knobs.launch_enter_hook, "calls", True)
+            and not getattr(_runtime_knobs.launch_exit_hook, "calls", True))
+
+
+def _direct(compiled):
+    """(compiled.run, its function, its packed metadata): what compiled[grid]'s runner hands to compiled.run besides
+    the grid, stream and arguments; None where this compiled kernel lacks them."""
+    try:
+        return compiled.run, compiled.function, compiled.packed_metadata
+    except AttributeError:
+        return None
 
 
 class Launcher:
@@ -76,11 +102,13 @@ class BoundLaunch:
     """One launch of a kernel with its grid, scalars and options fixed; call it with the pointers. The compiled
     kernel is kept per current device and the pointers' dtypes and 16-byte alignments."""
 
-    __slots__ = ("kernel", "pointers", "grid", "scalars", "options", "constexprs", "interpreted", "_compiled")
+    __slots__ = ("kernel", "pointers", "grid", "grid3", "scalars", "options", "constexprs", "interpreted",
+                 "_compiled")
 
     def __init__(self, launcher: Launcher, grid, scalars, options):
         self.kernel, self.pointers, self.interpreted = launcher.kernel, launcher.pointers, launcher.interpreted
         self.grid, self.scalars, self.options = grid, scalars, dict(options)
+        self.grid3 = (*grid, 1, 1)[:3]
         # The compiled kernel's runner takes every argument in the kernel's order, constexprs too.
         self.constexprs = tuple(self.options[name] for name in self.kernel.arg_names[self.pointers + len(scalars):])
         self._compiled = {}
@@ -90,11 +118,19 @@ class BoundLaunch:
             return self.kernel[self.grid](*pointers, *self.scalars, **self.options)
         device = _current_device()
         key = (device, *[(t.dtype, t.data_ptr() % 16 == 0) for t in pointers])
-        runner = self._compiled.get(key)
-        if runner is None:
+        compiled = self._compiled.get(key)
+        if compiled is None:
             if len(pointers) != self.pointers:
                 raise TypeError(f"{self.kernel.__name__}: {self.pointers} pointers, then ints")
-            compiled = self.kernel[self.grid](*pointers, *self.scalars, **self.options)
-            self._compiled[key] = compiled[(*self.grid, 1, 1)[:3]]
+            kernel = self.kernel[self.grid](*pointers, *self.scalars, **self.options)
+            self._compiled[key] = (kernel[self.grid3], _direct(kernel))
             return
-        runner(*pointers, *self.scalars, *self.constexprs, stream=_current_stream(device))
+        runner, direct = compiled
+        stream = _current_stream(device)
+        if direct is not None and _no_launch_hooks():
+            run, function, metadata = direct
+            # The runner's own call, with no launch metadata and no hooks to call.
+            run(*self.grid3, stream, function, metadata, None, None, None, *pointers, *self.scalars,
+                *self.constexprs)
+        else:
+            runner(*pointers, *self.scalars, *self.constexprs, stream=stream)

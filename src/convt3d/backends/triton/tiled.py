@@ -27,8 +27,8 @@ import triton.language as tl
 
 from ...plan import Plan
 from . import cdiv, interpreted, next_power_of_2
-from .forward import (_channels_last, _store_operand, allocate_output, mma, operand_buffers, pick_config,
-                      precision_for)
+from .forward import (_channels_last, _store_operand, allocate_output, flat_input, mma, operand_buffers,
+                      pick_config, precision_for)
 from .launch import Launcher
 
 
@@ -203,8 +203,8 @@ def _operands(input, weight, precision):
     K-major (KD, KH, C_out, KW, C_in), TF32-rounded or split for float32 (x_lo, w_lo are x, w where unused)."""
     c_in, c_out, kd, kh, kw = weight.shape
     operands = operand_buffers(input, (kd, kh, c_out, kw, c_in), precision)
-    flat = input.flatten(2)  # a view where the strides allow, else a copy
-    _operand_pass(tuple(input.shape), tuple(weight.shape), flat.stride(), precision)(
+    flat, flat_strides = flat_input(input)
+    _operand_pass(tuple(input.shape), tuple(weight.shape), flat_strides, precision)(
         (flat, *operands[:2], weight.contiguous(), *operands[2:]))
     return operands
 
