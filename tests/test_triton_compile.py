@@ -1,9 +1,13 @@
-"""The forward's Triton kernels compile for Hopper (sm_90) in every precision, through Triton's compiler on the CPU.
+"""Every Triton kernel compiles for Hopper (sm_90) in every precision, through Triton's compiler on the CPU.
 
 The interpreter runs a kernel's Python, not the compiler, and the compiler rejects some code that the interpreter
 runs: a return inside a constexpr branch followed by TF32 rounding compiled for float16 operands (twenty-first
-session, caught only on the GPU). The compile runs in a subprocess without TRITON_INTERPRET, under which triton.jit
-would have made the kernels interpreted functions.
+session, caught only on the GPU). So the library's own host code runs here on CPU tensors with every launch
+recorded instead of made (launch.BoundLaunch, through which every kernel is launched), and each recorded launch is
+compiled with its constexprs and launch options: the forward (the general and tap_columns kernels, the tiled GEMM,
+their operand passes), the backward's operand copy and weight gradient, the bias fill and the CUDA phase
+correlation's operand pass. The compile runs in a subprocess without TRITON_INTERPRET, under which triton.jit would
+have made the kernels interpreted functions.
 """
 
 import os
@@ -15,52 +19,100 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-# Each bound launch of a sweep-like layer (stride 2, KW = 3: tap_columns' split column groups), compiled with the
-# launch's constexprs and options; pointers typed by the layer's dtype, every other argument a 32-bit int.
 SCRIPT = r"""
 import sys
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from convt3d.backends.triton import forward, tap_columns, tiled
+from convt3d.backends import torch_phase
+from convt3d.backends.triton import backward, fill, forward, launch, tap_columns, tiled, window
 from convt3d.plan import make_plan
 
-LAUNCH_OPTIONS = ("num_warps", "num_stages")
-plan = make_plan((1, 64, 4, 8, 8), (64, 32, 3, 3, 3), stride=2, padding=1, output_padding=1)
-k2s2 = make_plan((1, 64, 4, 8, 8), (64, 32, 2, 2, 2), stride=2)
-out_strides = (1, 2, 3, 4, 5)
+recorded = {}
+
+
+def record(bound, pointers):
+    # One compile per kernel, options and pointer dtypes: what the outputs hold does not matter here.
+    name = bound.kernel.fn.__module__.rsplit(".", 1)[-1] + "." + bound.kernel.__name__
+    key = (name, tuple(sorted(bound.options.items())), tuple(t.dtype for t in pointers))
+    recorded.setdefault(key, (bound, tuple(t.dtype for t in pointers)))
+
+
+launch.BoundLaunch.__call__ = record
+TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+torch.manual_seed(0)
+
+# The forward: stride 2 with KW = 3 (tap_columns' split column groups), both kernels; the tiled GEMM on k2 s2.
+for dtype, precision in [(torch.float16, forward.NATIVE), (torch.bfloat16, forward.NATIVE),
+                         (torch.float32, forward.TF32), (torch.float32, forward.TF32X3)]:
+    x, w, b = torch.rand(1, 64, 4, 8, 8, dtype=dtype), torch.rand(64, 32, 3, 3, 3, dtype=dtype), torch.rand(32, dtype=dtype)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), stride=2, padding=1, output_padding=1)
+    for config in (forward._configs()[0], tap_columns.configs(plan)[-1]):
+        forward.conv_transpose3d_triton(x, w, b, plan, precision, config=config)
+    w2 = torch.rand(64, 32, 2, 2, 2, dtype=dtype)
+    plan2 = make_plan(tuple(x.shape), tuple(w2.shape), stride=2)
+    tiled.conv_transpose3d_tiled(x, w2, b, plan2, precision, config=tiled.configs()[0])
+
+# The backward by phases (problem 77's shape in miniature), in each precision mode.
+x, w = torch.rand(1, 16, 4, 6, 6), torch.rand(16, 32, 3, 3, 3)
+plan = make_plan(tuple(x.shape), tuple(w.shape), stride=2, padding=1, dilation=2)
+grad = torch.rand(plan.output_shape)
+for dtype, tf32 in [(torch.float32, True), (torch.float32, False), (torch.float16, True), (torch.bfloat16, True)]:
+    with torch.backends.cudnn.flags(allow_tf32=tf32):
+        torch_phase.conv_transpose3d_backward(grad.to(dtype), x.to(dtype), w.to(dtype), plan,
+                                              phase_backward=backward.phase_backward)
+
+fill.fill_channels(torch.empty(1, 4, 8, 16, 16), torch.rand(4))
+for split in (False, True):
+    window.correlation_operands(x, 0, x.shape, x.stride(), (-1, -1, -1), (6, 8, 8), w, False, split=split)
+
 failed = []
-for precision, dtype in [(forward.NATIVE, "fp16"), (forward.NATIVE, "bf16"), (forward.TF32, "fp32"),
-                         (forward.TF32X3, "fp32")]:
-    launches = [forward._operand_pass((1, 64, 4, 8, 8), (64, 32, 3, 3, 3), 1, (2048, 32, 1), precision)]
-    launches += [forward._main_launch(cfg, plan, precision, True, out_strides, 0)
-                 for cfg in (forward._configs()[0], tap_columns.configs(plan)[-1])]
-    launches.append(tiled._main_launch(tiled.configs()[0], k2s2, precision, True, None, out_strides))
-    if dtype == "fp32":
-        launches.append(tiled._operand_pass((1, 64, 4, 8, 8), (64, 32, 2, 2, 2), (2048, 32, 1), precision))
-    for bound in launches:
-        constexprs = {k: v for k, v in bound.options.items() if k not in LAUNCH_OPTIONS}
-        names = bound.kernel.arg_names
-        signature = {name: "constexpr" if name in constexprs else "*" + dtype if name.endswith("_ptr") else "i32"
-                     for name in names}
-        label = f"{bound.kernel.__name__} precision {precision} {dtype}"
-        try:
-            triton.compile(ASTSource(bound.kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                           options={k: bound.options[k] for k in LAUNCH_OPTIONS if k in bound.options})
-            print("compiled", label)
-        except Exception as error:
-            failed.append(label)
-            print("FAILED", label, type(error).__name__, str(error)[-2000:])
+for (name, _, _), (bound, dtypes) in recorded.items():
+    constexprs = {k: v for k, v in bound.options.items() if k not in ("num_warps", "num_stages")}
+    names = bound.kernel.arg_names
+    scalars = dict(zip(names[bound.pointers:], bound.scalars))
+    signature = {}
+    for i, arg in enumerate(names):
+        if arg in constexprs:
+            signature[arg] = "constexpr"
+        elif i < bound.pointers:
+            signature[arg] = "*" + TYPES[dtypes[i]]
+        else:
+            signature[arg] = "i32" if -2**31 <= scalars[arg] < 2**31 else "i64"
+    label = f"{name} {dict(constexprs)} {[TYPES[d] for d in dtypes]}"
+    try:
+        triton.compile(ASTSource(bound.kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                       options={k: bound.options[k] for k in ("num_warps", "num_stages") if k in bound.options})
+        print("compiled", name)
+    except Exception as error:
+        failed.append(label)
+        print("FAILED", label, type(error).__name__, str(error)[-2000:])
 sys.exit(1 if failed else 0)
 """
 
+# Each kernel, at least this many distinct launches (options, dtypes) among those the script makes.
+EXPECTED = {
+    "forward.prepare_operands_kernel": 4,  # float16, bfloat16, TF32, 3xTF32
+    "forward.conv_transpose3d_kernel": 4,
+    "tap_columns.tap_columns_kernel": 4,
+    "tiled.tiled_kernel": 4,
+    "tiled.prepare_operands_kernel": 2,  # float32 only: half precision reads its operands as given
+    "backward.copy_operands_kernel": 4,
+    "backward.phase_grad_weight_kernel": 4,
+    "fill._fill_channels_kernel": 1,
+    "window.correlation_operands_kernel": 2,  # TF32, 3xTF32
+}
 
-def test_forward_kernels_compile_for_hopper():
+
+def test_every_kernel_compiles_for_hopper():
     if "nvidia" not in triton.backends.backends:
         pytest.skip("this Triton has no NVIDIA backend")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     src = str(Path(__file__).resolve().parents[1] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert run.stdout.count("compiled") == 18
+    compiled = [line.split()[1] for line in run.stdout.splitlines() if line.startswith("compiled ")]
+    counts = {name: compiled.count(name) for name in EXPECTED}
+    assert all(counts[name] >= n for name, n in EXPECTED.items()), (counts, run.stdout[-3000:])
