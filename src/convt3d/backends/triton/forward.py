@@ -466,8 +466,9 @@ def flat_input(input):
 def operand_buffers(input, weight_operand_shape, precision, split_input: bool = True):
     """Uninitialised (x, x_lo, w, w_lo) for an operand pass: the input's (N, D, H, W, C) and the weight's in the
     shape given, a low part of the weight for 3xTF32 and of the input too where split_input (else x, w again). All
-    are views of one allocation: a torch.empty took 6.7 us of the H200 machine's host time, two to four of them per
-    call (benchmarks/diag_host_steps.py, twenty-second session)."""
+    are views of one allocation: a torch.empty took 6.7 us of the H200 machine's host time, and two to four of them
+    were made per call; a view took about 2.5 us under the profiler (benchmarks/diag_host_steps.py, twenty-second
+    session; the separate saving was not measured)."""
     n, c, d, h, w = input.shape
     total, x_view, x_lo_view, w_view, w_lo_view = _operand_layout((n, d, h, w, c), tuple(weight_operand_shape),
                                                                   precision == TF32X3, split_input)
