@@ -66,7 +66,7 @@ def launch_layers(bound, pointers):
     under it (compiled.run: Python around Triton's C launch function, whose arguments differ between versions)."""
     args = (*pointers, *bound.scalars, *bound.constexprs)
     compiled = bound.kernel[bound.grid](*pointers, *bound.scalars, **bound.options)
-    grid = (*bound.grid, 1, 1)[:3]
+    grid = bound.grid3
     runner = compiled[grid]
     stream = torch.cuda.current_stream().cuda_stream
     layers = {

@@ -35,8 +35,8 @@ recorded = {}
 def record(bound, pointers):
     # One compile per kernel, options and pointer dtypes: what the outputs hold does not matter here.
     name = bound.kernel.fn.__module__.rsplit(".", 1)[-1] + "." + bound.kernel.__name__
-    key = (name, tuple(sorted(bound.options.items())), tuple(t.dtype for t in pointers))
-    recorded.setdefault(key, (bound, tuple(t.dtype for t in pointers)))
+    dtypes = tuple(t.dtype for t in pointers)
+    recorded.setdefault((name, tuple(sorted(bound.options.items())), dtypes), (bound, dtypes))
 
 
 launch.BoundLaunch.__call__ = record
