@@ -264,7 +264,7 @@ def test_unsupported_reasons_name_the_cause(monkeypatch):
     assert cuda.config(64, 64, (1, 1, 40), (1, 1, 8)) is None  # a plane wider than shared memory
     # 3xTF32: the weight ring doubles, and the partial sums' registers allow 2 rows of 64 channels: two programs per
     # SM on problem 77's forward; 8 rows of 16 channels.
-    rows, _, smem, _, _ = cuda.config(32, 64, (3, 3, 3), (2, 2, 2), split=True)
+    rows, _, smem, _ = cuda.config(32, 64, (3, 3, 3), (2, 2, 2), split=True)
     assert rows == 2 and smem <= cuda.MAX_SHARED_BYTES // 2 - 1024
     assert cuda.config(32, 16, (3, 3, 3), (1, 1, 1), split=True)[0] == 8
     # 128 input channels: weight stages of 64 or 32 channels, so that two programs still share an SM on a 3D U-Net's
@@ -272,7 +272,7 @@ def test_unsupported_reasons_name_the_cause(monkeypatch):
     assert cuda.config(32, 64, (3, 3, 3), (1, 1, 1))[3] == 32 and cuda.config(64, 32, (3, 3, 3), (1, 1, 1))[3] == 64
     for taps, split, programs in [((1, 1, 1), False, 2), ((2, 2, 2), False, 2), ((1, 1, 1), True, 2),
                                   ((2, 2, 2), True, 1)]:
-        rows, _, smem, unit, _ = cuda.config(128, 64, taps, (1, 1, 1), split)
+        rows, _, smem, unit = cuda.config(128, 64, taps, (1, 1, 1), split)
         assert unit in (64, 32) and smem <= cuda.MAX_SHARED_BYTES, (taps, split)
         assert (smem <= cuda.MAX_SHARED_BYTES // 2 - 1024) == (programs == 2), (taps, split)
 

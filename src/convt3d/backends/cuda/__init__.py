@@ -87,15 +87,14 @@ def config(c_in: int, c_out: int, taps, dilation, split: bool = False):
     benchmarks/RESULTS.md, twelfth session)."""
     cob = min(c_out, 64)
     units = (c_in,) if c_in <= 64 else (64, 32)
-    planes = 1
     for limit in (MAX_SHARED_BYTES // 2 - 1024, MAX_SHARED_BYTES):
         for rows in (8, 4, 2):
             if split and rows > 2 and rows // 2 * cob * c_in // 32 > 64:  # (rows // 2: SLABS, 64 positions each)
                 continue
             for unit in units:
-                smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, unit, planes)
+                smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, unit)
                 if smem <= limit:
-                    return rows, cob, smem, unit, planes
+                    return rows, cob, smem, unit
     return None
 
 
@@ -150,10 +149,10 @@ def _check(result: int) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: bool) -> _Kernel:
-    rows, cob, smem, unit, planes = config(c_in, c_out, taps, dilation, split)
+    rows, cob, smem, unit = config(c_in, c_out, taps, dilation, split)
     with torch.cuda.device(device_index):
-        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit, planes),
-                       "phase_conv", smem, 128)
+        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit), "phase_conv",
+                       smem, 128)
 
 
 def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: bool = False) -> tuple[int, int, int]:

@@ -22,9 +22,7 @@ MMA in flight: ptxas serializes all MMAs if any instruction reads accumulators w
 A program (one warpgroup, 128 threads) owns BH rows x 32 columns of one qd plane and COB output channels. Per depth
 tap it copies the window plane its positions read into shared memory once (rows padded to C_IN + 4 floats, so that
 ldmatrix reads them without bank conflicts), and every (kh, kw) tap reads its A fragments there at the tap's
-offset: the input tile is loaded once per depth tap, not once per tap. With PLANES 1 the MMAs wait for each plane's
-copy; with PLANES 2 the next depth tap's plane is copied into a second buffer a few rows per (kh, kw) tap, in the
-cp.async groups of the weight (which complete in order, so a plane copied in one piece would hold up the weight). The weight streams through a four-stage
+offset: the input tile is loaded once per depth tap, not once per tap. The weight streams through a four-stage
 ring two units ahead (16-byte cp.async), a unit being a tap's UC input channels (all C_IN, or with 128 a half or a
 quarter, so that the ring fits beside the plane), stored K-major in 128-byte-swizzled rows that wgmma reads through
 a descriptor. After the MMAs the tile is staged in shared memory and written row by row, each warp's 32 lanes over
@@ -63,7 +61,6 @@ SOURCE = r"""
 #define HH (BH + (KH - 1) * DH)
 #define HW (BW + (KW - 1) * DW)
 #define PLANE (HH * HW)
-#define PLANE_FLOATS (PLANE * CPA)          // one plane buffer
 #define THREADS 128
 #define U (C_IN / UC)                       // weight units per tap, UC channels each: a ring stage each
 #define KS (UC / 8)                         // k-steps of 8 channels per unit
@@ -74,10 +71,6 @@ SOURCE = r"""
 #define B_STAGE (B_PART * (1 + SPLIT))      // floats per weight stage: the block, or its hi and lo parts
 #define STAGES 4                            // the stage refilled at unit u was read by unit u - 2's MMAs
 #define OCS (BH * BW + 4)                   // a channel's floats in the staged output tile
-#define STEPS_PER_PLANE (KH * KW * U)
-// PLANES 2: the next plane's rows go out over a depth tap's first PREFETCH steps, the last two steps before the
-// next depth tap, so that cp_wait<1> there finds them done.
-#define PREFETCH (STEPS_PER_PLANE > 1 ? STEPS_PER_PLANE - 1 : 1)
 
 // Four 8 x (4 floats) matrices, one row address per lane: lane l gets element (l / 4, l % 4) of each, the A
 // fragment layout of a TF32 MMA with 16 rows and 8 channels when lanes address the rows accordingly.
@@ -95,10 +88,8 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src) {
 // The window plane one depth tap reads for a tile: HH rows of HW positions of C_IN channels, each row contiguous
 // in the window. Warps take rows, lanes the row's 16-byte chunks.
 #define ROW_CHUNKS (HW * C_IN / 4)
-// Rows r0, r0 + rstep, ... of the plane (all of it: 0, 1).
-__device__ __forceinline__ void copy_plane(float* halo, const float* plane, long long row_floats, int warp, int lane,
-                                           int r0 = 0, int rstep = 1) {
-    for (int r = r0 + warp * rstep; r < HH; r += THREADS / 32 * rstep) {
+__device__ __forceinline__ void copy_plane(float* halo, const float* plane, long long row_floats, int warp, int lane) {
+    for (int r = warp; r < HH; r += THREADS / 32) {
         const float* src = plane + r * row_floats + lane * 4;
         float* dst = halo + (r * HW + lane / (C_IN / 4)) * CPA + (lane % (C_IN / 4)) * 4;
         #pragma unroll
@@ -130,7 +121,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
 {
     extern __shared__ __align__(1024) float4 smem4[];
     float* ring = (float*)smem4;                      // [STAGES][KB][COB][32], swizzled
-    float* halo = ring + STAGES * B_STAGE;            // [PLANES][PLANE][CPA]
+    float* halo = ring + STAGES * B_STAGE;            // [PLANE][CPA]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     // Programs: output-channel blocks fastest (they share the input tile in L2), then columns, rows, depth, sample.
     int tile = blockIdx.x;
@@ -174,12 +165,11 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
-        if (PLANES == 1 && kd > 0) {
+        if (kd > 0) {
             __syncthreads();  // every warp's fragment loads from the previous plane are done
             copy_plane(halo, plane0 + (long long)kd * DD * XH * row_floats, row_floats, warp, lane);
             cp_commit();
         }
-        const unsigned a_plane = a_lane + 4 * (kd % PLANES) * PLANE_FLOATS;
         #pragma unroll
         for (int kh = 0; kh < KH; kh++)
             #pragma unroll
@@ -192,19 +182,11 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                     // is even, so the parity alternates across units too). At a unit's start that also frees the
                     // stage unit - 2 read, which this unit refills.
                     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                    const int in_plane = (kh * KW + kw) * U + unit;
-                    if (in_plane == 0 && (PLANES == 1 || kd == 0 || STEPS_PER_PLANE == 1)) cp_wait<0>();
-                    else cp_wait<1>();
+                    if (kh == 0 && kw == 0 && unit == 0) cp_wait<0>(); else cp_wait<1>();
                     // The copies visible to the tensor cores.
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                     __syncthreads();
                     if (step + 2 < KD * KH * KW * U) COPY_WEIGHT(ring + ((step + 2) % STAGES) * B_STAGE, step + 2);
-                    // Rows of the next plane, into the buffer that the previous depth tap's loads (done: the barrier
-                    // above) read.
-                    if (PLANES == 2 && kd + 1 < KD && in_plane < PREFETCH)
-                        copy_plane(halo + ((kd + 1) % PLANES) * PLANE_FLOATS,
-                                   plane0 + (long long)(kd + 1) * DD * XH * row_floats, row_floats, warp, lane,
-                                   in_plane, PREFETCH);
                     cp_commit();
                     const unsigned stage = ring_addr + 4 * (step % STAGES) * B_STAGE;
                     #pragma unroll
@@ -213,7 +195,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                         #pragma unroll
                         for (int s = 0; s < SLABS; s++)
                             ldmatrix4(a[ks & 1][s],
-                                      a_plane + 4 * (((2 * s + kh * DH) * HW + kw * DW) * CPA + 8 * (unit * KS + ks)));
+                                      a_lane + 4 * (((2 * s + kh * DH) * HW + kw * DW) * CPA + 8 * (unit * KS + ks)));
                         if (SPLIT) {
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++)
@@ -307,22 +289,20 @@ def wgmma_asm(n: int) -> str:
 
 
 def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: bool = False,
-           unit: int | None = None, planes: int = 1) -> str:
+           unit: int | None = None) -> str:
     """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 3xTF32; unit:
-    the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in); planes: window plane buffers
-    (2: the next depth tap's copied during this one's MMAs)."""
+    the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in)."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
-                   UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE, PLANES=planes)
+                   UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob))
 
 
-def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: bool = False, unit: int | None = None,
-                 planes: int = 1) -> int:
-    """Dynamic shared memory of one program: the weight ring (4 stages of unit input channels) and the window plane
-    buffers, or the staged output tile."""
+def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: bool = False, unit: int | None = None) -> int:
+    """Dynamic shared memory of one program: the weight ring (4 stages of unit input channels) and the window plane,
+    or the staged output tile."""
     (_, kh, kw), (_, dh, dw) = taps, dilation
     ring = 4 * (unit or c_in) * cob * (2 if split else 1)
     plane = (bh + (kh - 1) * dh) * (32 + (kw - 1) * dw) * (c_in + 4)
-    return 4 * max(ring + planes * plane, cob * (bh * 32 + 4))
+    return 4 * max(ring + plane, cob * (bh * 32 + 4))
