@@ -25,11 +25,15 @@ ldmatrix reads them without bank conflicts), and every (kh, kw) tap reads its A 
 offset: the input tile is loaded once per depth tap, not once per tap. The weight streams through a four-stage
 ring two units ahead (16-byte cp.async), a unit being a tap's UC input channels (all C_IN, or with 128 a half or a
 quarter, so that the ring fits beside the plane), stored K-major in 128-byte-swizzled rows that wgmma reads through
-a descriptor. After the MMAs the tile is staged in shared memory and written row by row, each warp's 32 lanes over
-32 consecutive columns.
+a descriptor. The A fragments of each k-step are loaded from shared memory (ldmatrix) while the previous k-step's
+MMAs run. After the MMAs the tile is staged in shared memory and written row by row, each warp's 32 lanes over 32
+consecutive columns.
 
 Measured on the H200 for problem 77's phase (eleventh session, benchmarks/diag_conv_cuda.py, which this grew out of):
-129 us under Nsight Compute against 154 for the same with mma.sync and 142 for cuDNN's kernel.
+129 us under Nsight Compute against 154 for the same with mma.sync and 142 for cuDNN's kernel. Twenty-third session
+(benchmarks/RESULTS.md): loading the A fragments a k-step ahead and writing the tile in runs of 8 channels took the
+compact correlation from 0.154 to 0.134 ms (0.435 to 0.395 in 3xTF32); Nsight Compute had put the warps' most
+frequent stall on shared-memory loads, the MMAs' fragments' and the tile's.
 """
 
 # What both wgmma kernels (this one and grad_weight.py's) use: shared-memory addresses, cp.async groups, the
@@ -71,6 +75,7 @@ SOURCE = r"""
 #define B_STAGE (B_PART * (1 + SPLIT))      // floats per weight stage: the block, or its hi and lo parts
 #define STAGES 4                            // the stage refilled at unit u was read by unit u - 2's MMAs
 #define OCS (BH * BW + 4)                   // a channel's floats in the staged output tile
+#define OC_RUN 8                            // channels a warp writes per row in one go (COB is a multiple of 8)
 
 // Four 8 x (4 floats) matrices, one row address per lane: lane l gets element (l / 4, l % 4) of each, the A
 // fragment layout of a TF32 MMA with 16 rows and 8 channels when lanes address the rows accordingly.
@@ -109,6 +114,15 @@ __device__ __forceinline__ void copy_weight(float* stage, const float* w_tap, co
         cp_async16(dst, w_tap + (long long)oc * C_IN + c4 * 4);
         if (SPLIT) cp_async16(dst + B_PART, w_lo_tap + (long long)oc * C_IN + c4 * 4);
     }
+}
+
+// The A fragments of k-step g of a depth tap's plane, g = ((kh * KW + kw) * U + unit) * KS + ks: for each slab of 64
+// positions, the 8 channels unit * UC + 8 * ks.. of the positions shifted by the tap (kh, kw).
+__device__ __forceinline__ void load_a(unsigned (&r)[SLABS][4], unsigned a_lane, int g) {
+    const int ks = g % KS, unit = g / KS % U, kw = g / (KS * U) % KW, kh = g / (KS * U * KW);
+    #pragma unroll
+    for (int s = 0; s < SLABS; s++)
+        ldmatrix4(r[s], a_lane + 4 * (((2 * s + kh * DH) * HW + kw * DW) * CPA + 8 * (unit * KS + ks)));
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -151,9 +165,9 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     const unsigned a_lane = smem_addr(halo + ((p / BW) * HW + p % BW) * CPA + a_k);
     const unsigned ring_addr = smem_addr(ring);
     float d[SLABS][COB / 2];                          // with SPLIT: the sum of the partials added so far
-    unsigned a[2][SLABS][4];                          // with SPLIT: the hi parts
+    unsigned a[3][SLABS][4];                          // with SPLIT: the hi parts
     // SPLIT's arrays: one element without it, so that its code, indexed [SPLIT ? i : 0], compiles and drops out.
-    unsigned a_lo[2][SLABS][SPLIT ? 4 : 1];
+    unsigned a_lo[3][SLABS][SPLIT ? 4 : 1];
     float partial[SPLIT ? SLABS : 1][SPLIT ? COB / 2 : 1];
     #pragma unroll
     for (int s = 0; s < SLABS; s++)
@@ -177,12 +191,16 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                 #pragma unroll
                 for (int unit = 0; unit < U; unit++) {
                     const int step = ((kd * KH + kh) * KW + kw) * U + unit;
-                    // One group of MMAs per k-step; the A fragments double-buffered: buffer ks & 1 is refilled once
-                    // the group that read it is done, i.e. with one group (the previous k-step's) left in flight (KS
-                    // is even, so the parity alternates across units too). At a unit's start that also frees the
-                    // stage unit - 2 read, which this unit refills.
-                    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                    if (kh == 0 && kw == 0 && unit == 0) cp_wait<0>(); else cp_wait<1>();
+                    // One group of MMAs per k-step, with one group (the previous k-step's) left in flight: at a
+                    // unit's start that frees the stage unit - 2 read, which this unit refills. At a plane's start
+                    // none: the A fragments' buffers start over there (below).
+                    if (kh == 0 && kw == 0 && unit == 0) {
+                        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                        cp_wait<0>();
+                    } else {
+                        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                        cp_wait<1>();
+                    }
                     // The copies visible to the tensor cores.
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                     __syncthreads();
@@ -192,19 +210,20 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                     #pragma unroll
                     for (int ks = 0; ks < KS; ks++) {
                         if (ks > 0) asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                        #pragma unroll
-                        for (int s = 0; s < SLABS; s++)
-                            ldmatrix4(a[ks & 1][s],
-                                      a_lane + 4 * (((2 * s + kh * DH) * HW + kw * DW) * CPA + 8 * (unit * KS + ks)));
+                        // The A fragments of k-step g of the plane are in buffer g % 3, loaded after the previous
+                        // k-step's MMAs were issued (below), so that the fence before this k-step's MMAs, which waits
+                        // for every register write in flight, does not wait for ldmatrix.
+                        const int g = ((kh * KW + kw) * U + unit) * KS + ks, buf = g % 3;
+                        if (g == 0) load_a(a[0], a_lane, 0);
                         if (SPLIT) {
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++)
                                 #pragma unroll
                                 for (int e = 0; e < 4; e++) {
-                                    const float value = __uint_as_float(a[ks & 1][s][e]);
+                                    const float value = __uint_as_float(a[buf][s][e]);
                                     const unsigned hi = to_tf32(value);
-                                    a_lo[ks & 1][s][SPLIT ? e : 0] = to_tf32(value - __uint_as_float(hi));
-                                    a[ks & 1][s][e] = hi;
+                                    a_lo[buf][s][SPLIT ? e : 0] = to_tf32(value - __uint_as_float(hi));
+                                    a[buf][s][e] = hi;
                                 }
                         }
                         if (SPLIT && ks % PROMOTE == 0) {  // the partial into the sums, once its MMAs are done
@@ -219,18 +238,21 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                         const unsigned long long desc = b_desc(b_at);
                         if (!SPLIT) {
                             #pragma unroll
-                            for (int s = 0; s < SLABS; s++) wgmma(d[s], a[ks & 1][s], desc);
+                            for (int s = 0; s < SLABS; s++) wgmma(d[s], a[buf][s], desc);
                         } else {
                             const unsigned long long desc_lo = b_desc(b_at + 4 * B_PART);
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++) {
                                 float* sums = partial[SPLIT ? s : 0];
-                                wgmma(sums, a[ks & 1][s], desc, ks % PROMOTE != 0);  // from zero after a promotion
-                                wgmma(sums, a[ks & 1][s], desc_lo);
-                                wgmma(sums, a_lo[ks & 1][s], desc);
+                                wgmma(sums, a[buf][s], desc, ks % PROMOTE != 0);  // from zero after a promotion
+                                wgmma(sums, a[buf][s], desc_lo);
+                                wgmma(sums, a_lo[buf][s], desc);
                             }
                         }
                         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                        // The next k-step's fragments, into the buffer k-step g - 2 read: its group is done (one
+                        // group was left in flight before this k-step's).
+                        if (g + 1 < KH * KW * U * KS) load_a(a[(g + 1) % 3], a_lane, g + 1);
                     }
                 }
     }
@@ -244,27 +266,39 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     cp_wait<0>();
     __syncthreads();  // shared memory free: the tile goes there
 
-    // The tile staged as [channel][position], channels OCS floats apart (the fragments' stores hit 32 banks), then
-    // written a row at a time: lane l at column qw0 + l.
+    // The tile staged as [channel][position], channels OCS floats apart (the fragments' stores hit 32 banks), the
+    // bias added here (each thread's channels 8j + 2t and 8j + 2t + 1), then written in runs of OC_RUN channels of one
+    // row, lane l at column qw0 + l: the run's shared-memory loads issue together before its stores (one load, then
+    // its store, a row at a time, left each warp waiting on every load).
     float* staged = (float*)smem4;
     #pragma unroll
-    for (int s = 0; s < SLABS; s++)
+    for (int j = 0; j < COB / 8; j++) {
+        const float b0 = HAS_BIAS ? bias[ob * COB + 8 * j + 2 * t] : 0.f;
+        const float b1 = HAS_BIAS ? bias[ob * COB + 8 * j + 2 * t + 1] : 0.f;
         #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int pos = 64 * s + 16 * warp + g + 8 * hf;
+        for (int s = 0; s < SLABS; s++)
             #pragma unroll
-            for (int j = 0; j < COB / 8; j++) {
-                staged[(8 * j + 2 * t) * OCS + pos] = d[s][4 * j + 2 * hf];
-                staged[(8 * j + 2 * t + 1) * OCS + pos] = d[s][4 * j + 2 * hf + 1];
+            for (int hf = 0; hf < 2; hf++) {
+                const int pos = 64 * s + 16 * warp + g + 8 * hf;
+                staged[(8 * j + 2 * t) * OCS + pos] = d[s][4 * j + 2 * hf] + b0;
+                staged[(8 * j + 2 * t + 1) * OCS + pos] = d[s][4 * j + 2 * hf + 1] + b1;
             }
-        }
+    }
     __syncthreads();
     const int qw = qw0 + lane;
     float* y_tile = y + n * syn + (long long)(ob * COB) * syc + qd * syd + (long long)qw * syw;
-    for (int job = warp; job < COB * BH; job += THREADS / 32) {
-        const int oc = job / BH, r = job % BH, qh = qh0 + r;
-        if (qh < QH && qw < QW)
-            y_tile[oc * syc + qh * syh] = staged[oc * OCS + r * BW + lane] + (HAS_BIAS ? bias[ob * COB + oc] : 0.f);
+    #pragma unroll 1
+    for (int job = warp; job < BH * (COB / OC_RUN); job += THREADS / 32) {
+        const int r = job % BH, oc0 = job / BH * OC_RUN, qh = qh0 + r;
+        if (qh >= QH) continue;  // (the same for the whole warp)
+        const float* src = staged + oc0 * OCS + r * BW + lane;
+        float v[OC_RUN];
+        #pragma unroll
+        for (int k = 0; k < OC_RUN; k++) v[k] = src[k * OCS];
+        float* out = y_tile + (long long)oc0 * syc + (long long)qh * syh;
+        #pragma unroll
+        for (int k = 0; k < OC_RUN; k++)
+            if (qw < QW) out[k * syc] = v[k];
     }
 }
 """
