@@ -29,10 +29,10 @@ def round_tf32(t: torch.Tensor) -> torch.Tensor:
 
 
 def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, grid, offsets, taps, first_taps,
-                       tap_steps, dilation, gaps=None):
+                       tap_steps, dilation):
     """What the kernel computes (phase_conv.py), in float64; it also checks that every read of every whole tile lies
     inside the window, as the kernel assumes. 3xTF32 (weight_taps' hi and lo parts): the window's values split as the
-    kernel splits them, and the three products it adds. gaps: the fill value (bias or zero) beside the columns."""
+    kernel splits them, and the three products it adds."""
     n, xd, xh, xw, c_in = window.shape
     split = weight_taps.dim() == 6
     c_out = weight_taps.shape[3 + split]
@@ -57,15 +57,7 @@ def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, 
         y = correlation(window, weight_taps)
     if bias is not None:
         y = y + bias.double().view(1, -1, 1, 1, 1)
-    at = out.storage_offset() + out_offset
-    out.as_strided((n, c_out, qd, qh, qw), out_strides, at).copy_(y)
-    if gaps is not None:
-        gap, head, tail = gaps
-        fill = torch.zeros(c_out, device=out.device) if bias is None else bias
-        for columns, start in [(qw - 1 + tail, at + gap), (int(head), at - gap)]:
-            if columns:
-                out.as_strided((n, c_out, qd, qh, columns), out_strides, start).copy_(
-                    fill.view(1, -1, 1, 1, 1).expand(n, c_out, qd, qh, columns))
+    out.as_strided((n, c_out, qd, qh, qw), out_strides, out.storage_offset() + out_offset).copy_(y)
 
 
 def row_aligned(x: torch.Tensor) -> torch.Tensor:
@@ -152,27 +144,10 @@ def test_forward_phases_match_conv_transpose3d(layer, with_bias, tf32, monkeypat
     phase_list = tuple(phases for _, phases in regions if phases is not None)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
         cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
-    written = ~out.isnan()  # the lattices, and where write_gaps says so the columns beside them (those must be fill)
-    assert_close_rel(out[written], expected[written].float(), 1e-6, "forward, the elements written")
     for index, phases in regions:  # the regions no tap reaches, as the backend fills them
         if phases is None:
             out[index] = 0 if b is None else b.view(1, -1, 1, 1, 1).expand_as(out[index])
     assert_close_rel(out, expected, 1e-6, "forward")
-
-
-def test_write_gaps_only_beside_a_column_phase_without_taps():
-    """Problem 77: the columns between the lattice's (and the first and last) belong to the empty phase; where both
-    column phases have taps, or the stride is not 2, no gaps."""
-    def gaps(input_shape, weight_shape, stride, padding, output_padding, dilation):
-        plan = make_plan(input_shape, weight_shape, stride, padding, output_padding, 1, dilation)
-        return {cuda_phases.write_gaps(plan, phase.axes[2], 1) for phase in plan.nonempty_phases}
-
-    assert gaps((1, 32, 4, 4, 4), (32, 8, 3, 3, 3), (2,) * 3, (1,) * 3, (0,) * 3, (2,) * 3) == {(1, True, True)}
-    # Padding 0: the lattice starts at column 0 (no head); output_padding 1: a last column of the empty phase.
-    assert gaps((1, 32, 4, 4, 4), (32, 8, 3, 3, 3), (2,) * 3, (0,) * 3, (0,) * 3, (2,) * 3) == {(1, False, False)}
-    assert gaps((1, 32, 4, 4, 4), (32, 8, 3, 3, 3), (2,) * 3, (0,) * 3, (1,) * 3, (2,) * 3) == {(1, False, True)}
-    assert gaps((1, 32, 4, 4, 4), (32, 8, 3, 3, 3), (2,) * 3, (1,) * 3, (1,) * 3, (1,) * 3) == {None}
-    assert gaps((1, 32, 4, 4, 4), (32, 8, 3, 3, 3), (1,) * 3, (1,) * 3, (0,) * 3, (2,) * 3) == {None}
 
 
 @pytest.mark.parametrize("layer", LAYERS)

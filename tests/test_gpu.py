@@ -196,13 +196,10 @@ def _check_cuda_phase_correlation(x, w, b, plan, args, g, tf32: bool, rel: float
         pytest.skip(reason)
     out = torch.full(plan.output_shape, float("nan"), device="cuda")
     cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
-    expected = F.conv_transpose3d(x.double(), w.double(), b.double(), **args)
-    written = ~out.isnan()  # the lattices, and where write_gaps says so the bias beside them
-    assert_close_rel(out[written], expected[written], rel, "forward, the elements written")
     for index, phases in regions:
         if phases is None:
             out[index] = b.view(1, -1, 1, 1, 1).expand_as(out[index])
-    assert_close_rel(out, expected, rel, "forward")
+    assert_close_rel(out, F.conv_transpose3d(x.double(), w.double(), b.double(), **args), rel, "forward")
     for phases, index in _backward_phases(plan):
         if cuda_phases.grad_input_unsupported(plan, phases, x.device, x.dtype, tf32) is None:
             ours = cuda_phases.phase_grad_input(g[index], w, plan, phases)

@@ -148,12 +148,11 @@ def _check(result: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: bool,
-            gaps: bool = False) -> _Kernel:
+def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: bool) -> _Kernel:
     rows, cob, smem, unit = config(c_in, c_out, taps, dilation, split)
     with torch.cuda.device(device_index):
-        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit, gaps),
-                       "phase_conv", smem, 128)
+        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit), "phase_conv",
+                       smem, 128)
 
 
 def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: bool = False) -> tuple[int, int, int]:
@@ -166,32 +165,29 @@ def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: b
 
 
 def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_offset: int, out_strides,
-              grid, offsets, taps, first_taps, tap_steps, dilation, gaps=None) -> None:
+              grid, offsets, taps, first_taps, tap_steps, dilation) -> None:
     """out (float32) at element out_offset with out_strides, over grid (QD, QH, QW) x C_out: the correlation of
     phase_conv.py plus bias. window: (N, XD, XH, XW, C_in) with XD, XH, XW at least window_extent(...); weight_taps:
     (kD, kH, kW, C_out, C_in) of the whole kernel, contiguous, TF32-rounded like the window (TF32), or (2, kD, kH,
     kW, C_out, C_in), its hi and lo parts, with the window as it is (3xTF32); first_taps, tap_steps: per axis the
-    correlation's first kernel tap and the step between its taps. gaps: None, or (gap, head, tail) to write the bias
-    (or zero) also at element offset gap after each column of the lattice, the last one's too if tail, and at -gap
-    before its first if head: the columns of an empty phase between the lattice's (write_gaps)."""
+    correlation's first kernel tap and the step between its taps."""
     n, xd, xh, xw, c_in = window.shape
     split = weight_taps.dim() == 6
     kdf, khf, kwf, c_out, _ = weight_taps.shape[split:]
     device = window.device.index or 0
     rows, cob = config(c_in, c_out, tuple(taps), tuple(dilation), split)[:2]
-    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split, gaps is not None)
+    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
     programs = n * qd * qh_blocks * qw_blocks * (c_out // cob)
     if programs == 0:
         return
-    gap, head, tail = gaps if gaps is not None else (0, 0, 0)
     ints = (xd, xh, xw, *offsets, first_taps[0], tap_steps[0], first_taps[1], tap_steps[1], first_taps[2],
-            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, int(head), int(tail))
+            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks)
     lo_part = weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split else 0
     pointers = (window.data_ptr(), weight_taps.data_ptr(), lo_part, bias.data_ptr() if bias is not None else 0,
                 out.data_ptr() + 4 * out_offset)
-    kernel.launch(programs, pointers, ints, (*out_strides, gap), _current_stream(device))
+    kernel.launch(programs, pointers, ints, tuple(out_strides), _current_stream(device))
 
 
 def grad_weight_kernel_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,

@@ -25,11 +25,15 @@ ldmatrix reads them without bank conflicts), and every (kh, kw) tap reads its A 
 offset: the input tile is loaded once per depth tap, not once per tap. The weight streams through a four-stage
 ring two units ahead (16-byte cp.async), a unit being a tap's UC input channels (all C_IN, or with 128 a half or a
 quarter, so that the ring fits beside the plane), stored K-major in 128-byte-swizzled rows that wgmma reads through
-a descriptor. After the MMAs the tile is staged in shared memory and written row by row, each warp's 32 lanes over
-32 consecutive columns.
+a descriptor. The A fragments of each k-step are loaded from shared memory (ldmatrix) while the previous k-step's
+MMAs run. After the MMAs the tile is staged in shared memory and written row by row, each warp's 32 lanes over 32
+consecutive columns.
 
 Measured on the H200 for problem 77's phase (eleventh session, benchmarks/diag_conv_cuda.py, which this grew out of):
-129 us under Nsight Compute against 154 for the same with mma.sync and 142 for cuDNN's kernel.
+129 us under Nsight Compute against 154 for the same with mma.sync and 142 for cuDNN's kernel. Twenty-third session
+(benchmarks/RESULTS.md): loading the A fragments a k-step ahead and writing the tile in runs of 8 channels took the
+compact correlation from 0.154 to 0.134 ms (0.435 to 0.395 in 3xTF32); Nsight Compute had put the warps' most
+frequent stall on shared-memory loads, the MMAs' fragments' and the tile's.
 """
 
 # What both wgmma kernels (this one and grad_weight.py's) use: shared-memory addresses, cp.async groups, the
@@ -69,7 +73,7 @@ SOURCE = r"""
 #define KB (UC / 32)                        // 32-channel blocks: one 128-byte swizzle atom wide
 #define B_PART (KB * COB * 32)              // floats of a unit's weight block (one of its parts with SPLIT)
 #define B_STAGE (B_PART * (1 + SPLIT))      // floats per weight stage: the block, or its hi and lo parts
-#define STAGES (AHEAD + 2)                  // the stage refilled at unit u was read by unit u - 2's MMAs
+#define STAGES 4                            // the stage refilled at unit u was read by unit u - 2's MMAs
 #define OCS (BH * BW + 4)                   // a channel's floats in the staged output tile
 #define OC_RUN 8                            // channels a warp writes per row in one go (COB is a multiple of 8)
 
@@ -126,8 +130,8 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
            const float* __restrict__ bias,
            float* __restrict__ y, int XD, int XH, int XW, int off_d, int off_h, int off_w,
            int td0, int tds, int th0, int ths, int tw0, int tws, int KHF, int KWF,
-           int QD, int QH, int QW, int qh_blocks, int qw_blocks, int head, int tail,
-           long long syn, long long syc, long long syd, long long syh, long long syw, long long gap)
+           int QD, int QH, int QW, int qh_blocks, int qw_blocks,
+           long long syn, long long syc, long long syd, long long syh, long long syw)
 {
     extern __shared__ __align__(1024) float4 smem4[];
     float* ring = (float*)smem4;                      // [STAGES][KB][COB][32], swizzled
@@ -148,11 +152,10 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     #define UNIT(u) (W_TAP((u) / U) + (u) % U * UC)  // unit u = tap * U + (its channels) / UC
     #define COPY_WEIGHT(stage, u) copy_weight(stage, w + UNIT(u), w_lo + UNIT(u), tid)
 
-    #pragma unroll
-    for (int u = 0; u < AHEAD; u++) {  // the first units' weight, a cp.async group each
-        if (u < KD * KH * KW * U) COPY_WEIGHT(ring + u * B_STAGE, u);
-        cp_commit();
-    }
+    COPY_WEIGHT(ring, 0);
+    cp_commit();
+    if (KD * KH * KW * U > 1) COPY_WEIGHT(ring + B_STAGE, 1);
+    cp_commit();
     copy_plane(halo, plane0, row_floats, warp, lane);
     cp_commit();
 
@@ -196,13 +199,12 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                         cp_wait<0>();
                     } else {
                         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-                        cp_wait<AHEAD - 1>();  // this unit's weight: all but the groups of the units after it
+                        cp_wait<1>();
                     }
                     // The copies visible to the tensor cores.
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                     __syncthreads();
-                    if (step + AHEAD < KD * KH * KW * U)
-                        COPY_WEIGHT(ring + ((step + AHEAD) % STAGES) * B_STAGE, step + AHEAD);
+                    if (step + 2 < KD * KH * KW * U) COPY_WEIGHT(ring + ((step + 2) % STAGES) * B_STAGE, step + 2);
                     cp_commit();
                     const unsigned stage = ring_addr + 4 * (step % STAGES) * B_STAGE;
                     #pragma unroll
@@ -297,16 +299,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
         #pragma unroll
         for (int k = 0; k < OC_RUN; k++)
             if (qw < QW) out[k * syc] = v[k];
-        if (GAPS) {
-            // The fill value of the empty column phase beside the lattice's: after each column (the last one's if
-            // tail), and before the first (if head).
-            #pragma unroll
-            for (int k = 0; k < OC_RUN; k++) {
-                const float fill = HAS_BIAS ? bias[ob * COB + oc0 + k] : 0.f;
-                if (qw < QW - 1 || (qw == QW - 1 && tail)) out[k * syc + gap] = fill;
-                if (qw == 0 && head) out[k * syc - gap] = fill;
-            }
-        }
     }
 }
 """
@@ -316,8 +308,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
 # correlation took 0.487 / 0.434 / 0.422 ms with 1 / 2 / 4, and the forward was off float64 by 2.3e-7 / 2.3e-7 /
 # 3.3e-7 (benchmarks/RESULTS.md, fourteenth session).
 PROMOTE = 2
-# Weight units in flight ahead of the MMAs (the ring holds two more).
-WEIGHT_AHEAD = 2
 
 
 def wgmma_asm(n: int) -> str:
@@ -333,23 +323,20 @@ def wgmma_asm(n: int) -> str:
 
 
 def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: bool = False,
-           unit: int | None = None, gaps: bool = False) -> str:
+           unit: int | None = None) -> str:
     """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 3xTF32; unit:
-    the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in); gaps: the kernel also writes
-    the fill value beside each lattice column (its arguments gap, head and tail say where)."""
+    the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in)."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
-                   UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE, AHEAD=WEIGHT_AHEAD,
-                   GAPS=int(gaps))
+                   UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob))
 
 
 def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: bool = False, unit: int | None = None) -> int:
-    """Dynamic shared memory of one program: the weight ring (WEIGHT_AHEAD + 2 stages of unit input channels) and the
-    window plane,
+    """Dynamic shared memory of one program: the weight ring (4 stages of unit input channels) and the window plane,
     or the staged output tile."""
     (_, kh, kw), (_, dh, dw) = taps, dilation
-    ring = (WEIGHT_AHEAD + 2) * (unit or c_in) * cob * (2 if split else 1)
+    ring = 4 * (unit or c_in) * cob * (2 if split else 1)
     plane = (bh + (kh - 1) * dh) * (32 + (kw - 1) * dw) * (c_in + 4)
     return 4 * max(ring + plane, cob * (bh * 32 + 4))

@@ -72,25 +72,7 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
                                                extent, weight, grad_input_orientation=False, split=split)
     for phases, offsets, counts, firsts, steps, dilation, grid in launches:
         offset, _, strides = lattice_geometry(plan, phases, out.stride())
-        correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps, dilation,
-                  write_gaps(plan, phases[2], out.stride(4)))
-
-
-@functools.lru_cache(maxsize=256)
-def write_gaps(plan: Plan, phase_w, w_stride: int):
-    """correlate's gaps for a phase whose column phase is phase_w, in an output whose columns lie w_stride elements
-    apart: where the other column phase of a stride-2 axis has no taps (problem 77), the correlation writes its
-    columns' fill value (the bias, or zero) too, so that every lattice row is written whole. The fill wrote them
-    already; the lattice alone writes every other element of its rows, and the L2 then completes their sectors from
-    memory. None elsewhere."""
-    axis = plan.axes[2]
-    if axis.stride != 2 or phase_w.out_count == 0:
-        return None
-    (other,) = [p for p in axis.phases if p.residue != phase_w.residue]
-    if other.reads_input(axis.in_size):
-        return None
-    last = phase_w.out_start + 2 * (phase_w.out_count - 1)
-    return w_stride, phase_w.out_start >= 1, last + 1 < axis.out_size
+        correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps, dilation)
 
 
 @functools.lru_cache(maxsize=256)
