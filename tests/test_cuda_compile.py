@@ -1,0 +1,129 @@
+"""The CUDA kernels (backends/cuda: the phase correlation and the weight gradient) compile for Hopper (sm_90a) without
+spilling registers, through NVRTC and ptxas on the CPU.
+
+On a machine without an sm_90 GPU the library never compiles them, and the tests that run them need the GPU; a
+mistake in their C++ (or a change that makes ptxas spill the accumulators to local memory, which costs far more
+than it saves) would show only there. NVRTC comes from the nvidia-cuda-nvrtc-cu12 wheel (`pip install
+nvidia-cuda-nvrtc-cu12`, about 200 MB; the tests skip without it) and ptxas from Triton's wheel. The configurations are
+the ones config() and grad_weight_config() choose for the layers of test_cuda_phases.py, problem 77 and the sweep's
+float32 layers, in TF32 and 3xTF32, with and without a bias.
+"""
+
+import ctypes
+import glob
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from convt3d.backends import cuda
+from convt3d.backends.cuda import grad_weight, phase_conv
+from convt3d.backends.cuda.phases import _taps
+from convt3d.plan import make_plan
+from test_cuda_phases import LAYERS
+
+
+def _nvrtc():
+    try:
+        import nvidia.cuda_nvrtc as package
+    except ImportError:
+        return None
+    libraries = sorted(glob.glob(os.path.join(list(package.__path__)[0], "lib", "libnvrtc.so*")))
+    return ctypes.CDLL(libraries[0]) if libraries else None
+
+
+def _ptxas():
+    try:
+        import triton
+    except ImportError:
+        return None
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    return path if path.is_file() else None
+
+
+NVRTC, PTXAS = _nvrtc(), _ptxas()
+pytestmark = pytest.mark.skipif(NVRTC is None or PTXAS is None,
+                                reason="needs NVRTC (pip install nvidia-cuda-nvrtc-cu12) and Triton's ptxas")
+
+
+def compile_to_ptx(source: str) -> str:
+    program = ctypes.c_void_p()
+    assert NVRTC.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"kernel.cu", 0, None, None) == 0
+    options = [b"--gpu-architecture=compute_90a", b"--std=c++17"]
+    status = NVRTC.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
+    size = ctypes.c_size_t()
+    NVRTC.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    NVRTC.nvrtcGetProgramLog(program, log)
+    assert status == 0, f"NVRTC failed:\n{log.value.decode()}"
+    NVRTC.nvrtcGetPTXSize(program, ctypes.byref(size))
+    ptx = ctypes.create_string_buffer(size.value)
+    NVRTC.nvrtcGetPTX(program, ptx)
+    NVRTC.nvrtcDestroyProgram(ctypes.byref(program))
+    return ptx.value.decode()
+
+
+def registers_and_spills(source: str, tmp_path: Path) -> tuple[int, int]:
+    """(registers per thread, bytes spilled) as ptxas -v reports them for sm_90a."""
+    ptx = tmp_path / "kernel.ptx"
+    ptx.write_text(compile_to_ptx(source))
+    result = subprocess.run([str(PTXAS), "-arch=sm_90a", "-v", str(ptx), "-o", str(tmp_path / "kernel.cubin")],
+                            capture_output=True, text=True)
+    report = result.stdout + result.stderr
+    assert result.returncode == 0, report
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    spilled = sum(int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", report))
+    return registers, spilled
+
+
+def _correlations():
+    """(c_in, c_out, taps, dilation) of every forward phase correlation and grad_input the CUDA kernel serves on the
+    layers, and (c_in, c_out, taps, dilation) of their weight gradients."""
+    layers = [(*layer[:7], layer[7]) for layer in LAYERS] + [
+        (32, 64, 3, 2, 1, 2, 0, (16, 32, 32)),  # problem 77
+        (64, 64, 3, 1, 1, 1, 0, (16, 32, 32)),  # the sweep's k3s1p1
+        (64, 32, 3, 2, 1, 1, 1, (8, 64, 64)),  # video_k3s2p1op1
+    ]
+    forward, weight = set(), set()
+    for c_in, c_out, kernel, stride, padding, dilation, output_padding, spatial in layers:
+        triple = lambda v: (v,) * 3 if isinstance(v, int) else tuple(v)
+        plan = make_plan((1, c_in, *spatial), (c_in, c_out, *triple(kernel)), triple(stride), triple(padding),
+                         triple(output_padding), 1, triple(dilation))
+        for phase in plan.nonempty_phases:
+            counts = _taps(phase.axes, ascending=False)[0]
+            dil = tuple(p.input_dilation for p in phase.axes)
+            for a, b in ((c_in, c_out), (c_out, c_in)):  # the forward, grad_input
+                if a in (32, 64, 128) and b % 8 == 0 and (b <= 64 or b % 64 == 0):
+                    forward.add((a, b, counts, dil))
+            if c_in % 16 == 0 and c_out % 8 == 0 and (c_out <= 64 or c_out % 64 == 0):
+                weight.add((c_in, c_out, counts, dil))
+    return sorted(forward), sorted(weight)
+
+
+FORWARD, WEIGHT = _correlations()
+
+
+@pytest.mark.parametrize("c_in, c_out, taps, dilation", FORWARD)
+@pytest.mark.parametrize("split", [False, True], ids=["tf32", "3xtf32"])
+def test_phase_correlation_compiles_without_spills(c_in, c_out, taps, dilation, split, tmp_path):
+    chosen = cuda.config(c_in, c_out, taps, dilation, split)
+    if chosen is None:
+        pytest.skip("the window plane does not fit in shared memory: the kernel does not serve it")
+    rows, cob, _, unit = chosen
+    for has_bias in (False, True):
+        source = phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit)
+        registers, spilled = registers_and_spills(source, tmp_path)
+        assert spilled == 0, (registers, spilled)
+
+
+@pytest.mark.parametrize("c_in, c_out, taps, dilation", WEIGHT)
+def test_weight_gradient_compiles_without_spills(c_in, c_out, taps, dilation, tmp_path):
+    chosen = cuda.grad_weight_config(c_in, c_out, taps, dilation)
+    if chosen is None:
+        pytest.skip("the input's row rings do not fit in shared memory: the kernel does not serve it")
+    cob, per_program, _, planes, _ = chosen
+    source = grad_weight.source(c_in, c_out, cob, taps, dilation, per_program, planes)
+    registers, spilled = registers_and_spills(source, tmp_path)
+    assert spilled == 0, (registers, spilled)
