@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..plan import AxisPhase, AxisPlan, Plan
-from . import output_memory_format
+from . import cudnn_allow_tf32, output_memory_format
 
 logger = logging.getLogger("convt3d")
 
@@ -157,7 +157,7 @@ PHASE_CONV_TRANSPOSED = collections.defaultdict(lambda: False, cuda=True)
 
 def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) -> torch.Tensor:
     if (PHASE_CONV_TRANSPOSED[input.device.type] and input.dtype == torch.float32
-            and torch.backends.cudnn.allow_tf32):
+            and cudnn_allow_tf32()):
         out = _phase_conv_transposed(input, weight, bias, plan, phases)
         if out is not None:
             return out
@@ -233,8 +233,7 @@ def _cuda_phases(input, plan: Plan, regions):
     into the output's lattice (twelfth session); with TF32 off (3xTF32) 0.593 against 0.935 (benchmarks/RESULTS.md,
     fourteenth session)."""
     phase_list = tuple(phases for _, phases in regions if phases is not None)
-    reason = _cuda_module().forward_unsupported(plan, phase_list, input.device, input.dtype,
-                                                torch.backends.cudnn.allow_tf32)
+    reason = _cuda_module().forward_unsupported(plan, phase_list, input.device, input.dtype, cudnn_allow_tf32())
     if reason is not None:
         _log_once("forward", plan, reason)
         return None

@@ -14,6 +14,7 @@ import functools
 import torch
 
 from ...plan import Plan
+from .. import cudnn_allow_tf32
 from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands
 from . import (correlate, correlate_grad_weight, grad_weight_kernel_unsupported, grad_weight_splits,
@@ -66,7 +67,7 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
                  lattice_geometry) -> None:
     """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
     element offset, shape and strides), bias added; in 3xTF32 where torch.backends.cudnn.allow_tf32 is off."""
-    split = not torch.backends.cudnn.allow_tf32
+    split = not cudnn_allow_tf32()
     start, extent, launches = _forward_geometry(plan, phase_list, split)
     window, weight_taps = correlation_operands(input, 0, input.shape, input.stride(), start,
                                                extent, weight, grad_input_orientation=False, split=split)
@@ -107,7 +108,7 @@ def phase_grad_input_in_place(grad_output: torch.Tensor, lattice_offset: int, la
     """phase_grad_input of the lattice that starts at element lattice_offset of grad_output with lattice_strides
     (torch_phase._lattice_geometry's): read in place, with no view made (a view's host time shows on the GPU). In
     3xTF32 where torch.backends.cudnn.allow_tf32 is off."""
-    split = not torch.backends.cudnn.allow_tf32
+    split = not cudnn_allow_tf32()
     start, extent, counts, firsts, steps, dilation, grid = _grad_input_geometry(plan, phases, split)
     shape = (plan.batch, plan.out_channels, *(p.out_count for p in phases))
     window, weight_taps = correlation_operands(grad_output, lattice_offset, shape, lattice_strides,

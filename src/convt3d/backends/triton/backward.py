@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
+from .. import cudnn_allow_tf32
 from ..cuda import grad_weight_operands_unsupported as cuda_grad_weight_operands_unsupported, phases as cuda_phases
 from ..torch_phase import _lattice_geometry, _log_once, _phase_input, phase_grad_input
 from . import cdiv, interpreted, next_power_of_2
@@ -310,7 +311,7 @@ def phase_backward(grad_output, index, input, weight, plan: Plan, phases, need_i
     phase's channels-last padded lattice (commit b8c8054, removed since; benchmarks/RESULTS.md). It comes first:
     its convolution is a long kernel that keeps the GPU busy while the host prepares the weight gradient; on a
     second stream beside it the weight gradient measured within run-to-run spread (sixth session)."""
-    tf32 = torch.backends.cudnn.allow_tf32
+    tf32 = cudnn_allow_tf32()
     offset, shape, strides = _lattice_geometry(plan, phases, grad_output.stride())
     input_by_cuda = need_input and _cuda_serves(
         "grad_input", plan, cuda_phases.grad_input_unsupported(plan, phases, input.device, input.dtype, tf32), "cuDNN")
