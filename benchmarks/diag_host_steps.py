@@ -5,8 +5,8 @@
 Per layer: the median host time (from a synchronisation to the return) of the whole module call, eager's module
 and functional call beside it, and of the Triton forward's steps called one by one on the same tensors (output
 allocation, operand pass, kernel launch, and a bare torch.empty); the main kernel's launch through each layer of
-Triton's launcher, from its JIT launcher down to the object around its C launch function (`launch_layers`); then Python's profiler
-over the module's calls, functions by own time per call (the profiler inflates small functions).
+Triton's launcher, from its JIT launcher down to the object around its C launch function (`launch_layers`); then
+Python's profiler over the module's calls, functions by own time per call (the profiler inflates small functions).
 """
 
 import argparse

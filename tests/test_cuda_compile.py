@@ -21,7 +21,7 @@ import pytest
 from convt3d.backends import cuda
 from convt3d.backends.cuda import grad_weight, phase_conv
 from convt3d.backends.cuda.phases import _taps
-from convt3d.plan import make_plan
+from convt3d.plan import make_plan, triple
 from test_cuda_phases import LAYERS
 
 
@@ -81,23 +81,23 @@ def registers_and_spills(source: str, tmp_path: Path) -> tuple[int, int]:
 def _correlations():
     """(c_in, c_out, taps, dilation) of every forward phase correlation and grad_input the CUDA kernel serves on the
     layers, and (c_in, c_out, taps, dilation) of their weight gradients."""
-    layers = [(*layer[:7], layer[7]) for layer in LAYERS] + [
+    layers = LAYERS + [
         (32, 64, 3, 2, 1, 2, 0, (16, 32, 32)),  # problem 77
         (64, 64, 3, 1, 1, 1, 0, (16, 32, 32)),  # the sweep's k3s1p1
         (64, 32, 3, 2, 1, 1, 1, (8, 64, 64)),  # video_k3s2p1op1
     ]
     forward, weight = set(), set()
     for c_in, c_out, kernel, stride, padding, dilation, output_padding, spatial in layers:
-        triple = lambda v: (v,) * 3 if isinstance(v, int) else tuple(v)
-        plan = make_plan((1, c_in, *spatial), (c_in, c_out, *triple(kernel)), triple(stride), triple(padding),
-                         triple(output_padding), 1, triple(dilation))
+        plan = make_plan((1, c_in, *spatial), (c_in, c_out, *triple(kernel, "kernel")), triple(stride, "stride"),
+                         triple(padding, "padding"), triple(output_padding, "output_padding"), 1,
+                         triple(dilation, "dilation"))
         for phase in plan.nonempty_phases:
             counts = _taps(phase.axes, ascending=False)[0]
             dil = tuple(p.input_dilation for p in phase.axes)
             for a, b in ((c_in, c_out), (c_out, c_in)):  # the forward, grad_input
-                if a in (32, 64, 128) and b % 8 == 0 and (b <= 64 or b % 64 == 0):
+                if cuda.phase_conv_channels_unsupported(a, b) is None:
                     forward.add((a, b, counts, dil))
-            if c_in % 16 == 0 and c_out % 8 == 0 and (c_out <= 64 or c_out % 64 == 0):
+            if cuda.grad_weight_channels_unsupported(c_in, c_out) is None:
                 weight.add((c_in, c_out, counts, dil))
     return sorted(forward), sorted(weight)
 

@@ -46,7 +46,8 @@ torch.manual_seed(0)
 # The forward: stride 2 with KW = 3 (tap_columns' split column groups), both kernels; the tiled GEMM on k2 s2.
 for dtype, precision in [(torch.float16, forward.NATIVE), (torch.bfloat16, forward.NATIVE),
                          (torch.float32, forward.TF32), (torch.float32, forward.TF32X3)]:
-    x, w, b = torch.rand(1, 64, 4, 8, 8, dtype=dtype), torch.rand(64, 32, 3, 3, 3, dtype=dtype), torch.rand(32, dtype=dtype)
+    x, w = torch.rand(1, 64, 4, 8, 8, dtype=dtype), torch.rand(64, 32, 3, 3, 3, dtype=dtype)
+    b = torch.rand(32, dtype=dtype)
     plan = make_plan(tuple(x.shape), tuple(w.shape), stride=2, padding=1, output_padding=1)
     for config in (forward._configs()[0], tap_columns.configs(plan)[-1]):
         forward.conv_transpose3d_triton(x, w, b, plan, precision, config=config)

@@ -37,8 +37,9 @@ def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, 
     reason = _unsupported_setting(device, dtype, groups, tf32_only=False)
     if reason is not None:
         return reason
-    if c_in not in (32, 64, 128) or c_out % 8 or not (c_out <= 64 or c_out % 64 == 0):
-        return f"channels {c_in} -> {c_out} (needs 32, 64 or 128 in, a multiple of 8 up to 64, or of 64, out)"
+    reason = phase_conv_channels_unsupported(c_in, c_out)
+    if reason is not None:
+        return reason
     if _compile_kernel() is None:
         return "torch.cuda._compile_kernel is missing"
     if config(c_in, c_out, tuple(taps), tuple(dilation), split) is None:
@@ -48,6 +49,20 @@ def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, 
                 tuple(dilation), False, split)
     except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: any failure means cuDNN)
         return f"compiling the kernel failed: {error}"
+    return None
+
+
+def phase_conv_channels_unsupported(c_in: int, c_out: int) -> str | None:
+    """None when the phase correlation's source serves c_in -> c_out channels, else why not."""
+    if c_in not in (32, 64, 128) or c_out % 8 or not (c_out <= 64 or c_out % 64 == 0):
+        return f"channels {c_in} -> {c_out} (needs 32, 64 or 128 in, a multiple of 8 up to 64, or of 64, out)"
+    return None
+
+
+def grad_weight_channels_unsupported(c_in: int, c_out: int) -> str | None:
+    """None when the weight gradient's source serves c_in -> c_out channels, else why not."""
+    if c_in % 16 or c_out % 8 or not (c_out <= 64 or c_out % 64 == 0):
+        return f"channels {c_in} -> {c_out} (needs a multiple of 16 in, a multiple of 8 up to 64, or of 64, out)"
     return None
 
 
@@ -197,8 +212,9 @@ def grad_weight_kernel_unsupported(device: torch.device, dtype: torch.dtype, c_i
     reason = _unsupported_setting(device, dtype, groups, tf32_only=True)
     if reason is not None:
         return reason
-    if c_in % 16 or c_out % 8 or not (c_out <= 64 or c_out % 64 == 0):
-        return f"channels {c_in} -> {c_out} (needs a multiple of 16 in, a multiple of 8 up to 64, or of 64, out)"
+    reason = grad_weight_channels_unsupported(c_in, c_out)
+    if reason is not None:
+        return reason
     if _compile_kernel() is None:
         return "torch.cuda._compile_kernel is missing"
     if grad_weight_config(c_in, c_out, tuple(taps), tuple(dilation)) is None:
