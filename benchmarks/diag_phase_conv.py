@@ -17,8 +17,7 @@ import torch.nn.functional as F
 
 import convt3d
 from convt3d.backends import cuda
-from convt3d.backends.cuda import phase_conv, phases as cuda_phases
-from convt3d.backends import torch_phase
+from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.torch_phase import _lattice_geometry, _regions
 from convt3d.backends.triton.window import correlation_operands
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
@@ -64,25 +63,6 @@ def main():
         offset, _, strides = _lattice_geometry(plan, phases, out.stride())
         row(mode, "correlation into the lattice", lambda: cuda.correlate(
             window, taps, None, out, offset, strides, grid, offsets, counts, firsts, steps, dilation))
-        if hasattr(cuda_phases, "fill_gaps_unsupported"):  # (code since the twenty-fourth session)
-            whole = torch.full(plan.output_shape, float("nan"), device="cuda")
-            assert cuda_phases.fill_gaps_unsupported(plan, phase_list, None, whole, _lattice_geometry) is None
-            gaps = (phases[2].out_start, strides[4])
-            into_whole = lambda: cuda.correlate(window, taps, None, whole, offset, strides, grid, offsets, counts,
-                                                firsts, steps, dilation, gaps)
-            for epilogue_gaps, spread in ((False, False), (True, False), (False, True), (True, True)):
-                phase_conv.EPILOGUE_GAPS, phase_conv.SPREAD_GAPS = epilogue_gaps, spread
-                cuda._kernel.cache_clear()
-                whole.fill_(float("nan"))
-                into_whole()
-                row(mode, f"correlation writing the whole output (epilogue gaps {epilogue_gaps}, spread {spread})",
-                    into_whole, f"{relative_error(whole, reference):.1e}, NaN: {bool(whole.isnan().any())}")
-            torch_phase.FILL_GAPS = False
-            forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-            y = forward()
-            row(mode, "forward (backend torch), fill first", forward,
-                f"{relative_error(y, reference):.1e}, KB check {kernelbench_check(y, expected)}")
-            torch_phase.FILL_GAPS = True
         forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
         y = forward()
         row(mode, "forward (backend torch)", forward,

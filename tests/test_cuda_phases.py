@@ -29,15 +29,14 @@ def round_tf32(t: torch.Tensor) -> torch.Tensor:
 
 
 def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, grid, offsets, taps, first_taps,
-                       tap_steps, dilation, gaps=None):
+                       tap_steps, dilation):
     """What the kernel computes (phase_conv.py), in float64; it also checks that every read of every whole tile lies
     inside the window, as the kernel assumes. 3xTF32 (weight_taps' hi and lo parts): the window's values split as the
-    kernel splits them, and the three products it adds. gaps: the lattice's first column and column step, checked
-    against the lattice's offset and strides; then the rest of out is zeroed."""
+    kernel splits them, and the three products it adds."""
     n, xd, xh, xw, c_in = window.shape
     split = weight_taps.dim() == 6
     c_out = weight_taps.shape[3 + split]
-    rows = cuda.config(c_in, c_out, tuple(taps), tuple(dilation), split, gaps is not None)[0]
+    rows = cuda.config(c_in, c_out, tuple(taps), tuple(dilation), split)[0]
     (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
     assert xd >= offsets[0] + qd + (kd - 1) * dd
     assert xh >= offsets[1] + -(-qh // rows) * rows + (kh - 1) * dh
@@ -58,11 +57,6 @@ def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, 
         y = correlation(window, weight_taps)
     if bias is not None:
         y = y + bias.double().view(1, -1, 1, 1, 1)
-    if gaps is not None:
-        first_column, column_step = gaps
-        assert out.is_contiguous() and bias is None and qw <= cuda.TILE_COLUMNS
-        assert column_step == out_strides[4] and out_offset % out.shape[4] == first_column
-        out.zero_()
     out.as_strided((n, c_out, qd, qh, qw), out_strides, out.storage_offset() + out_offset).copy_(y)
 
 
@@ -154,44 +148,6 @@ def test_forward_phases_match_conv_transpose3d(layer, with_bias, tf32, monkeypat
         if phases is None:
             out[index] = 0 if b is None else b.view(1, -1, 1, 1, 1).expand_as(out[index])
     assert_close_rel(out, expected, 1e-6, "forward")
-
-
-# The layers of LAYERS whose one non-empty phase the kernel writes with the zeros around it: problem 77's geometry,
-# stride and dilation 3. (Layer 0 has 33 lattice columns, layer 9 rows 0 floats apart: both are filled first.)
-FILL_GAPS_LAYERS = [LAYERS[7], LAYERS[8]]
-
-
-@pytest.mark.parametrize("layer", FILL_GAPS_LAYERS)
-@pytest.mark.parametrize("tf32", [True, False])
-def test_forward_with_the_gaps_filled(layer, tf32, monkeypatch):
-    """write_phases with fill_gaps into a NaN-filled output: the kernel (emulated) writes it whole."""
-    monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
-    x, w, _, plan, args = _layer(*layer, seed=random.randrange(2**31), tf32_exact=tf32)
-    out = torch.full(plan.output_shape, float("nan"), device=DEVICE)
-    phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
-        assert cuda_phases.fill_gaps_unsupported(plan, phase_list, None, out, _lattice_geometry) is None
-        cuda_phases.write_phases(x, w, None, plan, phase_list, out, _lattice_geometry, fill_gaps=True)
-    assert_close_rel(out, F.conv_transpose3d(x.double(), w.double(), **args), 1e-6, "forward")
-
-
-def test_fill_gaps_reasons():
-    def reason(layer, bias=None, out=None):
-        x, w, b, plan, _ = _layer(*layer, seed=0)
-        out = torch.empty(plan.output_shape) if out is None else out
-        phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
-        return cuda_phases.fill_gaps_unsupported(plan, phase_list, bias, out, _lattice_geometry)
-
-    p77 = (32, 64, 3, 2, 1, 2, 0, (16, 32, 32))
-    assert reason(p77) is None
-    assert "bias" in reason(p77, bias=torch.zeros(64))
-    channels_last = torch.empty(16, 64, 33, 65, 65).to(memory_format=torch.channels_last_3d)
-    assert "contiguous" in reason(p77, out=channels_last)
-    assert "aligned" in reason(p77, out=torch.empty(16 * 64 * 33 * 65 * 65 + 1)[1:].view(16, 64, 33, 65, 65))
-    assert "8 non-empty phases" in reason(LAYERS[2])
-    assert "33 lattice columns" in reason(LAYERS[0])
-    assert "14 floats" in reason(LAYERS[9])
-    assert "14 floats" in reason((32, 64, 3, 2, 1, 2, 0, (3, 9, 6)))  # rows of 13 floats, 13 apart
 
 
 @pytest.mark.parametrize("layer", LAYERS)

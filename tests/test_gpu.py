@@ -16,8 +16,7 @@ from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.torch_phase import (_backward_phases, _lattice_geometry, _regions, aten_phase_backward,
                                          phase_grad_input)
 from test_cuda_phases import LAYERS as CUDA_PHASE_LAYERS, _layer as cuda_phase_layer
-from test_cuda_phases import FILL_GAPS_LAYERS as FILL_GAPS_CPU_LAYERS, round_tf32
-from test_cuda_phases import row_aligned as cuda_phase_row_aligned
+from test_cuda_phases import round_tf32, row_aligned as cuda_phase_row_aligned
 
 pytestmark = pytest.mark.gpu
 
@@ -236,32 +235,6 @@ def test_cuda_phase_correlation_kernel_in_3xtf32(layer):
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         g = torch.randn(plan.output_shape, device="cuda")
         _check_cuda_phase_correlation(x, w, b, plan, args, g, False, 1e-6)
-
-
-# Layers whose one non-empty phase the CUDA correlation writes with the zeros around it (fill_gaps): test_cuda_phases'
-# two, 8 and 128 output channels (two blocks of 64) on odd sizes, stride 1 in depth (adjacent lattice planes), and 128
-# input channels (weight stages of part of them).
-FILL_GAPS_LAYERS = [
-    *FILL_GAPS_CPU_LAYERS,
-    (32, 8, 3, 2, 1, 2, 0, (5, 7, 9)),
-    (32, 128, 3, 2, 1, 2, 0, (2, 3, 16)),
-    (64, 32, (1, 3, 3), (1, 2, 2), (0, 1, 1), (1, 2, 2), 0, (3, 6, 11)),
-    (128, 16, 3, 2, 1, 2, 0, (2, 4, 8)),
-]
-
-
-@pytest.mark.parametrize("layer", FILL_GAPS_LAYERS)
-@pytest.mark.parametrize("tf32", [True, False])
-def test_cuda_phase_correlation_fills_the_gaps(layer, tf32, nan_poisoned_allocator):
-    """backend="torch" where the CUDA correlation writes the whole output (no fill first) into NaN-poisoned memory,
-    against float64 PyTorch: every element written, the zeros included."""
-    x, w, _, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31, tf32_exact=False)
-    phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
-        out = torch.empty(plan.output_shape, device="cuda")
-        assert cuda_phases.fill_gaps_unsupported(plan, phase_list, None, out, _lattice_geometry) is None
-        ours = convt3d.conv_transpose3d(x, w, None, backend="torch", **args)
-    assert_close_rel(ours, F.conv_transpose3d(x.double(), w.double(), **args), 1e-3 if tf32 else 1e-6)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

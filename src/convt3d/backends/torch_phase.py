@@ -199,7 +199,6 @@ def _transposed_window(plan: Plan, phases: tuple[AxisPhase, ...]):
 
 # Per device type: fill the whole output once before writing the phases (True), or only the empty regions.
 FILL_WHOLE_OUTPUT = collections.defaultdict(lambda: True, cpu=False)
-FILL_GAPS = True
 
 
 def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
@@ -211,15 +210,12 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     # that wrote the output in one pass, or the lattice rows whole after the fill, measured slower than the
     # fill + strided copy (0.256-1.31 and 0.259-0.262 against 0.234 ms; benchmarks/RESULTS.md, sixth session).
     fill_all = FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
+    if fill_all:
+        _fill(out, bias)
     regions = _regions(plan, fill_all)
     cuda_phases = _cuda_phases(input, plan, regions) if input.is_cuda else None
-    # Where one phase is all the output holds (problem 77), its kernel writes the zeros around it too.
-    fill_gaps = (fill_all and cuda_phases is not None and FILL_GAPS
-                 and _cuda_module().fill_gaps_unsupported(plan, cuda_phases, bias, out, _lattice_geometry) is None)
-    if fill_all and not fill_gaps:
-        _fill(out, bias)
     if cuda_phases is not None:
-        _cuda_module().write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry, fill_gaps)
+        _cuda_module().write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry)
     for index, phases in regions:
         if phases is None:
             _fill(out[index], bias)

@@ -91,7 +91,7 @@ def _compile_kernel():
 
 
 @functools.lru_cache(maxsize=1024)
-def config(c_in: int, c_out: int, taps, dilation, split: bool = False, fill_gaps: bool = False):
+def config(c_in: int, c_out: int, taps, dilation, split: bool = False):
     """(tile rows BH, output channels per program, shared bytes, input channels per weight stage) or None: the most
     rows (up to 8; in 3xTF32 (split) 2, or as many as keep SLABS x COB x C_IN / 32 within 64: ptxas spilled
     registers beyond, compiled here for sm_90a) whose program's shared memory lets two programs share a
@@ -99,17 +99,15 @@ def config(c_in: int, c_out: int, taps, dilation, split: bool = False, fill_gaps
     32 of them (the most that fit beside the plane), as a stage of 128 would leave room for no plane. On the H200,
     problem 77's forward correlation took 0.157 ms with 8 rows, 0.167 with 4 and 0.561 with 16 (one program per
     multiprocessor); its grad_input's about 0.24 with 4 rows and 0.283 with 8 (one program per multiprocessor;
-    benchmarks/RESULTS.md, twelfth session). fill_gaps: with the zeros that the kernel's bulk copies read (the
-    shared bytes include them)."""
+    benchmarks/RESULTS.md, twelfth session)."""
     cob = min(c_out, 64)
-    zeros = 4 * phase_conv.ZERO_FLOATS if fill_gaps else 0
     units = (c_in,) if c_in <= 64 else (64, 32)
     for limit in (MAX_SHARED_BYTES // 2 - 1024, MAX_SHARED_BYTES):
         for rows in (8, 4, 2):
             if split and rows > 2 and rows // 2 * cob * c_in // 32 > 64:  # (rows // 2: SLABS, 64 positions each)
                 continue
             for unit in units:
-                smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, unit) + zeros
+                smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, unit)
                 if smem <= limit:
                     return rows, cob, smem, unit
     return None
@@ -165,12 +163,11 @@ def _check(result: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: bool,
-            gap_column_step: int = 0) -> _Kernel:
-    rows, cob, smem, unit = config(c_in, c_out, taps, dilation, split, gap_column_step > 0)
+def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: bool) -> _Kernel:
+    rows, cob, smem, unit = config(c_in, c_out, taps, dilation, split)
     with torch.cuda.device(device_index):
-        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit,
-                                         gap_column_step), "phase_conv", smem, 128)
+        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit), "phase_conv",
+                       smem, 128)
 
 
 def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: bool = False) -> tuple[int, int, int]:
@@ -183,33 +180,29 @@ def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: b
 
 
 def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_offset: int, out_strides,
-              grid, offsets, taps, first_taps, tap_steps, dilation, gaps=None) -> None:
+              grid, offsets, taps, first_taps, tap_steps, dilation) -> None:
     """out (float32) at element out_offset with out_strides, over grid (QD, QH, QW) x C_out: the correlation of
     phase_conv.py plus bias. window: (N, XD, XH, XW, C_in) with XD, XH, XW at least window_extent(...); weight_taps:
     (kD, kH, kW, C_out, C_in) of the whole kernel, contiguous, TF32-rounded like the window (TF32), or (2, kD, kH,
     kW, C_out, C_in), its hi and lo parts, with the window as it is (3xTF32); first_taps, tap_steps: per axis the
-    correlation's first kernel tap and the step between its taps. gaps: None, or (first column, column step) of the
-    lattice in out's rows, where this correlation is out's only non-empty phase and fill_gaps_unsupported(...) is
-    None: then out is written whole, the zeros outside the lattice included (no fill before)."""
+    correlation's first kernel tap and the step between its taps."""
     n, xd, xh, xw, c_in = window.shape
     split = weight_taps.dim() == 6
     kdf, khf, kwf, c_out, _ = weight_taps.shape[split:]
     device = window.device.index or 0
-    rows, cob = config(c_in, c_out, tuple(taps), tuple(dilation), split, gaps is not None)[:2]
-    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split,
-                     gaps[1] if gaps is not None else 0)
+    rows, cob = config(c_in, c_out, tuple(taps), tuple(dilation), split)[:2]
+    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
     programs = n * qd * qh_blocks * qw_blocks * (c_out // cob)
     if programs == 0:
         return
-    first_column = gaps[0] if gaps is not None else 0
     ints = (xd, xh, xw, *offsets, first_taps[0], tap_steps[0], first_taps[1], tap_steps[1], first_taps[2],
-            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, first_column, out.shape[-1], n)
+            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks)
     lo_part = weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split else 0
     pointers = (window.data_ptr(), weight_taps.data_ptr(), lo_part, bias.data_ptr() if bias is not None else 0,
                 out.data_ptr() + 4 * out_offset)
-    kernel.launch(programs, pointers, ints, (*out_strides, out_offset, out.numel()), _current_stream(device))
+    kernel.launch(programs, pointers, ints, tuple(out_strides), _current_stream(device))
 
 
 def grad_weight_kernel_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,

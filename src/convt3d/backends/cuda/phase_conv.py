@@ -99,40 +99,9 @@ __device__ __forceinline__ void copy_plane(float* halo, const float* plane, long
         float* dst = halo + (r * HW + lane / (C_IN / 4)) * CPA + (lane % (C_IN / 4)) * 4;
         #pragma unroll
         for (int m = 0; m < (ROW_CHUNKS + 31) / 32; m++)
-            if (m * 32 + lane < ROW_CHUNKS) {
-#if DIAG_HINT >= 2
-                unsigned long long policy;
-                asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-                asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" :: "r"(smem_addr(dst + m * (32 / (C_IN / 4)) * CPA)), "l"(src + m * 128), "l"(policy));
-#else
-                cp_async16(dst + m * (32 / (C_IN / 4)) * CPA, src + m * 128);
-#endif
-            }
+            if (m * 32 + lane < ROW_CHUNKS) cp_async16(dst + m * (32 / (C_IN / 4)) * CPA, src + m * 128);
     }
 }
-
-#if FILL_GAPS
-// A bulk copy (the Tensor Memory Accelerator's, asynchronous: one instruction a thread, whatever its size) of bytes
-// from shared memory to global memory; both addresses 16-byte aligned, bytes a multiple of 16.
-__device__ __forceinline__ unsigned long long evict_first() {
-    unsigned long long policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
-}
-__device__ __forceinline__ void bulk_store(float* dst, unsigned src, unsigned bytes) {
-#if DIAG_HINT
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n" :: "l"(dst), "r"(src), "r"(bytes), "l"(evict_first())
-                 : "memory");
-#else
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" :: "l"(dst), "r"(src), "r"(bytes)
-                 : "memory");
-#endif
-}
-// out[lo, hi) zeroed from the ZBUF zeros at zeros_at, lo and hi multiples of 8 (32 bytes: whole memory sectors).
-__device__ __forceinline__ void zero_range(float* out, long long lo, long long hi, unsigned zeros_at) {
-    for (; lo < hi; lo += ZBUF) bulk_store(out + lo, zeros_at, 4 * (unsigned)min((long long)ZBUF, hi - lo));
-}
-#endif
 
 // A unit's COB x UC weight block (w_tap: its first channel of the tap's rows), K-major: 32-channel blocks of COB
 // rows of 128 bytes, whose 16-byte chunks are swizzled by (row & 7), as wgmma's 128-byte swizzle mode reads them.
@@ -161,9 +130,8 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
            const float* __restrict__ bias,
            float* __restrict__ y, int XD, int XH, int XW, int off_d, int off_h, int off_w,
            int td0, int tds, int th0, int ths, int tw0, int tws, int KHF, int KWF,
-           int QD, int QH, int QW, int qh_blocks, int qw_blocks, int w0, int OW, int NB,
-           long long syn, long long syc, long long syd, long long syh, long long syw, long long lattice_offset,
-           long long total)
+           int QD, int QH, int QW, int qh_blocks, int qw_blocks,
+           long long syn, long long syc, long long syd, long long syh, long long syw)
 {
     extern __shared__ __align__(1024) float4 smem4[];
     float* ring = (float*)smem4;                      // [STAGES][KB][COB][32], swizzled
@@ -183,58 +151,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
         + ((tap) / KW % KH) * ths) * KWF + tw0 + ((tap) % KW) * tws) * C_OUT * C_IN)
     #define UNIT(u) (W_TAP((u) / U) + (u) % U * UC)  // unit u = tap * U + (its channels) / UC
     #define COPY_WEIGHT(stage, u) copy_weight(stage, w + UNIT(u), w_lo + UNIT(u), tid)
-
-#if FILL_GAPS
-    // This phase is the output's only non-empty one, and the output (contiguous, 32-byte aligned) is written here
-    // whole: each of the tile's rows (output rows of the phase's lattice) by the epilogue, from the 32-byte boundary
-    // at or before its start to the one at or after its end, the lattice columns from the tile and zeros between
-    // them; every other element, the gaps between those rows in memory, by bulk copies of zeros from shared memory,
-    // which cost the warps one instruction each (writing them with stores took issue slots from the MMAs). A
-    // program fills the gap before each of its rows, up to the previous row of the output (of the grid, the plane,
-    // the channel or the sample), and the program of the output's last row the gap after it as well.
-    float* const out = y - lattice_offset;
-    float* const zeros = (float*)smem4 + SMEM_MAIN;
-    const unsigned zeros_at = smem_addr(zeros);
-    for (int e = tid; e < ZBUF / 4; e += THREADS) ((float4*)zeros)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeros visible to the bulk copies
-    __syncthreads();
-    #define ROW_AT(n_, c_, qd_, qh_) (lattice_offset - w0 + (long long)(n_) * syn + (long long)(c_) * syc \
-        + (long long)(qd_) * syd + (long long)(qh_) * syh)
-#if EPILOGUE_GAPS
-    // The gaps inside a plane (between its rows) are written by the epilogue with the row after them; here the gap
-    // before channel j's first row of the plane, split among the plane's programs (this one's part: hb of qh_blocks),
-    // and the output's last gap.
-    auto fill_gap = [&](int j) {
-        const int c = ob * COB + j, hb = qh0 / BH;
-        const long long row = ROW_AT(n, c, qd, 0);
-        long long previous_end = 0;
-        if (qd > 0) previous_end = ROW_AT(n, c, qd - 1, QH - 1) + OW;
-        else if (c > 0) previous_end = ROW_AT(n, c - 1, QD - 1, QH - 1) + OW;
-        else if (n > 0) previous_end = ROW_AT(n - 1, C_OUT - 1, QD - 1, QH - 1) + OW;
-        const long long lo = (previous_end + 7) & ~7ll, units = ((row & ~7ll) - lo) / 8;
-        zero_range(out, lo + 8 * (units * hb / qh_blocks), lo + 8 * (units * (hb + 1) / qh_blocks), zeros_at);
-        if (hb == qh_blocks - 1 && n == NB - 1 && c == C_OUT - 1 && qd == QD - 1)
-            zero_range(out, (ROW_AT(n, c, qd, QH - 1) + OW + 7) & ~7ll, total, zeros_at);
-    };
-    #define GAPS COB
-    #define SPAN_START(row, qh) ((qh) > 0 ? ((row) - syh + OW + 7) & ~7ll : (row) & ~7ll)
-#else
-    auto fill_gap = [&](int j) {  // the gap before row j % BH of channel j / BH of the block
-        const int r = j % BH, c = ob * COB + j / BH, qh = qh0 + r;
-        if (qh >= QH) return;
-        const long long row = ROW_AT(n, c, qd, qh);
-        long long previous_end = 0;
-        if (qh > 0) previous_end = row - syh + OW;
-        else if (qd > 0) previous_end = ROW_AT(n, c, qd - 1, QH - 1) + OW;
-        else if (c > 0) previous_end = ROW_AT(n, c - 1, QD - 1, QH - 1) + OW;
-        else if (n > 0) previous_end = ROW_AT(n - 1, C_OUT - 1, QD - 1, QH - 1) + OW;
-        zero_range(out, (previous_end + 7) & ~7ll, row & ~7ll, zeros_at);
-        if (n == NB - 1 && c == C_OUT - 1 && qd == QD - 1 && qh == QH - 1) zero_range(out, (row + OW + 7) & ~7ll, total, zeros_at);
-    };
-    #define GAPS (COB * BH)
-    #define SPAN_START(row, qh) ((row) & ~7ll)
-#endif
-#endif
 
     COPY_WEIGHT(ring, 0);
     cp_commit();
@@ -268,11 +184,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             copy_plane(halo, plane0 + (long long)kd * DD * XH * row_floats, row_floats, warp, lane);
             cp_commit();
         }
-#if FILL_GAPS && !SPREAD_GAPS
-        // A share of the gaps per depth tap, so that their writes spread over the program's time.
-        if (!DIAG_NOGAPS) for (int j = tid + kd * THREADS; j < GAPS; j += KD * THREADS) fill_gap(j);
-        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
         #pragma unroll
         for (int kh = 0; kh < KH; kh++)
             #pragma unroll
@@ -280,14 +191,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                 #pragma unroll
                 for (int unit = 0; unit < U; unit++) {
                     const int step = ((kd * KH + kh) * KW + kw) * U + unit;
-#if FILL_GAPS && SPREAD_GAPS
-                    if (unit == 0) {  // a share of the gaps per tap
-                        #pragma unroll 1
-                        for (int j = tid; j < GAPS; j += THREADS)
-                            if (j % (KD * KH * KW) == (kd * KH + kh) * KW + kw) fill_gap(j);
-                        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-                    }
-#endif
                     // One group of MMAs per k-step, with one group (the previous k-step's) left in flight: at a
                     // unit's start that frees the stage unit - 2 read, which this unit refills. At a plane's start
                     // none: the A fragments' buffers start over there (below).
@@ -382,64 +285,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             }
     }
     __syncthreads();
-#if FILL_GAPS && DIAG_EPI == 1
-    for (int job = warp; job < BH * (COB / OC_RUN); job += THREADS / 32) {
-        const int r = job % BH, oc0 = job / BH * OC_RUN, qh = qh0 + r;
-        if (qh >= QH) continue;
-        const long long row0 = ROW_AT(n, ob * COB + oc0, qd, qh);
-        #pragma unroll
-        for (int k = 0; k < OC_RUN; k++) {
-            const long long row = row0 + k * syc, start = SPAN_START(row, qh), end = (row + OW + 7) & ~7ll;
-            for (long long at = start + 4 * lane; at < end; at += 128) {
-                if (DIAG_HINT) __stcs((float4*)(out + at), make_float4(0.f, 0.f, 0.f, 0.f));
-                else *(float4*)(out + at) = make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-        }
-    }
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-    return;
-#endif
-#if FILL_GAPS && DIAG_EPI == 2
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#endif
-#if FILL_GAPS && DIAG_EPI == 0
-    // Each channel's span of a row: from SPAN_START (the row's start, or the end of the gap before it when the
-    // epilogue writes that gap) to the 32-byte boundary at or after its end, in 16-byte stores: floats 4f.. of
-    // channel k's span by lane i % 32 of step i / 32, i = k * f_max + f; four steps' loads before their stores.
-    const int f_max = (int)(((EPILOGUE_GAPS ? syh : OW) + 14) / 4) + 1;
-    #pragma unroll 1
-    for (int job = warp; job < BH * (COB / OC_RUN); job += THREADS / 32) {
-        const int r = job % BH, oc0 = job / BH * OC_RUN, qh = qh0 + r;
-        if (qh >= QH) continue;
-        const float* src = staged + oc0 * OCS + r * BW;
-        const long long row0 = ROW_AT(n, ob * COB + oc0, qd, qh);
-        #pragma unroll 1
-        for (int i0 = 0; i0 < OC_RUN * f_max; i0 += 4 * 32) {
-            float4 v[4];
-            float* at[4];
-            #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int i = i0 + 32 * u + lane, k = i / f_max, f = i - k * f_max;
-                const long long row = row0 + (long long)k * syc, start = SPAN_START(row, qh) + 4 * f;
-                at[u] = k < OC_RUN && start < ((row + OW + 7) & ~7ll) ? out + start : nullptr;
-                float e4[4];
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int column = (int)(start - row) + e, lattice = column - w0;
-                    const bool on = at[u] != nullptr && column >= 0 && column < OW && lattice >= 0
-                                    && lattice % LSW == 0 && lattice / LSW < QW;
-                    e4[e] = on ? src[k * OCS + lattice / LSW] : 0.f;
-                }
-                v[u] = make_float4(e4[0], e4[1], e4[2], e4[3]);
-            }
-            #pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (at[u] != nullptr) *(float4*)at[u] = v[u];
-        }
-    }
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the zeros read before the program ends
-    return;
-#endif
     const int qw = qw0 + lane;
     float* y_tile = y + n * syn + (long long)(ob * COB) * syc + qd * syd + (long long)qw * syw;
     #pragma unroll 1
@@ -477,25 +322,13 @@ def wgmma_asm(n: int) -> str:
             f' : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));')
 
 
-# Floats of the zeros that the bulk copies of a program that fills the gaps read (16 KB: problem 77's largest gap,
-# 4,355 floats, in two copies, and two programs still share a multiprocessor).
-ZERO_FLOATS = 4096
-EPILOGUE_GAPS = True
-SPREAD_GAPS = False
-DIAG = dict(DIAG_EPI=0, DIAG_NOGAPS=0, DIAG_HINT=0)
-
-
 def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: bool = False,
-           unit: int | None = None, gap_column_step: int = 0) -> str:
+           unit: int | None = None) -> str:
     """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 3xTF32; unit:
-    the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in); gap_column_step: with it (the
-    lattice's step between columns), the kernel writes the whole output, zeros outside the lattice included."""
+    the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in)."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
-    main = shared_bytes(c_in, cob, taps, dilation, bh, split, unit) // 4
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
-                   UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE,
-                   FILL_GAPS=int(gap_column_step > 0), LSW=max(gap_column_step, 1), ZBUF=ZERO_FLOATS, SMEM_MAIN=main,
-                   EPILOGUE_GAPS=int(EPILOGUE_GAPS), SPREAD_GAPS=int(SPREAD_GAPS), **DIAG)
+                   UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob))
 

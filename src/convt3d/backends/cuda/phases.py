@@ -17,8 +17,8 @@ from ...plan import Plan
 from .. import cudnn_allow_tf32
 from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands
-from . import (TILE_COLUMNS, config, correlate, correlate_grad_weight, grad_weight_kernel_unsupported,
-               grad_weight_splits, phase_conv_unsupported, window_extent)
+from . import (correlate, correlate_grad_weight, grad_weight_kernel_unsupported, grad_weight_splits,
+               phase_conv_unsupported, window_extent)
 
 
 def _taps(phases, ascending: bool):
@@ -63,55 +63,17 @@ def _forward_geometry(plan: Plan, phase_list: tuple, split: bool):
     return tuple(starts), tuple(extent), tuple(launches)
 
 
-def fill_gaps_unsupported(plan: Plan, phase_list: tuple, bias, out: torch.Tensor, lattice_geometry) -> str | None:
-    """None when write_phases(..., fill_gaps=True) writes the whole of out (zeros outside its one non-empty phase
-    included), so that no fill need come first, else why not."""
-    if bias is not None:
-        return "a bias (the kernel writes zeros outside the lattice)"
-    if not out.is_contiguous() or out.data_ptr() % 32:
-        return "the output is not contiguous and 32-byte aligned"
-    return _gaps_unsupported(plan, phase_list, out.stride(), lattice_geometry, not cudnn_allow_tf32())
-
-
-@functools.lru_cache(maxsize=256)
-def _gaps_unsupported(plan: Plan, phase_list: tuple, strides, lattice_geometry, split: bool) -> str | None:
-    if len(phase_list) != 1:
-        return f"{len(phase_list)} non-empty phases"
-    phases = phase_list[0]
-    counts, _, _ = _taps(phases, ascending=False)
-    dilation = tuple(p.input_dilation for p in phases)
-    chosen = config(plan.in_channels, plan.out_channels, counts, dilation, split, True)
-    if chosen is None or chosen[0] != config(plan.in_channels, plan.out_channels, counts, dilation, split)[0]:
-        return "the zeros for the bulk copies do not fit beside the tile"
-    _, shape, (syn, syc, syd, syh, _) = lattice_geometry(plan, phases, strides)
-    n, c, qd, qh, qw = shape
-    if qw > TILE_COLUMNS:
-        return f"{qw} lattice columns (the kernel writes a row from one tile of {TILE_COLUMNS})"
-    # Consecutive rows of the lattice in memory, end to start: each row's writes reach up to 7 floats past its ends
-    # (to 32-byte boundaries), so the gaps must not be narrower than 14.
-    width, gaps, before = plan.output_spatial[2], [], 0
-    for size, stride in ((qh, syh), (qd, syd), (c, syc), (n, syn)):
-        if size > 1:
-            gaps.append(stride - before - width)
-        before += (size - 1) * stride
-    if min(gaps, default=14) < 14:
-        return "lattice rows less than 14 floats apart"
-    return None
-
-
 def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, phase_list: tuple, out: torch.Tensor,
-                 lattice_geometry, fill_gaps: bool = False) -> None:
+                 lattice_geometry) -> None:
     """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
-    element offset, shape and strides), bias added; in 3xTF32 where torch.backends.cudnn.allow_tf32 is off.
-    fill_gaps (where fill_gaps_unsupported(...) is None): the rest of out zeroed by the same kernel."""
+    element offset, shape and strides), bias added; in 3xTF32 where torch.backends.cudnn.allow_tf32 is off."""
     split = not cudnn_allow_tf32()
     start, extent, launches = _forward_geometry(plan, phase_list, split)
     window, weight_taps = correlation_operands(input, 0, input.shape, input.stride(), start,
                                                extent, weight, grad_input_orientation=False, split=split)
     for phases, offsets, counts, firsts, steps, dilation, grid in launches:
         offset, _, strides = lattice_geometry(plan, phases, out.stride())
-        gaps = (phases[2].out_start, strides[4]) if fill_gaps else None
-        correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps, dilation, gaps)
+        correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps, dilation)
 
 
 @functools.lru_cache(maxsize=256)
