@@ -36,7 +36,7 @@ def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, 
     n, xd, xh, xw, c_in = window.shape
     split = weight_taps.dim() == 6
     c_out = weight_taps.shape[3 + split]
-    rows = cuda.config(c_in, c_out, tuple(taps), tuple(dilation), split)[0]
+    rows = cuda.tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n, tuple(grid))
     (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
     assert xd >= offsets[0] + qd + (kd - 1) * dd
     assert xh >= offsets[1] + -(-qh // rows) * rows + (kh - 1) * dh
@@ -275,6 +275,17 @@ def test_unsupported_reasons_name_the_cause(monkeypatch):
         rows, _, smem, unit = cuda.config(128, 64, taps, (1, 1, 1), split)
         assert unit in (64, 32) and smem <= cuda.MAX_SHARED_BYTES, (taps, split)
         assert (smem <= cuda.MAX_SHARED_BYTES // 2 - 1024) == (programs == 2), (taps, split)
+
+
+def test_tile_rows_spread_small_layers_over_the_gpu():
+    # Problem 77's forward (1024 programs of 8 rows) and grad_input (2048 of 4) keep config()'s rows.
+    assert cuda.tile_rows(32, 64, (3, 3, 3), (1, 1, 1), False, 16, (16, 32, 32)) == 8
+    assert cuda.tile_rows(64, 32, (3, 3, 3), (1, 1, 1), False, 16, (16, 32, 32)) == 4
+    # The sweep's k3s1p1 (2 x 16 planes of 32 x 32): 128 programs of 8 rows, 256 of 4, 512 of 2.
+    assert cuda.tile_rows(64, 64, (3, 3, 3), (1, 1, 1), False, 2, (16, 32, 32)) == 2
+    # Two blocks of 64 output channels double the programs: 4 rows give 2 x 8 x 16 x 2 = 512.
+    assert cuda.tile_rows(64, 128, (2, 2, 2), (1, 1, 1), False, 2, (8, 64, 32)) == 4
+    assert cuda.tile_rows(64, 64, (3, 3, 3), (1, 1, 1), False, 1, (1, 1, 1)) == 2  # never fewer than 2
 
 
 def test_only_the_weight_gradient_needs_tf32(monkeypatch):

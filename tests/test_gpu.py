@@ -206,8 +206,22 @@ def _check_cuda_phase_correlation(x, w, b, plan, args, g, tf32: bool, rel: float
             assert_close_rel(ours, phase_grad_input(g[index].double(), w.double(), plan, phases), rel, "grad_input")
 
 
+@pytest.fixture(params=["rows for the grid", "most rows"])
+def tile_rule(request, monkeypatch):
+    """Both tiles the CUDA correlation runs with: tile_rows' (fewer rows on the small grids of these layers) and
+    config()'s most rows (as on large layers)."""
+    if request.param == "most rows":
+        monkeypatch.setattr(cuda, "FULL_GRID", 0)
+    caches = (cuda.tile_rows, cuda_phases._forward_geometry, cuda_phases._grad_input_geometry)
+    for cache in caches:
+        cache.cache_clear()
+    yield
+    for cache in caches:
+        cache.cache_clear()
+
+
 @pytest.mark.parametrize("layer", CUDA_PHASE_LAYERS)
-def test_cuda_phase_correlation_kernel(layer):
+def test_cuda_phase_correlation_kernel(layer, tile_rule):
     """The CUDA kernels themselves (test_cuda_phases.py emulates them on the CPU) on their layers: every forward
     phase into a NaN-filled output, each phase's grad_input and grad_weight, against float64 PyTorch. The operands are
     TF32-exact, so only the float32 sums differ (Hopper's tensor cores also truncate as they accumulate: 1e-5)."""
@@ -227,7 +241,7 @@ def test_cuda_phase_correlation_kernel(layer):
 
 
 @pytest.mark.parametrize("layer", CUDA_PHASE_LAYERS)
-def test_cuda_phase_correlation_kernel_in_3xtf32(layer):
+def test_cuda_phase_correlation_kernel_in_3xtf32(layer, tile_rule):
     """The CUDA phase correlation with TF32 off (3xTF32) on operands that are not TF32-exact: every forward phase
     into a NaN-filled output and each phase's grad_input, against float64 PyTorch to float32's accuracy (TF32 alone
     misses 1e-6 by two orders)."""

@@ -31,9 +31,10 @@ MAX_SHARED_BYTES = 227 * 1024
 
 
 def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,
-                           dilation, split: bool = False) -> str | None:
+                           dilation, split: bool = False, batch: int = 1, grid=(1, 1, 1)) -> str | None:
     """None when the wgmma phase correlation serves a correlation of c_in -> c_out channels with these taps and tap
-    dilations on this device, in TF32 or (split) 3xTF32, else a short reason."""
+    dilations on this device, in TF32 or (split) 3xTF32, over batch x grid (the tile it compiles for), else a short
+    reason."""
     reason = _unsupported_setting(device, dtype, groups, tf32_only=False)
     if reason is not None:
         return reason
@@ -46,7 +47,8 @@ def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, 
         return "the taps' window plane does not fit in shared memory"
     try:  # compiled here, once per layer (the callers cache this answer), so that a failure falls back to cuDNN
         _kernel(device.index if device.index is not None else torch.cuda.current_device(), c_in, c_out, tuple(taps),
-                tuple(dilation), False, split)
+                tuple(dilation), False, split, tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, batch,
+                                                         tuple(grid)))
     except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: any failure means cuDNN)
         return f"compiling the kernel failed: {error}"
     return None
@@ -113,6 +115,23 @@ def config(c_in: int, c_out: int, taps, dilation, split: bool = False):
     return None
 
 
+# Programs that keep an H200 (132 multiprocessors, two programs each) busy: tile_rows halves the tile's rows while
+# a correlation's grid has fewer.
+FULL_GRID = 2 * 132
+
+
+@functools.lru_cache(maxsize=1024)
+def tile_rows(c_in: int, c_out: int, taps, dilation, split: bool, batch: int, grid) -> int:
+    """The rows of a program's tile for a correlation over batch x grid (QD, QH, QW): config()'s (the most that fit),
+    halved down to 2 while the programs would number fewer than FULL_GRID, so that a small layer's correlation
+    spreads over every multiprocessor (at 8 rows a sweep layer's phase had 64-128 programs)."""
+    rows, cob = config(c_in, c_out, taps, dilation, split)[:2]
+    programs = lambda r: batch * grid[0] * cdiv(grid[1], r) * cdiv(grid[2], TILE_COLUMNS) * (c_out // cob)
+    while rows > 2 and programs(rows) < FULL_GRID:
+        rows //= 2
+    return rows
+
+
 class _Kernel:
     """A compiled kernel and its launches: cuLaunchKernel with an argument array kept per argument values."""
 
@@ -163,17 +182,20 @@ def _check(result: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: bool) -> _Kernel:
-    rows, cob, smem, unit = config(c_in, c_out, taps, dilation, split)
+def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: bool,
+            rows: int) -> _Kernel:
+    _, cob, _, unit = config(c_in, c_out, taps, dilation, split)
+    smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, unit)
     with torch.cuda.device(device_index):
         return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit), "phase_conv",
                        smem, 128)
 
 
-def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: bool = False) -> tuple[int, int, int]:
-    """The window sizes (depth, rows, columns) that a correlation over grid (QD, QH, QW) reads from offsets on (its
-    first position in the window): whole tiles of rows and columns, so that partial tiles read inside it too."""
-    rows = config(c_in, c_out, tuple(taps), tuple(dilation), split)[0]
+def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: bool = False,
+                  batch: int = 1) -> tuple[int, int, int]:
+    """The window sizes (depth, rows, columns) that a correlation over batch x grid (QD, QH, QW) reads from offsets on
+    (its first position in the window): whole tiles of rows and columns, so that partial tiles read inside it too."""
+    rows = tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, batch, tuple(grid))
     (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
     return (offsets[0] + qd + (kd - 1) * dd, offsets[1] + cdiv(qh, rows) * rows + (kh - 1) * dh,
             offsets[2] + cdiv(qw, TILE_COLUMNS) * TILE_COLUMNS + (kw - 1) * dw)
@@ -190,8 +212,9 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
     split = weight_taps.dim() == 6
     kdf, khf, kwf, c_out, _ = weight_taps.shape[split:]
     device = window.device.index or 0
-    rows, cob = config(c_in, c_out, tuple(taps), tuple(dilation), split)[:2]
-    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split)
+    cob = config(c_in, c_out, tuple(taps), tuple(dilation), split)[1]
+    rows = tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n, tuple(grid))
+    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split, rows)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
     programs = n * qd * qh_blocks * qw_blocks * (c_out // cob)

@@ -41,7 +41,8 @@ def forward_unsupported(plan: Plan, phase_list: tuple, device: torch.device, dty
     for phases in phase_list:
         counts, _, _ = _taps(phases, ascending=False)
         reason = phase_conv_unsupported(device, dtype, plan.in_channels, plan.out_channels, plan.groups, counts,
-                                        tuple(p.input_dilation for p in phases), split=not tf32)
+                                        tuple(p.input_dilation for p in phases), not tf32, plan.batch,
+                                        tuple(p.out_count for p in phases))
         if reason is not None:
             return reason
     return None
@@ -57,7 +58,7 @@ def _forward_geometry(plan: Plan, phase_list: tuple, split: bool):
         offsets = tuple(p.input_start - s for p, s in zip(phases, starts))
         dilation = tuple(p.input_dilation for p in phases)
         grid = tuple(p.out_count for p in phases)
-        reach = window_extent(plan.in_channels, plan.out_channels, grid, counts, dilation, offsets, split)
+        reach = window_extent(plan.in_channels, plan.out_channels, grid, counts, dilation, offsets, split, plan.batch)
         extent = [max(e, r) for e, r in zip(extent, reach)]
         launches.append((phases, offsets, counts, firsts, steps, dilation, grid))
     return tuple(starts), tuple(extent), tuple(launches)
@@ -82,7 +83,7 @@ def grad_input_unsupported(plan: Plan, phases, device: torch.device, dtype: torc
     else why not."""
     counts, _, _ = _taps(phases, ascending=True)
     return phase_conv_unsupported(device, dtype, plan.out_channels, plan.in_channels, plan.groups, counts,
-                                  tuple(p.input_dilation for p in phases), split=not tf32)
+                                  tuple(p.input_dilation for p in phases), not tf32, plan.batch, plan.input_spatial)
 
 
 @functools.lru_cache(maxsize=256)
@@ -93,7 +94,7 @@ def _grad_input_geometry(plan: Plan, phases, split: bool):
     dilation = tuple(p.input_dilation for p in phases)
     start = tuple(-p.input_start - (len(p.taps) - 1) * p.input_dilation for p in phases)
     grid = plan.input_spatial
-    extent = window_extent(plan.out_channels, plan.in_channels, grid, counts, dilation, (0, 0, 0), split)
+    extent = window_extent(plan.out_channels, plan.in_channels, grid, counts, dilation, (0, 0, 0), split, plan.batch)
     return start, extent, counts, firsts, steps, dilation, grid
 
 
