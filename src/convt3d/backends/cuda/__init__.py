@@ -101,7 +101,8 @@ def config(c_in: int, c_out: int, taps, dilation, split: bool = False):
     32 of them (the most that fit beside the plane), as a stage of 128 would leave room for no plane. On the H200,
     problem 77's forward correlation took 0.157 ms with 8 rows, 0.167 with 4 and 0.561 with 16 (one program per
     multiprocessor); its grad_input's about 0.24 with 4 rows and 0.283 with 8 (one program per multiprocessor;
-    benchmarks/RESULTS.md, twelfth session)."""
+    benchmarks/RESULTS.md, twelfth session). A correlation runs with tile_rows' rows: these, or fewer on a small
+    grid."""
     cob = min(c_out, 64)
     units = (c_in,) if c_in <= 64 else (64, 32)
     for limit in (MAX_SHARED_BYTES // 2 - 1024, MAX_SHARED_BYTES):
