@@ -127,10 +127,14 @@ def tile_rows(c_in: int, c_out: int, taps, dilation, split: bool, batch: int, gr
     halved down to 2 while the programs would number fewer than FULL_GRID, so that a small layer's correlation
     spreads over every multiprocessor (at 8 rows a sweep layer's phase had 64-128 programs)."""
     rows, cob = config(c_in, c_out, taps, dilation, split)[:2]
-    programs = lambda r: batch * grid[0] * cdiv(grid[1], r) * cdiv(grid[2], TILE_COLUMNS) * (c_out // cob)
-    while rows > 2 and programs(rows) < FULL_GRID:
+    while rows > 2 and _programs(batch, grid, rows, c_out, cob) < FULL_GRID:
         rows //= 2
     return rows
+
+
+def _programs(batch: int, grid, rows: int, c_out: int, cob: int) -> int:
+    """The programs of a correlation over batch x grid: tiles of rows x TILE_COLUMNS positions and cob channels."""
+    return batch * grid[0] * cdiv(grid[1], rows) * cdiv(grid[2], TILE_COLUMNS) * (c_out // cob)
 
 
 class _Kernel:
@@ -218,7 +222,7 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
     kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split, rows)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
-    programs = n * qd * qh_blocks * qw_blocks * (c_out // cob)
+    programs = _programs(n, grid, rows, c_out, cob)
     if programs == 0:
         return
     ints = (xd, xh, xw, *offsets, first_taps[0], tap_steps[0], first_taps[1], tap_steps[1], first_taps[2],
