@@ -22,6 +22,7 @@ from convt3d.backends.cuda import phase_conv, phases as cuda_phases
 from convt3d.backends.torch_phase import _lattice_geometry, _regions
 from convt3d.backends.triton.window import correlation_operands
 from convt3d.bench.protocol import relative_error, time_cuda
+from convt3d.bench.report import markdown_table
 from convt3d.plan import make_plan
 
 P77 = dict(stride=2, padding=1, dilation=2)
@@ -67,9 +68,7 @@ def main():
             rows.append(("TF32" if tf32 else "off", label, f"{t.mean_ms:.4f}", f"{t.min_ms:.4f}", check))
             print(rows[-1], flush=True)
     torch.backends.cudnn.allow_tf32 = True
-    print("| mode | variant | mean ms | min ms | check |\n|---|---|---|---|---|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    print(markdown_table(["mode", "variant", "mean ms", "min ms", "check"], rows))
 
 
 if __name__ == "__main__":

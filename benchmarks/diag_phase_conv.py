@@ -21,6 +21,7 @@ from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.torch_phase import _lattice_geometry, _regions
 from convt3d.backends.triton.window import correlation_operands
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
+from convt3d.bench.report import markdown_table
 from convt3d.plan import make_plan
 
 P77 = dict(stride=2, padding=1, dilation=2)
@@ -71,10 +72,7 @@ def main():
         row(mode, "grad_input (operand pass + correlation)", grad_input,
             f"{relative_error(grad_input(), grad_input_reference):.1e}")
     torch.backends.cudnn.allow_tf32 = True
-    print("| process | mode | what | mean ms | min ms | rel. err. vs float64 |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    print(markdown_table(["process", "mode", "what", "mean ms", "min ms", "rel. err. vs float64"], rows))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import convt3d
 from convt3d.backends import cuda
 from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
+from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import sweep_layers
 
 LAYERS = ("unet3d_k2s2,vae_k4s2p1,video_k3s2p1op1,video_spatial_k144,k3s1p1,batch1_small_k3s2,"
@@ -56,10 +57,7 @@ def main():
                 print(rows[-1], flush=True)
     set_full_grid(full_grid)
     torch.backends.cudnn.allow_tf32 = True
-    print("| layer | mode | what | mean ms | min ms | rel. err., KernelBench check |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
+    print(markdown_table(["layer", "mode", "what", "mean ms", "min ms", "rel. err., KernelBench check"], rows))
 
 
 if __name__ == "__main__":

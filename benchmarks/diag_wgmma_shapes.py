@@ -15,6 +15,7 @@ small kernels of their own:
 import torch
 
 from convt3d.backends.cuda import phase_conv
+from convt3d.bench.report import markdown_table
 
 PROBE = r"""
 __device__ __forceinline__ void wgmma32(float* d, const unsigned* a, unsigned long long desc, int accumulate = 1) {
@@ -111,7 +112,9 @@ def check_unaligned_rows() -> None:
     print(f"B from rows 0, 1, 3, 5, 8, 13, 20 (k-steps 0-3): largest error {worst} (exact: {worst == 0})")
 
 
-def time_shapes(iters: int = 3999) -> None:
+def time_shapes(iters: int = 3999) -> list[tuple]:
+    """(k-step, ms, TFLOP/s) per shape of SHAPES."""
+    rows = []
     programs = 2 * torch.cuda.get_device_properties(0).multi_processor_count
     smem = 80 * 1024
     out = torch.empty(programs * 128, device="cuda")
@@ -128,10 +131,10 @@ def time_shapes(iters: int = 3999) -> None:
         end.record()
         end.synchronize()
         ms = start.elapsed_time(end) / 5
-        print(f"| {label} | {ms:.3f} | {programs * iters * 64 * 256 * 8 * 2 / ms / 1e9:.0f} |")
+        rows.append((label, f"{ms:.3f}", f"{programs * iters * 64 * 256 * 8 * 2 / ms / 1e9:.0f}"))
+    return rows
 
 
 if __name__ == "__main__":
     check_unaligned_rows()
-    print("| k-step | ms | TFLOP/s |\n|---|---|---|")
-    time_shapes()
+    print(markdown_table(["k-step", "ms", "TFLOP/s"], time_shapes()))
