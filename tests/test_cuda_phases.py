@@ -28,14 +28,31 @@ def round_tf32(t: torch.Tensor) -> torch.Tensor:
     return ((t.view(torch.int32) + 0x1000) & -8192).view(torch.float32)
 
 
+def fp16_parts(weight_taps: torch.Tensor):
+    """3xFP16 weight_taps' hi and lo parts (kD, kH, kW, O, I) in float64, in channel order (window._weight_halves
+    stores each 32 channels' hi, then lo halves, in the order of the kernel's A fragments)."""
+    c = torch.arange(weight_taps.shape[-1] // 2)
+    position = (c // 32) * 64 + (c // 16 % 2) * 16 + (c & 8) + (c & 3) * 2 + (c >> 2 & 1)
+    return weight_taps[..., position].double(), weight_taps[..., position + 32].double()
+
+
+def pow2_scale(amax: float) -> float:
+    """phase_conv.py's pow2_scale: the power of two that takes amax into [2^14, 2^15), within 2^+-126."""
+    exponent = min(max(268 - ((torch.tensor(amax, dtype=torch.float32).view(torch.int32).item() >> 23) & 0xFF), 1),
+                   253)
+    return 2.0 ** (exponent - 127)
+
+
 def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, grid, offsets, taps, first_taps,
-                       tap_steps, dilation):
+                       tap_steps, dilation, scales=None):
     """What the kernel computes (phase_conv.py), in float64; it also checks that every read of every whole tile lies
     inside the window, as the kernel assumes. 3xTF32 (weight_taps' hi and lo parts): the window's values split as the
-    kernel splits them, and the three products it adds."""
+    kernel splits them, and the three products it adds. 3xFP16 (float16 weight_taps): the same with the window scaled
+    by the power of two of its largest magnitude (the kernel takes each plane's from the block maxima, which are
+    checked here) and the result by the weight's inverse scales."""
     n, xd, xh, xw, c_in = window.shape
-    split = weight_taps.dim() == 6
-    c_out = weight_taps.shape[3 + split]
+    split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
+    c_out = weight_taps.shape[3 + (split == 1)]
     rows = cuda.tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n, tuple(grid))
     (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
     assert xd >= offsets[0] + qd + (kd - 1) * dd
@@ -48,7 +65,18 @@ def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, 
         w = weight_taps.double()[index[0]][:, index[1]][:, :, index[2]].permute(3, 4, 0, 1, 2)
         return F.conv3d(x, w, dilation=dilation)[:, :, :qd, :qh, :qw]
 
-    if split:
+    if split == 2:
+        block_max, block_p, inverse = scales
+        padded = F.pad(window.abs(), (0, 0, 0, -xw % block_p))
+        assert torch.equal(block_max, padded.view(n, xd, xh, -1, block_p * c_in).amax(-1))
+        scale = pow2_scale(block_max.max().item())
+        x = window.double() * scale
+        x_hi = x.half().double()
+        x_lo = (x - x_hi).half().double()
+        w_hi, w_lo = fp16_parts(weight_taps)
+        y = (correlation(x_hi, w_hi) + correlation(x_hi, w_lo) + correlation(x_lo, w_hi)) / scale
+        y = y * inverse.double().view(1, -1, 1, 1, 1)
+    elif split == 1:
         x_hi = round_tf32(window)
         x_lo = round_tf32(window - x_hi)
         w_hi, w_lo = weight_taps
@@ -129,12 +157,20 @@ def _layer(c_in, c_out, kernel, stride, padding, dilation, output_padding, spati
     return x, w, b, plan, dict(stride=stride, padding=padding, output_padding=output_padding, dilation=dilation)
 
 
+@pytest.fixture(params=["tf32", "3xtf32", "3xfp16"])
+def tf32(request, monkeypatch):
+    """Whether TF32 is on for a test: in TF32 mode, or with TF32 off in each split (cuda.SPLIT 1 and 2)."""
+    if request.param != "tf32":
+        monkeypatch.setattr(cuda, "SPLIT", 1 if request.param == "3xtf32" else 2)
+    return request.param == "tf32"
+
+
 @pytest.mark.parametrize("layer", LAYERS)
 @pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("tf32", [True, False])
 def test_forward_phases_match_conv_transpose3d(layer, with_bias, tf32, monkeypatch):
     """In TF32 mode on TF32-exact operands (so the emulated kernel's float64 sums match float64 PyTorch closely); with
-    TF32 off (3xTF32) on operands that are not, which only the split reaches to 1e-6 (TF32 alone: about 3e-4)."""
+    TF32 off (3xTF32, 3xFP16) on operands that are not, which only the split reaches to 1e-6 (TF32 alone: about
+    3e-4)."""
     monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
     x, w, b, plan, args = _layer(*layer, seed=random.randrange(2**31), tf32_exact=tf32)
     b = b if with_bias else None
@@ -151,10 +187,11 @@ def test_forward_phases_match_conv_transpose3d(layer, with_bias, tf32, monkeypat
 
 
 @pytest.mark.parametrize("layer", LAYERS)
-@pytest.mark.parametrize("tf32", [True, False])
 def test_grad_input_phases_match_aten(layer, tf32, monkeypatch):
     monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
     x, w, _, plan, _ = _layer(*layer, seed=random.randrange(2**31), tf32_exact=tf32)
+    if not tf32 and cuda.SPLIT == 2 and cuda.phase_conv_channels_unsupported(plan.out_channels, plan.in_channels):
+        pytest.skip("3xFP16's weight halves come in blocks of 32 channels, as the kernel reads them")
     g = torch.randn(plan.output_shape, device=DEVICE)
     g = round_tf32(g) if tf32 else g
     for phases, index in _backward_phases(plan):
@@ -231,7 +268,7 @@ def test_operands_pass_pads_transposes_and_rounds():
     gen = torch.Generator().manual_seed(random.randrange(2**31))
     # A strided source (every other w), and a window that starts before it and ends past it in some axes.
     source = torch.randn(2, 32, 3, 5, 70, generator=gen).to(DEVICE)[:, :, :, :, 1:68:2]
-    weight = torch.randn(32, 8, 2, 3, 1, generator=gen).to(DEVICE)
+    weight = torch.randn(32, 32, 2, 3, 1, generator=gen).to(DEVICE)
     start, extent = (-1, 2, -3), (6, 4, 41)
     pad = 10
     padded = F.pad(source, (pad,) * 6)
@@ -240,17 +277,27 @@ def test_operands_pass_pads_transposes_and_rounds():
     for orientation in (False, True):
         expected_window = window_of_source.permute(0, 2, 3, 4, 1).contiguous()
         expected_taps = (weight.permute(2, 3, 4, 0, 1) if orientation else weight.permute(2, 3, 4, 1, 0)).contiguous()
-        window, taps = correlation_operands(source, 0, source.shape, source.stride(), start, extent, weight,
-                                            grad_input_orientation=orientation)
+        window, taps, scales = correlation_operands(source, 0, source.shape, source.stride(), start, extent, weight,
+                                                    grad_input_orientation=orientation)
         assert torch.equal(window, round_tf32(expected_window))
-        assert torch.equal(taps, round_tf32(expected_taps))
+        assert torch.equal(taps, round_tf32(expected_taps)) and scales is None
         # 3xTF32: the window as it is, the weight's TF32 hi and lo parts.
-        window, taps = correlation_operands(source, 0, source.shape, source.stride(), start, extent, weight,
-                                            grad_input_orientation=orientation, split=True)
+        window, taps, scales = correlation_operands(source, 0, source.shape, source.stride(), start, extent, weight,
+                                                    grad_input_orientation=orientation, split=1)
         assert torch.equal(window, expected_window)
         hi = round_tf32(expected_taps)
-        assert taps.shape == (2, *hi.shape)
+        assert taps.shape == (2, *hi.shape) and scales is None
         assert torch.equal(taps[0], hi) and torch.equal(taps[1], round_tf32(expected_taps - hi))
+        # 3xFP16: the window as it is and its blocks' largest magnitudes (checked in emulated_correlate); per output
+        # channel the weight scaled into [2^14, 2^15) as FP16 hi and lo parts, and the inverse scale.
+        window, taps, (_, _, inverse) = correlation_operands(source, 0, source.shape, source.stride(), start, extent,
+                                                             weight, grad_input_orientation=orientation, split=2)
+        assert torch.equal(window, expected_window)
+        scaled = expected_taps.double() / inverse.double().view(-1, 1)
+        largest = scaled.abs().amax((0, 1, 2, 4))
+        assert ((2**14 <= largest) & (largest < 2**15)).all()
+        w_hi, w_lo = fp16_parts(taps)
+        assert torch.equal(w_hi, scaled.half().double()) and torch.equal(w_lo, (scaled - w_hi).half().double())
 
 
 def test_unsupported_reasons_name_the_cause(monkeypatch):

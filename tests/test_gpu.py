@@ -241,14 +241,28 @@ def test_cuda_phase_correlation_kernel(layer, tile_rule):
 
 
 @pytest.mark.parametrize("layer", CUDA_PHASE_LAYERS)
-def test_cuda_phase_correlation_kernel_in_3xtf32(layer, tile_rule):
-    """The CUDA phase correlation with TF32 off (3xTF32) on operands that are not TF32-exact: every forward phase
-    into a NaN-filled output and each phase's grad_input, against float64 PyTorch to float32's accuracy (TF32 alone
-    misses 1e-6 by two orders)."""
+@pytest.mark.parametrize("split", [1, 2], ids=["3xtf32", "3xfp16"])
+def test_cuda_phase_correlation_kernel_with_tf32_off(layer, split, tile_rule, monkeypatch):
+    """The CUDA phase correlation with TF32 off (3xTF32, 3xFP16) on operands that are not TF32-exact: every forward
+    phase into a NaN-filled output and each phase's grad_input, against float64 PyTorch to float32's accuracy (TF32
+    alone misses 1e-6 by two orders)."""
+    monkeypatch.setattr(cuda, "SPLIT", split)
     x, w, b, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31, tf32_exact=False)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         g = torch.randn(plan.output_shape, device="cuda")
         _check_cuda_phase_correlation(x, w, b, plan, args, g, False, 1e-6)
+
+
+@pytest.mark.parametrize("layer", CUDA_PHASE_LAYERS[:3] + CUDA_PHASE_LAYERS[-3:])
+@pytest.mark.parametrize("x_scale, w_scale", [(2.0**-40, 2.0**30), (2.0**30, 2.0**-40)])
+def test_cuda_phase_correlation_in_3xfp16_scales_out_of_fp16_range(layer, x_scale, w_scale, monkeypatch):
+    """3xFP16 scales the window and the weight by powers of two into FP16's range (2^-24 to 65504): operands far
+    outside it on either side keep float32's accuracy."""
+    monkeypatch.setattr(cuda, "SPLIT", 2)
+    x, w, b, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31, tf32_exact=False)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        g = torch.randn(plan.output_shape, device="cuda") * x_scale
+        _check_cuda_phase_correlation(x * x_scale, w * w_scale, b * x_scale * w_scale, plan, args, g, False, 1e-6)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

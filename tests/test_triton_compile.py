@@ -65,8 +65,8 @@ for dtype, tf32 in [(torch.float32, True), (torch.float32, False), (torch.float1
                                               phase_backward=backward.phase_backward)
 
 fill.fill_channels(torch.empty(1, 4, 8, 16, 16), torch.rand(4))
-for split in (False, True):
-    window.correlation_operands(x, 0, x.shape, x.stride(), (-1, -1, -1), (6, 8, 8), w, False, split=split)
+for split in (0, 1, 2):  # (3xFP16 in grad_input's orientation: its weight halves need 32 input channels)
+    window.correlation_operands(x, 0, x.shape, x.stride(), (-1, -1, -1), (6, 8, 8), w, split == 2, split=split)
 
 failed = []
 for (name, _, _), (bound, dtypes) in recorded.items():
@@ -102,7 +102,7 @@ EXPECTED = {
     "backward.copy_operands_kernel": 4,
     "backward.phase_grad_weight_kernel": 4,
     "fill._fill_channels_kernel": 1,
-    "window.correlation_operands_kernel": 2,  # TF32, 3xTF32
+    "window.correlation_operands_kernel": 3,  # TF32, 3xTF32, 3xFP16
 }
 
 

@@ -23,6 +23,8 @@ from ..triton.launch import _current_stream
 from . import grad_weight, phase_conv
 
 ENABLED = os.environ.get("CONVT3D_CUDA_KERNELS", "1") != "0"
+# The phase correlation's precision with TF32 off (phase_conv.py's SPLIT): 1 (3xTF32) or 2 (3xFP16).
+SPLIT = int(os.environ.get("CONVT3D_SPLIT", "2"))
 
 # Hopper (sm_90a: wgmma); the same SASS would not run on later architectures.
 ARCHITECTURE = (9, 0)
@@ -107,7 +109,7 @@ def config(c_in: int, c_out: int, taps, dilation, split: bool = False):
     units = (c_in,) if c_in <= 64 else (64, 32)
     for limit in (MAX_SHARED_BYTES // 2 - 1024, MAX_SHARED_BYTES):
         for rows in (8, 4, 2):
-            if split and rows > 2 and rows // 2 * cob * c_in // 32 > 64:  # (rows // 2: SLABS, 64 positions each)
+            if split and rows > 2 and rows // 2 * cob * c_in // 32 > 64 * split:  # (rows // 2: SLABS)
                 continue
             for unit in units:
                 smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, unit)
@@ -207,15 +209,17 @@ def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: b
 
 
 def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_offset: int, out_strides,
-              grid, offsets, taps, first_taps, tap_steps, dilation) -> None:
+              grid, offsets, taps, first_taps, tap_steps, dilation, scales=None) -> None:
     """out (float32) at element out_offset with out_strides, over grid (QD, QH, QW) x C_out: the correlation of
     phase_conv.py plus bias. window: (N, XD, XH, XW, C_in) with XD, XH, XW at least window_extent(...); weight_taps:
     (kD, kH, kW, C_out, C_in) of the whole kernel, contiguous, TF32-rounded like the window (TF32), or (2, kD, kH,
-    kW, C_out, C_in), its hi and lo parts, with the window as it is (3xTF32); first_taps, tap_steps: per axis the
-    correlation's first kernel tap and the step between its taps."""
+    kW, C_out, C_in), its hi and lo parts, with the window as it is (3xTF32), or float16 (kD, kH, kW, C_out, 2 C_in),
+    its scaled FP16 parts, with the window as it is and scales (3xFP16: window.correlation_operands' block maxima,
+    their block's columns and the weight's inverse scales); first_taps, tap_steps: per axis the correlation's first
+    kernel tap and the step between its taps."""
     n, xd, xh, xw, c_in = window.shape
-    split = weight_taps.dim() == 6
-    kdf, khf, kwf, c_out, _ = weight_taps.shape[split:]
+    split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
+    kdf, khf, kwf, c_out, _ = weight_taps.shape[split == 1:]
     device = window.device.index or 0
     cob = config(c_in, c_out, tuple(taps), tuple(dilation), split)[1]
     rows = tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n, tuple(grid))
@@ -225,10 +229,13 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
     programs = _programs(n, grid, rows, c_out, cob)
     if programs == 0:
         return
+    block_max, max_block, w_inverse = scales if split == 2 else (None, 0, None)
     ints = (xd, xh, xw, *offsets, first_taps[0], tap_steps[0], first_taps[1], tap_steps[1], first_taps[2],
-            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks)
-    lo_part = weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split else 0
+            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, max_block,
+            block_max.shape[-1] if split == 2 else 0)
+    lo_part = weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split == 1 else 0
     pointers = (window.data_ptr(), weight_taps.data_ptr(), lo_part, bias.data_ptr() if bias is not None else 0,
+                block_max.data_ptr() if split == 2 else 0, w_inverse.data_ptr() if split == 2 else 0,
                 out.data_ptr() + 4 * out_offset)
     kernel.launch(programs, pointers, ints, tuple(out_strides), _current_stream(device))
 

@@ -67,12 +67,15 @@ SOURCE = r"""
 #define PLANE (HH * HW)
 #define THREADS 128
 #define U (C_IN / UC)                       // weight units per tap, UC channels each: a ring stage each
-#define KS (UC / 8)                         // k-steps of 8 channels per unit
+#define K_STEP (SPLIT == 2 ? 16 : 8)        // channels per k-step: m64nNk8 (TF32) or m64nNk16 (FP16)
+#define KS (UC / K_STEP)                    // k-steps per unit
+#define KPA (32 / K_STEP)                   // k-steps per 32-channel block (a 128-byte row of the weight's)
+#define A_REGS (SPLIT == 2 ? 8 : 4)         // a slab's A fragment registers: 8 channels, or 16 (FP16: hi, then lo)
 #define CPA (C_IN + 4)                      // a window position's floats in shared memory
 #define SLABS (BH * BW / 64)                // M = 64 positions per wgmma
 #define KB (UC / 32)                        // 32-channel blocks: one 128-byte swizzle atom wide
 #define B_PART (KB * COB * 32)              // floats of a unit's weight block (one of its parts with SPLIT)
-#define B_STAGE (B_PART * (1 + SPLIT))      // floats per weight stage: the block, or its hi and lo parts
+#define B_STAGE (B_PART * (1 + (SPLIT == 1))) // floats per weight stage: the block, or (3xTF32) its hi and lo parts
 #define STAGES 4                            // the stage refilled at unit u was read by unit u - 2's MMAs
 #define OCS (BH * BW + 4)                   // a channel's floats in the staged output tile
 #define OC_RUN 8                            // channels a warp writes per row in one go (COB is a multiple of 8)
@@ -112,25 +115,48 @@ __device__ __forceinline__ void copy_weight(float* stage, const float* w_tap, co
         const int oc = e / (UC / 4), c4 = e % (UC / 4), kb = c4 / 8, c = c4 % 8;
         float* dst = stage + (kb * COB + oc) * 32 + ((c ^ (oc & 7)) << 2);
         cp_async16(dst, w_tap + (long long)oc * C_IN + c4 * 4);
-        if (SPLIT) cp_async16(dst + B_PART, w_lo_tap + (long long)oc * C_IN + c4 * 4);
+        if (SPLIT == 1) cp_async16(dst + B_PART, w_lo_tap + (long long)oc * C_IN + c4 * 4);
     }
 }
 
 // The A fragments of k-step g of a depth tap's plane, g = ((kh * KW + kw) * U + unit) * KS + ks: for each slab of 64
 // positions, the 8 channels unit * UC + 8 * ks.. of the positions shifted by the tap (kh, kw).
-__device__ __forceinline__ void load_a(unsigned (&r)[SLABS][4], unsigned a_lane, int g) {
+__device__ __forceinline__ void load_a(unsigned (&r)[SLABS][A_REGS], unsigned a_lane, int g) {
     const int ks = g % KS, unit = g / KS % U, kw = g / (KS * U) % KW, kh = g / (KS * U * KW);
     #pragma unroll
     for (int s = 0; s < SLABS; s++)
-        ldmatrix4(r[s], a_lane + 4 * (((2 * s + kh * DH) * HW + kw * DW) * CPA + 8 * (unit * KS + ks)));
+        #pragma unroll
+        for (int h = 0; h < A_REGS / 4; h++)
+            ldmatrix4(r[s] + 4 * h, a_lane + 4 * (((2 * s + kh * DH) * HW + kw * DW) * CPA + unit * UC + K_STEP * ks
+                                                  + 8 * h));
+}
+
+// FP16 (SPLIT 2): x and y times scale as hi + lo, each a pair of halves (x in the low half): hi = f16(x s),
+// lo = f16(x s - hi), rounding to nearest.
+__device__ __forceinline__ void split_half2(float x, float y, float scale, unsigned& hi, unsigned& lo) {
+    x *= scale;
+    y *= scale;
+    float hx, hy;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(hi) : "f"(y), "f"(x));
+    asm("{\n.reg .f16 l, u;\nmov.b32 {l, u}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, u;\n}\n"
+        : "=f"(hx), "=f"(hy) : "r"(hi));
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(lo) : "f"(y - hy), "f"(x - hx));
+}
+
+// The power of two that takes amax (at least every |value| it scales) into [2^14, 2^15) (the exponent clamped so
+// that the scale and its inverse are normal floats), and its inverse. FP16's largest value is 65504.
+__device__ __forceinline__ float pow2_scale(float amax, float& inverse) {
+    const int exponent = min(max(268 - ((__float_as_int(amax) >> 23) & 0xFF), 1), 253);
+    inverse = __int_as_float((254 - exponent) << 23);
+    return __int_as_float(exponent << 23);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,
-           const float* __restrict__ bias,
+           const float* __restrict__ bias, const float* __restrict__ block_max, const float* __restrict__ w_inverse,
            float* __restrict__ y, int XD, int XH, int XW, int off_d, int off_h, int off_w,
            int td0, int tds, int th0, int ths, int tw0, int tws, int KHF, int KWF,
-           int QD, int QH, int QW, int qh_blocks, int qw_blocks,
+           int QD, int QH, int QW, int qh_blocks, int qw_blocks, int max_block, int max_blocks,
            long long syn, long long syc, long long syd, long long syh, long long syw)
 {
     extern __shared__ __align__(1024) float4 smem4[];
@@ -165,9 +191,9 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     const unsigned a_lane = smem_addr(halo + ((p / BW) * HW + p % BW) * CPA + a_k);
     const unsigned ring_addr = smem_addr(ring);
     float d[SLABS][COB / 2];                          // with SPLIT: the sum of the partials added so far
-    unsigned a[3][SLABS][4];                          // with SPLIT: the hi parts
+    unsigned a[3][SLABS][A_REGS];                     // 3xTF32: the hi parts; FP16: hi, then lo
     // SPLIT's arrays: one element without it, so that its code, indexed [SPLIT ? i : 0], compiles and drops out.
-    unsigned a_lo[3][SLABS][SPLIT ? 4 : 1];
+    unsigned a_lo[3][SLABS][SPLIT == 1 ? 4 : 1];
     float partial[SPLIT ? SLABS : 1][SPLIT ? COB / 2 : 1];
     #pragma unroll
     for (int s = 0; s < SLABS; s++)
@@ -176,6 +202,20 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             d[s][k] = 0.f;
             if (SPLIT) partial[SPLIT ? s : 0][SPLIT ? k : 0] = 0.f;
         }
+    // FP16: the window plane's scale (the window's block maxima over the plane's rows and column blocks), its
+    // inverse, and the inverse that the partial sums' MMAs were scaled by.
+    float a_scale = 1.f, a_inverse = 1.f, partial_inverse = 0.f;
+    const int first_block = (qw0 + off_w) / max(max_block, 1), last_block = (qw0 + off_w + HW - 1) / max(max_block, 1);
+    #define PLANE_SCALE(kd) if (SPLIT == 2) { \
+        const long long row0 = ((long long)n * XD + qd + off_d + (kd) * DD) * XH + qh0 + off_h; \
+        const int blocks = last_block - first_block + 1; \
+        float amax = 0.f; \
+        for (int e = lane; e < HH * blocks; e += 32) \
+            amax = fmaxf(amax, block_max[(row0 + e / blocks) * max_blocks + first_block + e % blocks]); \
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o)); \
+        a_scale = pow2_scale(amax, a_inverse); \
+    }
+    PLANE_SCALE(0);
 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
@@ -183,6 +223,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             __syncthreads();  // every warp's fragment loads from the previous plane are done
             copy_plane(halo, plane0 + (long long)kd * DD * XH * row_floats, row_floats, warp, lane);
             cp_commit();
+            PLANE_SCALE(kd);
         }
         #pragma unroll
         for (int kh = 0; kh < KH; kh++)
@@ -215,7 +256,20 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                         // for every register write in flight, does not wait for ldmatrix.
                         const int g = ((kh * KW + kw) * U + unit) * KS + ks, buf = g % 3;
                         if (g == 0) load_a(a[0], a_lane, 0);
-                        if (SPLIT) {
+                        if (SPLIT == 2) {  // fragments of channels (t, t + 4, t + 8, t + 12) as k (2t, 2t + 1, 2t + 8, 2t + 9)
+                            #pragma unroll
+                            for (int s = 0; s < SLABS; s++) {
+                                unsigned* r = a[buf][s];
+                                float v[8];
+                                #pragma unroll
+                                for (int e = 0; e < 8; e++) v[e] = __uint_as_float(r[e]);
+                                split_half2(v[0], v[2], a_scale, r[0], r[4]);
+                                split_half2(v[1], v[3], a_scale, r[1], r[5]);
+                                split_half2(v[4], v[6], a_scale, r[2], r[6]);
+                                split_half2(v[5], v[7], a_scale, r[3], r[7]);
+                            }
+                        }
+                        if (SPLIT == 1) {
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++)
                                 #pragma unroll
@@ -231,22 +285,27 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++)
                                 #pragma unroll
-                                for (int k = 0; k < COB / 2; k++) d[s][k] += partial[SPLIT ? s : 0][SPLIT ? k : 0];
+                                for (int k = 0; k < COB / 2; k++)
+                                    d[s][k] += SPLIT == 2 ? partial[SPLIT ? s : 0][SPLIT ? k : 0] * partial_inverse
+                                                          : partial[SPLIT ? s : 0][SPLIT ? k : 0];
+                            partial_inverse = a_inverse;
                         }
                         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-                        const unsigned b_at = stage + 4 * ((ks / 4) * COB * 32 + (ks % 4) * 8);
+                        const unsigned b_at = stage + 4 * ((ks / KPA) * COB * 32 + (ks % KPA) * 8);
                         const unsigned long long desc = b_desc(b_at);
                         if (!SPLIT) {
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++) wgmma(d[s], a[buf][s], desc);
                         } else {
-                            const unsigned long long desc_lo = b_desc(b_at + 4 * B_PART);
+                            // The lo parts: 3xTF32's after the hi parts' block; FP16's in the same rows, 64 bytes on.
+                            const unsigned long long desc_lo = b_desc(b_at + (SPLIT == 1 ? 4 * B_PART : 64));
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++) {
                                 float* sums = partial[SPLIT ? s : 0];
+                                const unsigned* a_low = SPLIT == 1 ? a_lo[buf][s] : a[buf][s] + 4;
                                 wgmma(sums, a[buf][s], desc, ks % PROMOTE != 0);  // from zero after a promotion
                                 wgmma(sums, a[buf][s], desc_lo);
-                                wgmma(sums, a_lo[buf][s], desc);
+                                wgmma(sums, a_low, desc);
                             }
                         }
                         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -261,7 +320,9 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
         #pragma unroll
         for (int s = 0; s < SLABS; s++)
             #pragma unroll
-            for (int k = 0; k < COB / 2; k++) d[s][k] += partial[SPLIT ? s : 0][SPLIT ? k : 0];
+            for (int k = 0; k < COB / 2; k++)
+                d[s][k] += SPLIT == 2 ? partial[SPLIT ? s : 0][SPLIT ? k : 0] * partial_inverse
+                                      : partial[SPLIT ? s : 0][SPLIT ? k : 0];
     }
     cp_wait<0>();
     __syncthreads();  // shared memory free: the tile goes there
@@ -275,13 +336,16 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     for (int j = 0; j < COB / 8; j++) {
         const float b0 = HAS_BIAS ? bias[ob * COB + 8 * j + 2 * t] : 0.f;
         const float b1 = HAS_BIAS ? bias[ob * COB + 8 * j + 2 * t + 1] : 0.f;
+        // FP16: the sums are in units of the weight's per-channel scale.
+        const float s0 = SPLIT == 2 ? w_inverse[ob * COB + 8 * j + 2 * t] : 1.f;
+        const float s1 = SPLIT == 2 ? w_inverse[ob * COB + 8 * j + 2 * t + 1] : 1.f;
         #pragma unroll
         for (int s = 0; s < SLABS; s++)
             #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const int pos = 64 * s + 16 * warp + g + 8 * hf;
-                staged[(8 * j + 2 * t) * OCS + pos] = d[s][4 * j + 2 * hf] + b0;
-                staged[(8 * j + 2 * t + 1) * OCS + pos] = d[s][4 * j + 2 * hf + 1] + b1;
+                staged[(8 * j + 2 * t) * OCS + pos] = d[s][4 * j + 2 * hf] * s0 + b0;
+                staged[(8 * j + 2 * t + 1) * OCS + pos] = d[s][4 * j + 2 * hf + 1] * s1 + b1;
             }
     }
     __syncthreads();
@@ -310,15 +374,17 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
 PROMOTE = 2
 
 
-def wgmma_asm(n: int) -> str:
-    """The inline PTX of wgmma m64n{n}k8 TF32 with A from registers, accumulating into d: n / 2 floats a thread."""
+def wgmma_asm(n: int, half: bool = False) -> str:
+    """The inline PTX of wgmma m64n{n}k8 TF32 (half: m64n{n}k16 FP16, the weight K-major) with A from registers,
+    accumulating into d: n / 2 floats a thread."""
     regs = n // 2
     acc = ", ".join(f"%{k}" for k in range(regs))
     a = ", ".join(f"%{regs + k}" for k in range(4))
     outs = ", ".join(f'"+f"(d[{k}])' for k in range(regs))
     # scale-d is a predicate operand (true: d += A B; false: d = A B), set from a register (accumulate).
     return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n'
-            f'wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{acc}}}, {{{a}}}, %{regs + 4}, p, 1, 1;\\n}}\\n"'
+            f'wgmma.mma_async.sync.aligned.m64n{n}{"k16.f32.f16.f16" if half else "k8.f32.tf32.tf32"} {{{acc}}}, '
+            f'{{{a}}}, %{regs + 4}, p, 1, 1{", 0" if half else ""};\\n}}\\n"'
             f' : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));')
 
 
@@ -330,13 +396,13 @@ def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: b
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
                    UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob))
+    return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob, split == 2))
 
 
 def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: bool = False, unit: int | None = None) -> int:
     """Dynamic shared memory of one program: the weight ring (4 stages of unit input channels) and the window plane,
     or the staged output tile."""
     (_, kh, kw), (_, dh, dw) = taps, dilation
-    ring = 4 * (unit or c_in) * cob * (2 if split else 1)
+    ring = 4 * (unit or c_in) * cob * (2 if split == 1 else 1)
     plane = (bh + (kh - 1) * dh) * (32 + (kw - 1) * dw) * (c_in + 4)
     return 4 * max(ring + plane, cob * (bh * 32 + 4))

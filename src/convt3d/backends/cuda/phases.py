@@ -17,8 +17,14 @@ from ...plan import Plan
 from .. import cudnn_allow_tf32
 from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands
+from .. import cuda
 from . import (correlate, correlate_grad_weight, grad_weight_kernel_unsupported, grad_weight_splits,
                phase_conv_unsupported, window_extent)
+
+
+def _split() -> int:
+    """The correlation's precision: 0 (TF32) where torch.backends.cudnn.allow_tf32 allows it, else cuda.SPLIT."""
+    return 0 if cudnn_allow_tf32() else cuda.SPLIT
 
 
 def _taps(phases, ascending: bool):
@@ -41,7 +47,7 @@ def forward_unsupported(plan: Plan, phase_list: tuple, device: torch.device, dty
     for phases in phase_list:
         counts, _, _ = _taps(phases, ascending=False)
         reason = phase_conv_unsupported(device, dtype, plan.in_channels, plan.out_channels, plan.groups, counts,
-                                        tuple(p.input_dilation for p in phases), not tf32, plan.batch,
+                                        tuple(p.input_dilation for p in phases), 0 if tf32 else cuda.SPLIT, plan.batch,
                                         tuple(p.out_count for p in phases))
         if reason is not None:
             return reason
@@ -68,13 +74,14 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
                  lattice_geometry) -> None:
     """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
     element offset, shape and strides), bias added; in 3xTF32 where torch.backends.cudnn.allow_tf32 is off."""
-    split = not cudnn_allow_tf32()
+    split = _split()
     start, extent, launches = _forward_geometry(plan, phase_list, split)
-    window, weight_taps = correlation_operands(input, 0, input.shape, input.stride(), start,
-                                               extent, weight, grad_input_orientation=False, split=split)
+    window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
+                                                       grad_input_orientation=False, split=split)
     for phases, offsets, counts, firsts, steps, dilation, grid in launches:
         offset, _, strides = lattice_geometry(plan, phases, out.stride())
-        correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps, dilation)
+        correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps, dilation,
+                  scales)
 
 
 @functools.lru_cache(maxsize=256)
@@ -83,7 +90,7 @@ def grad_input_unsupported(plan: Plan, phases, device: torch.device, dtype: torc
     else why not."""
     counts, _, _ = _taps(phases, ascending=True)
     return phase_conv_unsupported(device, dtype, plan.out_channels, plan.in_channels, plan.groups, counts,
-                                  tuple(p.input_dilation for p in phases), not tf32, plan.batch, plan.input_spatial)
+                                  tuple(p.input_dilation for p in phases), 0 if tf32 else cuda.SPLIT, plan.batch, plan.input_spatial)
 
 
 @functools.lru_cache(maxsize=256)
@@ -109,15 +116,15 @@ def phase_grad_input_in_place(grad_output: torch.Tensor, lattice_offset: int, la
     """phase_grad_input of the lattice that starts at element lattice_offset of grad_output with lattice_strides
     (torch_phase._lattice_geometry's): read in place, with no view made (a view's host time shows on the GPU). In
     3xTF32 where torch.backends.cudnn.allow_tf32 is off."""
-    split = not cudnn_allow_tf32()
+    split = _split()
     start, extent, counts, firsts, steps, dilation, grid = _grad_input_geometry(plan, phases, split)
     shape = (plan.batch, plan.out_channels, *(p.out_count for p in phases))
-    window, weight_taps = correlation_operands(grad_output, lattice_offset, shape, lattice_strides,
-                                               start, extent, weight, grad_input_orientation=True, split=split)
+    window, weight_taps, scales = correlation_operands(grad_output, lattice_offset, shape, lattice_strides, start,
+                                                       extent, weight, grad_input_orientation=True, split=split)
     grad_input = torch.empty((plan.batch, plan.in_channels, *grid), dtype=grad_output.dtype,
                              device=grad_output.device)
     correlate(window, weight_taps, None, grad_input, 0, grad_input.stride(), grid, (0, 0, 0), counts, firsts, steps,
-              dilation)
+              dilation, scales)
     return grad_input
 
 

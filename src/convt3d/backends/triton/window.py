@@ -23,7 +23,7 @@ from .launch import Launcher
 
 
 @triton.jit
-def _window_row(source_ptr, window_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH, XW,
+def _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH, XW,
                 START_D, START_H, START_W, C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
                 SPLIT: tl.constexpr):
     """BLOCK_P positions of one window row (n, a, b) x their channels: loaded along the source's positions, stored
@@ -43,8 +43,10 @@ def _window_row(source_ptr, window_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, 
     at = (OFFSET + n.to(tl.int64) * SN + (d.to(tl.int64) * SD + h.to(tl.int64) * SH + w.to(tl.int64) * SW)[:, None]
           + (ch.to(tl.int64) * SC)[None, :])
     value = tl.load(source_ptr + at, mask=ok, other=0.0)
-    if not SPLIT:  # (3xTF32: the kernel splits the window's values itself)
+    if SPLIT == 0:  # (3xTF32, 3xFP16: the kernel splits the window's values itself)
         value = _round_to_tf32(value)
+    if SPLIT == 2:  # the block's largest magnitude, from which the kernel scales its planes
+        tl.store(block_max_ptr + program, tl.max(tl.max(tl.abs(value), 1), 0))
     out = row.to(tl.int64) * XW * C + (c * C)[:, None] + ch[None, :]
     tl.store(window_ptr + out, value, mask=(c < XW)[:, None] & (ch < C)[None, :])
 
@@ -68,18 +70,53 @@ def _weight_taps(weight_ptr, taps_ptr, program, TAP_ELEMENTS, O, I, WO, WI, WD, 
 
 
 @triton.jit
+def _weight_halves(weight_ptr, halves_ptr, inverse_ptr, o, TAPS, O, I, WO, WI, WD, WH, WW, KH, KW,
+                   BLOCK_I: tl.constexpr, BLOCK_TAPS: tl.constexpr):
+    """3xFP16: output channel o's row of every tap, scaled by the power of two that takes its largest magnitude into
+    [2^14, 2^15) (as phase_conv.py's pow2_scale), as halves hi = f16(w s) and lo = f16(w s - hi), and 1 / s at
+    inverse_ptr + o. Each 32 channels' row is 32 hi halves then 32 lo halves, within each 16 channel c at position
+    (c & 8) | (c & 3) * 2 | (c >> 2) & 1: the order in which the kernel's A fragments hold the window's channels."""
+    i = tl.arange(0, BLOCK_I)
+    amax = tl.zeros([BLOCK_TAPS, BLOCK_I], dtype=tl.float32)
+    for first in range(0, TAPS, BLOCK_TAPS):
+        tap = first + tl.arange(0, BLOCK_TAPS)
+        ok = (tap < TAPS)[:, None] & (i < I)[None, :]
+        at = o * WO + (tap // (KH * KW) * WD + tap // KW % KH * WH + tap % KW * WW)[:, None] + (i * WI)[None, :]
+        amax = tl.maximum(amax, tl.abs(tl.load(weight_ptr + at, mask=ok, other=0.0)))
+    amax = tl.max(tl.max(amax, 1), 0)
+    exponent = tl.minimum(tl.maximum(268 - ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF), 1), 253)
+    scale = (exponent << 23).to(tl.float32, bitcast=True)
+    tl.store(inverse_ptr + o, ((254 - exponent) << 23).to(tl.float32, bitcast=True))
+    position = (i // 32) * 64 + (i // 16 % 2) * 16 + (i & 8) + (i & 3) * 2 + (i >> 2 & 1)
+    for first in range(0, TAPS, BLOCK_TAPS):
+        tap = first + tl.arange(0, BLOCK_TAPS)
+        ok = (tap < TAPS)[:, None] & (i < I)[None, :]
+        at = o * WO + (tap // (KH * KW) * WD + tap // KW % KH * WH + tap % KW * WW)[:, None] + (i * WI)[None, :]
+        value = tl.load(weight_ptr + at, mask=ok, other=0.0) * scale
+        hi = value.to(tl.float16)
+        lo = (value - hi.to(tl.float32)).to(tl.float16)
+        out = ((tap * O + o) * I * 2)[:, None] + position[None, :]
+        tl.store(halves_ptr + out, hi, mask=ok)
+        tl.store(halves_ptr + out + 32, lo, mask=ok)
+
+
+@triton.jit
 def correlation_operands_kernel(
-    source_ptr, window_ptr, weight_ptr, taps_ptr,
+    source_ptr, window_ptr, weight_ptr, taps_ptr, block_max_ptr, inverse_ptr,
     WINDOW_PROGRAMS, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH, XW, START_D, START_H, START_W,
     TAP_ELEMENTS, O, I, WO, WI, WD, WH, WW, KH, KW,
     C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_I: tl.constexpr, BLOCK_TAPS: tl.constexpr,
 ):
     """Both operands in one launch (a launch's host time shows on the GPU machine): programs below WINDOW_PROGRAMS
     make the window, the others the weight taps."""
     program = tl.program_id(0)
     if program < WINDOW_PROGRAMS:
-        _window_row(source_ptr, window_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH, XW,
+        _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH, XW,
                     START_D, START_H, START_W, C, BLOCK_C, BLOCK_P, SPLIT)
+    elif SPLIT == 2:
+        _weight_halves(weight_ptr, taps_ptr, inverse_ptr, program - WINDOW_PROGRAMS, TAP_ELEMENTS // (O * I), O, I, WO,
+                       WI, WD, WH, WW, KH, KW, BLOCK_I, BLOCK_TAPS)
     else:
         _weight_taps(weight_ptr, taps_ptr, program - WINDOW_PROGRAMS, TAP_ELEMENTS, O, I, WO, WI, WD, WH, WW, KH, KW,
                      BLOCK_T, SPLIT)
@@ -91,20 +128,34 @@ BLOCK_T = 1024
 
 
 def correlation_operands(source: torch.Tensor, offset: int, shape, strides, start, extent, weight: torch.Tensor,
-                         grad_input_orientation: bool, split: bool = False):
-    """(window, weight_taps) as above, for TF32 or (split) 3xTF32. The source (N, C, D, H, W) is read through the
+                         grad_input_orientation: bool, split: int = 0):
+    """(window, weight_taps, scales) as above, for TF32 (split 0), 3xTF32 (1) or 3xFP16 (2: weight_taps float16
+    (kD, kH, kW, O, 2 I) as _weight_halves lays it out; scales (block maxima (N, XD, XH, column blocks), the
+    blocks' columns, the weight's inverse scales (O,)), else None). The source (N, C, D, H, W) is read through the
     given shape and strides from element `offset` of source.data_ptr() on (a lattice of grad_output, or the input
     itself); extent: the window's (XD, XH, XW); start: the source position of window position 0 along each axis."""
     grid, scalars, options, window_shape = _geometry(offset, tuple(shape), tuple(strides), tuple(start),
                                                      tuple(extent), tuple(weight.shape), weight.stride(),
                                                      grad_input_orientation, split)
-    window = torch.empty(window_shape, dtype=torch.float32, device=source.device)
+    device = source.device
+    window = torch.empty(window_shape, dtype=torch.float32, device=device)
     kd, kh, kw = weight.shape[2:]
     o, i = (weight.shape[0], weight.shape[1]) if grad_input_orientation else (weight.shape[1], weight.shape[0])
-    taps = torch.empty((2, kd, kh, kw, o, i) if split else (kd, kh, kw, o, i), dtype=torch.float32,
-                       device=weight.device)
-    _launch.launch(grid, (source, window, weight, taps), scalars, options)
-    return window, taps
+    if split == 2:
+        if i % 32:
+            raise ValueError(f"convt3d: 3xFP16 operands need a multiple of 32 input channels, got {i}")
+        taps = torch.empty((kd, kh, kw, o, 2 * i), dtype=torch.float16, device=device)
+        block_p = dict(options)["BLOCK_P"]
+        block_max = torch.empty((*window_shape[:3], cdiv(window_shape[3], block_p)), dtype=torch.float32,
+                                device=device)
+        inverse = torch.empty(o, dtype=torch.float32, device=device)
+        scales = (block_max, block_p, inverse)
+    else:
+        taps = torch.empty((2, kd, kh, kw, o, i) if split else (kd, kh, kw, o, i), dtype=torch.float32, device=device)
+        block_max = inverse = taps  # (not read)
+        scales = None
+    _launch.launch(grid, (source, window, weight, taps, block_max, inverse), scalars, options)
+    return window, taps, scales
 
 
 @functools.lru_cache(maxsize=1024)
@@ -121,7 +172,9 @@ def _geometry(offset, shape, strides, start, extent, weight_shape, weight_stride
     tap_elements = kd * kh * kw * o * i
     scalars = (window_programs, column_blocks, offset, *strides, d, h, w, xd, xh, xw, *start,
                tap_elements, o, i, wo, wi, *w_taps, kh, kw)
+    block_i = next_power_of_2(i)
     options = (("C", c), ("BLOCK_C", next_power_of_2(c)), ("BLOCK_P", block_p), ("BLOCK_T", BLOCK_T),
-               ("SPLIT", split), ("num_warps", 4))
-    grid = (window_programs + cdiv(tap_elements, BLOCK_T),)
+               ("SPLIT", int(split)), ("BLOCK_I", block_i),
+               ("BLOCK_TAPS", min(next_power_of_2(kd * kh * kw), max(1, 2048 // block_i))), ("num_warps", 4))
+    grid = (window_programs + (o if split == 2 else cdiv(tap_elements, BLOCK_T)),)
     return grid, scalars, options, (n, xd, xh, xw, c)
