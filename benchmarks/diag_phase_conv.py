@@ -1,6 +1,7 @@
 """Problem 77's forward phase by the CUDA phase correlation (backends/cuda/phase_conv.py) on the GPU, in TF32 and with
-TF32 off (3xTF32 and 3xFP16, phase_conv.py's SPLIT 1 and 2): the correlation alone into a compact output and into the output's lattice, the whole forward
-through it (backend="torch": operand pass, fill, correlation), and a phase's grad_input (operand pass + correlation).
+TF32 off (3xTF32 and 3xFP16, phase_conv.py's SPLIT 1 and 2): the correlation alone into a compact output and into the
+output's lattice, the whole forward through it (backend="torch": operand pass, fill, correlation), and a phase's
+grad_input (operand pass + correlation).
 
     PYTHONPATH=src python3 benchmarks/diag_phase_conv.py [--iters 50] [--tag new]
 

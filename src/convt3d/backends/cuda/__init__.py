@@ -6,7 +6,9 @@ falls back to cuDNN, logged at debug level), once per configuration, and launche
 cuLaunchKernel with argument arrays built once per launch geometry: the compiled kernel's own call builds them anew
 and loads libcuda on every launch, host time that shows on the GPU machine.
 
-Set CONVT3D_CUDA_KERNELS=0 (or cuda.ENABLED = False) to use cuDNN instead.
+Set CONVT3D_CUDA_KERNELS=0 (or cuda.ENABLED = False) to use cuDNN instead. With TF32 off the phase correlation splits
+its operands in FP16 parts (3xFP16); CONVT3D_SPLIT=1 (or cuda.SPLIT = 1) takes TF32 parts instead (3xTF32, twice the
+MMAs: phase_conv.py).
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ MAX_SHARED_BYTES = 227 * 1024
 
 
 def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,
-                           dilation, split: bool = False, batch: int = 1, grid=(1, 1, 1)) -> str | None:
+                           dilation, split: int = 0, batch: int = 1, grid=(1, 1, 1)) -> str | None:
     """None when the wgmma phase correlation serves a correlation of c_in -> c_out channels with these taps and tap
-    dilations on this device, in TF32 or (split) 3xTF32, over batch x grid (the tile it compiles for), else a short
-    reason."""
+    dilations on this device, in TF32 (split 0), 3xTF32 (1) or 3xFP16 (2), over batch x grid (the tile it compiles
+    for), else a short reason."""
     reason = _unsupported_setting(device, dtype, groups, tf32_only=False)
     if reason is not None:
         return reason
@@ -95,12 +97,14 @@ def _compile_kernel():
 
 
 @functools.lru_cache(maxsize=1024)
-def config(c_in: int, c_out: int, taps, dilation, split: bool = False):
+def config(c_in: int, c_out: int, taps, dilation, split: int = 0):
     """(tile rows BH, output channels per program, shared bytes, input channels per weight stage) or None: the most
-    rows (up to 8; in 3xTF32 (split) 2, or as many as keep SLABS x COB x C_IN / 32 within 64: ptxas spilled
-    registers beyond, compiled here for sm_90a) whose program's shared memory lets two programs share a
-    multiprocessor, else one. Up to 64 input channels a weight stage holds a tap's every channel; with 128, 64 or
-    32 of them (the most that fit beside the plane), as a stage of 128 would leave room for no plane. On the H200,
+    rows (up to 8; with TF32 off (split 1: 3xTF32, 2: 3xFP16) 2, or as many as keep SLABS x COB x C_IN / 32 within
+    64 x split: ptxas spilled registers beyond, compiled here for sm_90a; 3xFP16 takes 4 rows on problem 77's
+    forward and grad_input, the forward's correlation 0.261 ms into the lattice where 2 rows took 0.292,
+    twenty-fifth session) whose program's shared memory lets two programs share a multiprocessor, else one. Up to
+    64 input channels a weight stage holds a tap's every channel; with 128, 64 or 32 of them (the most that fit
+    beside the plane), as a stage of 128 would leave room for no plane. On the H200,
     problem 77's forward correlation took 0.157 ms with 8 rows, 0.167 with 4 and 0.561 with 16 (one program per
     multiprocessor); its grad_input's about 0.24 with 4 rows and 0.283 with 8 (one program per multiprocessor;
     benchmarks/RESULTS.md, twelfth session). A correlation runs with tile_rows' rows: these, or fewer on a small
@@ -124,7 +128,7 @@ FULL_GRID = 2 * 132
 
 
 @functools.lru_cache(maxsize=1024)
-def tile_rows(c_in: int, c_out: int, taps, dilation, split: bool, batch: int, grid) -> int:
+def tile_rows(c_in: int, c_out: int, taps, dilation, split: int, batch: int, grid) -> int:
     """The rows of a program's tile for a correlation over batch x grid (QD, QH, QW): config()'s (the most that fit),
     halved down to 2 while the programs would number fewer than FULL_GRID, so that a small layer's correlation
     spreads over every multiprocessor (at 8 rows a sweep layer's phase had 64-128 programs)."""
@@ -189,7 +193,7 @@ def _check(result: int) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: bool,
+def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: int,
             rows: int) -> _Kernel:
     _, cob, _, unit = config(c_in, c_out, taps, dilation, split)
     smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, unit)
@@ -198,7 +202,7 @@ def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: 
                        smem, 128)
 
 
-def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: bool = False,
+def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: int = 0,
                   batch: int = 1) -> tuple[int, int, int]:
     """The window sizes (depth, rows, columns) that a correlation over batch x grid (QD, QH, QW) reads from offsets on
     (its first position in the window): whole tiles of rows and columns, so that partial tiles read inside it too."""

@@ -1,4 +1,5 @@
-"""CUDA C++ source of the phase correlation on Hopper's tensor cores (wgmma, TF32), compiled at run time by NVRTC.
+"""CUDA C++ source of the phase correlation on Hopper's tensor cores (wgmma, TF32 or FP16), compiled at run time by
+NVRTC.
 
 A phase of conv_transpose3d is a stride-1 correlation on its compact grid (plan.py), and so is each phase's part of
 grad_input. This kernel computes
@@ -11,13 +12,24 @@ zero-padded so that every tile's reads lie inside it (backends/triton/window.py 
 kw*tws picks the phase's taps among the kernel's KDF x KHF x KWF. y is written through any 64-bit strides: the
 output's lattice of the phase, so that no copy follows.
 
-Two precisions. TF32 (SPLIT 0): window and weight TF32-rounded beforehand, one MMA per k-step. 3xTF32 (SPLIT 1, for
-float32 with TF32 off): the window as it is and the weight as two TF32 parts, hi + lo (hi = tf32(w), lo = tf32(w -
-hi)); each A fragment is split the same way in registers, and three MMAs add a_hi b_hi + a_hi b_lo + a_lo b_hi,
-leaving out only a_lo b_lo (about 2^-22 of a product). The tensor cores truncate as they add to their accumulator
-(problem 77 in 3xTF32, every k-step into one accumulator: 5.6e-6 off float64), so the MMAs of PROMOTE k-steps
-start from zero in a partial accumulator, which ordinary float32 adds then add to the sums. The adds wait for every
-MMA in flight: ptxas serializes all MMAs if any instruction reads accumulators while one is in flight.
+Three precisions. TF32 (SPLIT 0): window and weight TF32-rounded beforehand, one MMA (m64nNk8) per k-step of 8
+channels. For float32 with TF32 off, two splits that leave out only a_lo b_lo (about 2^-22 of a product):
+- 3xTF32 (SPLIT 1): the window as it is and the weight as two TF32 parts, hi + lo (hi = tf32(w), lo = tf32(w - hi));
+  each A fragment is split the same way in registers, and three MMAs add a_hi b_hi + a_hi b_lo + a_lo b_hi.
+- 3xFP16 (SPLIT 2, the default, cuda.SPLIT): the same three products of FP16 parts, hi = f16(v s) and lo = f16(v s -
+  hi), on 16 channels per k-step (m64nNk16, which takes as long as m64nNk8 in TF32): half the MMAs of 3xTF32. FP16
+  keeps TF32's 11 significant bits but spans only 2^-24 to 65504, so each operand is scaled by a power of
+  two s that takes its largest magnitude into [2^14, 2^15) (pow2_scale): the weight per output channel (the operand
+  pass makes its parts, 1 / s per channel multiplies the sums at the end), the window per program and depth tap,
+  from the operand pass's block maxima over the plane that the depth tap copies (1 / s multiplies each partial
+  sum, below, as it is added). The A fragments are loaded as float32 and split in registers; the channels (t, t + 4,
+  t + 8, t + 12) that a lane holds after ldmatrix become the FP16 fragment's k = (2t, 2t + 1, 2t + 8, 2t + 9), and
+  the operand pass orders the weight's channels the same way. Each 32 channels' weight row holds its hi halves,
+  then its lo halves: 128 bytes, one swizzle atom, as TF32's 32 channels.
+The tensor cores truncate as they add to their accumulator (problem 77 in 3xTF32, every k-step into one
+accumulator: 5.6e-6 off float64), so the MMAs of PROMOTE k-steps start from zero in a partial accumulator, which
+ordinary float32 adds then add to the sums. The adds wait for every MMA in flight: ptxas serializes all MMAs if any
+instruction reads accumulators while one is in flight.
 
 A program (one warpgroup, 128 threads) owns BH rows x 32 columns of one qd plane and COB output channels. Per depth
 tap it copies the window plane its positions read into shared memory once (rows padded to C_IN + 4 floats, so that
@@ -33,7 +45,9 @@ Measured on the H200 for problem 77's phase (eleventh session, benchmarks/diag_c
 129 us under Nsight Compute against 154 for the same with mma.sync and 142 for cuDNN's kernel. Twenty-third session
 (benchmarks/RESULTS.md): loading the A fragments a k-step ahead and writing the tile in runs of 8 channels took the
 compact correlation from 0.154 to 0.134 ms (0.435 to 0.395 in 3xTF32); Nsight Compute had put the warps' most
-frequent stall on shared-memory loads, the MMAs' fragments' and the tile's.
+frequent stall on shared-memory loads, the MMAs' fragments' and the tile's. Twenty-fifth session: 3xFP16 took it to
+0.230 ms (the correlation into the output's lattice 0.421 -> 0.261, the forward 0.565 -> 0.409, grad_input 0.588 ->
+0.373), 2.3e-7 off float64 as 3xTF32.
 """
 
 # What both wgmma kernels (this one and grad_weight.py's) use: shared-memory addresses, cp.async groups, the
@@ -151,6 +165,17 @@ __device__ __forceinline__ float pow2_scale(float amax, float& inverse) {
     return __int_as_float(exponent << 23);
 }
 
+// FP16: pow2_scale of a window plane, the largest of the block maxima over its HH rows from first_row on (rows of
+// the window, (n * XD + depth) * XH + row) and blocks column blocks from first_block on (max_blocks a row).
+__device__ __forceinline__ float plane_scale(const float* block_max, long long first_row, int first_block, int blocks,
+                                             int max_blocks, int lane, float& inverse) {
+    float amax = 0.f;
+    for (int e = lane; e < HH * blocks; e += 32)
+        amax = fmaxf(amax, block_max[(first_row + e / blocks) * max_blocks + first_block + e % blocks]);
+    for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+    return pow2_scale(amax, inverse);
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,
            const float* __restrict__ bias, const float* __restrict__ block_max, const float* __restrict__ w_inverse,
@@ -202,20 +227,13 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             d[s][k] = 0.f;
             if (SPLIT) partial[SPLIT ? s : 0][SPLIT ? k : 0] = 0.f;
         }
-    // FP16: the window plane's scale (the window's block maxima over the plane's rows and column blocks), its
-    // inverse, and the inverse that the partial sums' MMAs were scaled by.
+    // FP16: the window plane's scale and its inverse, and the inverse that the partial sums' MMAs were scaled by;
+    // the window row of plane 0's first row and the plane's column blocks in block_max.
     float a_scale = 1.f, a_inverse = 1.f, partial_inverse = 0.f;
-    const int first_block = (qw0 + off_w) / max(max_block, 1), last_block = (qw0 + off_w + HW - 1) / max(max_block, 1);
-    #define PLANE_SCALE(kd) if (SPLIT == 2) { \
-        const long long row0 = ((long long)n * XD + qd + off_d + (kd) * DD) * XH + qh0 + off_h; \
-        const int blocks = last_block - first_block + 1; \
-        float amax = 0.f; \
-        for (int e = lane; e < HH * blocks; e += 32) \
-            amax = fmaxf(amax, block_max[(row0 + e / blocks) * max_blocks + first_block + e % blocks]); \
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o)); \
-        a_scale = pow2_scale(amax, a_inverse); \
-    }
-    PLANE_SCALE(0);
+    const long long first_row = ((long long)n * XD + qd + off_d) * XH + qh0 + off_h;
+    const int first_block = SPLIT == 2 ? (qw0 + off_w) / max_block : 0;
+    const int blocks = SPLIT == 2 ? (qw0 + off_w + HW - 1) / max_block - first_block + 1 : 0;
+    if (SPLIT == 2) a_scale = plane_scale(block_max, first_row, first_block, blocks, max_blocks, lane, a_inverse);
 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
@@ -223,7 +241,9 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             __syncthreads();  // every warp's fragment loads from the previous plane are done
             copy_plane(halo, plane0 + (long long)kd * DD * XH * row_floats, row_floats, warp, lane);
             cp_commit();
-            PLANE_SCALE(kd);
+            if (SPLIT == 2)
+                a_scale = plane_scale(block_max, first_row + (long long)kd * DD * XH, first_block, blocks, max_blocks,
+                                      lane, a_inverse);
         }
         #pragma unroll
         for (int kh = 0; kh < KH; kh++)
@@ -256,7 +276,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                         // for every register write in flight, does not wait for ldmatrix.
                         const int g = ((kh * KW + kw) * U + unit) * KS + ks, buf = g % 3;
                         if (g == 0) load_a(a[0], a_lane, 0);
-                        if (SPLIT == 2) {  // fragments of channels (t, t + 4, t + 8, t + 12) as k (2t, 2t + 1, 2t + 8, 2t + 9)
+                        if (SPLIT == 2) {  // channels (t, t + 4, t + 8, t + 12) as k (2t, 2t + 1, 2t + 8, 2t + 9)
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++) {
                                 unsigned* r = a[buf][s];
@@ -280,7 +300,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                                     a[buf][s][e] = hi;
                                 }
                         }
-                        if (SPLIT && ks % PROMOTE == 0) {  // the partial into the sums, once its MMAs are done
+                        if (SPLIT && g % PROMOTE == 0) {  // the partial into the sums, once its MMAs are done
                             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++)
@@ -303,7 +323,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                             for (int s = 0; s < SLABS; s++) {
                                 float* sums = partial[SPLIT ? s : 0];
                                 const unsigned* a_low = SPLIT == 1 ? a_lo[buf][s] : a[buf][s] + 4;
-                                wgmma(sums, a[buf][s], desc, ks % PROMOTE != 0);  // from zero after a promotion
+                                wgmma(sums, a[buf][s], desc, g % PROMOTE != 0);  // from zero after a promotion
                                 wgmma(sums, a[buf][s], desc_lo);
                                 wgmma(sums, a_low, desc);
                             }
@@ -368,9 +388,11 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
 """
 
 
-# 3xTF32: k-steps per partial sum (the docstring above), a divisor of C_IN / 8. On the H200, problem 77's forward
-# correlation took 0.487 / 0.434 / 0.422 ms with 1 / 2 / 4, and the forward was off float64 by 2.3e-7 / 2.3e-7 /
-# 3.3e-7 (benchmarks/RESULTS.md, fourteenth session).
+# k-steps per partial sum (the docstring above), counted from each depth tap's first: a window plane's scale holds
+# within one. On the H200, problem 77's forward correlation took 0.487 / 0.434 / 0.422 ms in 3xTF32 with 1 / 2 / 4,
+# 2.3e-7 / 2.3e-7 / 3.3e-7 off float64 (fourteenth session); into the output's lattice in 3xFP16 0.261 / 0.255 /
+# 0.249 / 0.248 / 0.246 ms with 2 / 3 / 4 / 6 / 9, 2.3e-7 / 2.7e-7 / 3.1e-7 / 4.2e-7 / 5.5e-7 off float64, the
+# whole forward within noise of 0.41 (benchmarks/RESULTS.md, twenty-fifth session).
 PROMOTE = 2
 
 
@@ -388,10 +410,10 @@ def wgmma_asm(n: int, half: bool = False) -> str:
             f' : {outs} : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));')
 
 
-def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: bool = False,
+def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: int = 0,
            unit: int | None = None) -> str:
-    """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 3xTF32; unit:
-    the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in)."""
+    """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 0 (TF32), 1
+    (3xTF32) or 2 (3xFP16); unit: the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in)."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
                    UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE)
@@ -399,7 +421,7 @@ def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: b
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob, split == 2))
 
 
-def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: bool = False, unit: int | None = None) -> int:
+def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: int = 0, unit: int | None = None) -> int:
     """Dynamic shared memory of one program: the weight ring (4 stages of unit input channels) and the window plane,
     or the staged output tile."""
     (_, kh, kw), (_, dh, dw) = taps, dilation

@@ -55,7 +55,7 @@ def forward_unsupported(plan: Plan, phase_list: tuple, device: torch.device, dty
 
 
 @functools.lru_cache(maxsize=256)
-def _forward_geometry(plan: Plan, phase_list: tuple, split: bool):
+def _forward_geometry(plan: Plan, phase_list: tuple, split: int):
     """(the window's start and extent, and per phase (offsets, taps, first taps, steps, dilation, grid))."""
     starts = [min(phases[axis].input_start for phases in phase_list) for axis in range(3)]
     extent, launches = [0, 0, 0], []
@@ -90,11 +90,12 @@ def grad_input_unsupported(plan: Plan, phases, device: torch.device, dtype: torc
     else why not."""
     counts, _, _ = _taps(phases, ascending=True)
     return phase_conv_unsupported(device, dtype, plan.out_channels, plan.in_channels, plan.groups, counts,
-                                  tuple(p.input_dilation for p in phases), 0 if tf32 else cuda.SPLIT, plan.batch, plan.input_spatial)
+                                  tuple(p.input_dilation for p in phases), 0 if tf32 else cuda.SPLIT, plan.batch,
+                                  plan.input_spatial)
 
 
 @functools.lru_cache(maxsize=256)
-def _grad_input_geometry(plan: Plan, phases, split: bool):
+def _grad_input_geometry(plan: Plan, phases, split: int):
     """(the window's start and extent, taps, first taps, steps, dilation, grid) of a phase's grad_input: input i
     receives lattice position j = i + start + k * dilation for the k-th ascending tap (torch_phase.phase_grad_input)."""
     counts, firsts, steps = _taps(phases, ascending=True)

@@ -4,9 +4,10 @@ window[n, a, b, c, ch] = source[n, ch, a + start_d, b + start_h, c + start_w], z
 so that each position's channels are one contiguous row for the kernel's 16-byte copies, and padded so that every
 tile's reads lie inside it. weight_taps[td, th, tw, o, i] = weight[i, o, td, th, tw] (the forward's orientation:
 C_out x C_in per tap) or weight[o, i, td, th, tw] (grad_input's: C_in x C_out), contiguous. For TF32 both are
-TF32-rounded to nearest as cuDNN rounds, so that the tensor cores read them as they lie; for 3xTF32 (split) the window
-stays as it is (the kernel splits its fragments) and weight_taps gains a leading axis of two: the TF32 parts
-hi = tf32(w) and lo = tf32(w - hi).
+TF32-rounded to nearest as cuDNN rounds, so that the tensor cores read them as they lie. With TF32 off the window stays
+as it is (the kernel splits its fragments); for 3xTF32 (split 1) weight_taps gains a leading axis of two, the TF32
+parts hi = tf32(w) and lo = tf32(w - hi); for 3xFP16 (split 2) it holds scaled FP16 parts (_weight_halves), and each
+window program also stores its block's largest magnitude, from which the kernel scales the window.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from .launch import Launcher
 
 
 @triton.jit
-def _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH, XW,
-                START_D, START_H, START_W, C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
+def _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W,
+                XD, XH, XW, START_D, START_H, START_W, C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
                 SPLIT: tl.constexpr):
     """BLOCK_P positions of one window row (n, a, b) x their channels: loaded along the source's positions, stored
     along the channels."""
@@ -112,8 +113,8 @@ def correlation_operands_kernel(
     make the window, the others the weight taps."""
     program = tl.program_id(0)
     if program < WINDOW_PROGRAMS:
-        _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH, XW,
-                    START_D, START_H, START_W, C, BLOCK_C, BLOCK_P, SPLIT)
+        _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W,
+                    XD, XH, XW, START_D, START_H, START_W, C, BLOCK_C, BLOCK_P, SPLIT)
     elif SPLIT == 2:
         _weight_halves(weight_ptr, taps_ptr, inverse_ptr, program - WINDOW_PROGRAMS, TAP_ELEMENTS // (O * I), O, I, WO,
                        WI, WD, WH, WW, KH, KW, BLOCK_I, BLOCK_TAPS)
