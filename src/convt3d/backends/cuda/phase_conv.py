@@ -84,7 +84,7 @@ SOURCE = r"""
 #define K_STEP (SPLIT == 2 ? 16 : 8)        // channels per k-step: m64nNk8 (TF32) or m64nNk16 (FP16)
 #define KS (UC / K_STEP)                    // k-steps per unit
 #define KPA (32 / K_STEP)                   // k-steps per 32-channel block (a 128-byte row of the weight's)
-#define A_REGS (SPLIT == 2 ? 8 : 4)         // a slab's A fragment registers: 8 channels, or 16 (FP16: hi, then lo)
+#define A_REGS (SPLIT == 2 ? 8 : 4)         // a slab's A registers a k-step: float32, then FP16's hi and lo
 #define CPA (C_IN + 4)                      // a window position's floats in shared memory
 #define SLABS (BH * BW / 64)                // M = 64 positions per wgmma
 #define KB (UC / 32)                        // 32-channel blocks: one 128-byte swizzle atom wide
@@ -134,7 +134,8 @@ __device__ __forceinline__ void copy_weight(float* stage, const float* w_tap, co
 }
 
 // The A fragments of k-step g of a depth tap's plane, g = ((kh * KW + kw) * U + unit) * KS + ks: for each slab of 64
-// positions, the 8 channels unit * UC + 8 * ks.. of the positions shifted by the tap (kh, kw).
+// positions, the K_STEP channels unit * UC + K_STEP * ks.. of the positions shifted by the tap (kh, kw), as float32
+// (8 channels per ldmatrix4).
 __device__ __forceinline__ void load_a(unsigned (&r)[SLABS][A_REGS], unsigned a_lane, int g) {
     const int ks = g % KS, unit = g / KS % U, kw = g / (KS * U) % KW, kh = g / (KS * U * KW);
     #pragma unroll

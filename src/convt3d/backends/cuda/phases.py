@@ -14,10 +14,9 @@ import functools
 import torch
 
 from ...plan import Plan
-from .. import cudnn_allow_tf32
+from .. import cuda, cudnn_allow_tf32
 from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands
-from .. import cuda
 from . import (correlate, correlate_grad_weight, grad_weight_kernel_unsupported, grad_weight_splits,
                phase_conv_unsupported, window_extent)
 
@@ -42,8 +41,8 @@ def _taps(phases, ascending: bool):
 @functools.lru_cache(maxsize=256)
 def forward_unsupported(plan: Plan, phase_list: tuple, device: torch.device, dtype: torch.dtype,
                         tf32: bool) -> str | None:
-    """None when every phase of phase_list (the phases some tap reaches) runs on the CUDA correlation (TF32, or 3xTF32
-    where tf32, torch.backends.cudnn.allow_tf32, is off), else why not."""
+    """None when every phase of phase_list (the phases some tap reaches) runs on the CUDA correlation (TF32, or
+    cuda.SPLIT's split where tf32, torch.backends.cudnn.allow_tf32, is off), else why not."""
     for phases in phase_list:
         counts, _, _ = _taps(phases, ascending=False)
         reason = phase_conv_unsupported(device, dtype, plan.in_channels, plan.out_channels, plan.groups, counts,
@@ -73,7 +72,7 @@ def _forward_geometry(plan: Plan, phase_list: tuple, split: int):
 def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, phase_list: tuple, out: torch.Tensor,
                  lattice_geometry) -> None:
     """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
-    element offset, shape and strides), bias added; in 3xTF32 where torch.backends.cudnn.allow_tf32 is off."""
+    element offset, shape and strides), bias added; split (_split) where torch.backends.cudnn.allow_tf32 is off."""
     split = _split()
     start, extent, launches = _forward_geometry(plan, phase_list, split)
     window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
@@ -86,8 +85,8 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
 
 @functools.lru_cache(maxsize=256)
 def grad_input_unsupported(plan: Plan, phases, device: torch.device, dtype: torch.dtype, tf32: bool) -> str | None:
-    """None when the CUDA correlation computes this phase's part of grad_input (TF32, or 3xTF32 where tf32 is off),
-    else why not."""
+    """None when the CUDA correlation computes this phase's part of grad_input (TF32, or cuda.SPLIT's split where tf32
+    is off), else why not."""
     counts, _, _ = _taps(phases, ascending=True)
     return phase_conv_unsupported(device, dtype, plan.out_channels, plan.in_channels, plan.groups, counts,
                                   tuple(p.input_dilation for p in phases), 0 if tf32 else cuda.SPLIT, plan.batch,
@@ -115,8 +114,8 @@ def phase_grad_input(lattice: torch.Tensor, weight: torch.Tensor, plan: Plan, ph
 def phase_grad_input_in_place(grad_output: torch.Tensor, lattice_offset: int, lattice_strides, weight: torch.Tensor,
                               plan: Plan, phases) -> torch.Tensor:
     """phase_grad_input of the lattice that starts at element lattice_offset of grad_output with lattice_strides
-    (torch_phase._lattice_geometry's): read in place, with no view made (a view's host time shows on the GPU). In
-    3xTF32 where torch.backends.cudnn.allow_tf32 is off."""
+    (torch_phase._lattice_geometry's): read in place, with no view made (a view's host time shows on the GPU). Split
+    (_split) where torch.backends.cudnn.allow_tf32 is off."""
     split = _split()
     start, extent, counts, firsts, steps, dilation, grid = _grad_input_geometry(plan, phases, split)
     shape = (plan.batch, plan.out_channels, *(p.out_count for p in phases))
