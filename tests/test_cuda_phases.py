@@ -300,6 +300,29 @@ def test_operands_pass_pads_transposes_and_rounds():
         assert torch.equal(w_hi, scaled.half().double()) and torch.equal(w_lo, (scaled - w_hi).half().double())
 
 
+def test_3xfp16_weight_scales_span_float32():
+    """3xFP16's per-channel weight scales: channels of 1e-30 and 1e30 (FP16 spans 2^-24 to 65504) split to float32's
+    accuracy, and an all-zero channel into zeros with a finite inverse scale."""
+    from convt3d.backends.triton.window import correlation_operands
+
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    source = torch.randn(1, 32, 2, 3, 4, generator=gen).to(DEVICE)
+    weight = torch.randn(32, 64, 2, 2, 1, generator=gen)
+    weight[:, 0] = 0
+    weight[:, 1] *= 1e-30
+    weight[:, 2] *= 1e30
+    weight = weight.to(DEVICE)
+    _, taps, (_, _, inverse) = correlation_operands(source, 0, source.shape, source.stride(), (0, 0, 0), (2, 3, 4),
+                                                    weight, grad_input_orientation=False, split=2)
+    w_hi, w_lo = fp16_parts(taps)
+    rebuilt = (w_hi + w_lo) * inverse.double().view(-1, 1)
+    expected = weight.permute(2, 3, 4, 1, 0).double()
+    assert torch.isfinite(inverse).all() and not rebuilt[..., 0, :].any()
+    for o in range(1, 64):
+        error = (rebuilt[..., o, :] - expected[..., o, :]).norm() / expected[..., o, :].norm()
+        assert error <= 1e-6, (o, error.item())
+
+
 def test_unsupported_reasons_name_the_cause(monkeypatch):
     cpu = torch.device("cpu")
     assert "sm_90" in cuda.phase_conv_unsupported(cpu, torch.float32, 32, 64, 1, (3, 3, 3), (1, 1, 1))
