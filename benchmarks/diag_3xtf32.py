@@ -1,12 +1,13 @@
-"""Problem 77 with TF32 off: the CUDA phase correlation in 3xTF32 against cuDNN's float32, and against eager (GPU).
+"""Problem 77 with TF32 off: the CUDA phase correlation (3xFP16, 3xTF32) against cuDNN's float32 and eager (GPU).
 
     PYTHONPATH=src python3 benchmarks/diag_3xtf32.py [--iters 100]
 
 Each row: bench.protocol.time_cuda's mean and minimum (L2 flushed and the GPU idle before each call, as KernelBench
 times) and the relative error against float64. "cuda" rows use the CUDA kernels (in 3xTF32 with TF32 off: the
-forward and grad_input; grad_weight stays Triton's 3xTF32), "cudnn" rows the same code with them off
-(backends.cuda.ENABLED False). The pieces: the 3xTF32 operand pass and correlation against the TF32 ones, and the
-forward's error and the correlation's time with partial sums added every 1, 2 or 4 k-steps (phase_conv.PROMOTE).
+forward and grad_input, in 3xFP16 since the twenty-fifth session; grad_weight stays Triton's 3xTF32), "cudnn" rows the
+same code with them off (backends.cuda.ENABLED False). The pieces: the 3xTF32 and 3xFP16 operand passes and
+correlations against the TF32 ones, and 3xTF32's forward error and correlation time with partial sums added every 1,
+2 or 4 k-steps (phase_conv.PROMOTE).
 """
 
 import argparse
@@ -72,21 +73,21 @@ def main():
     phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
     out = torch.zeros(plan.output_shape, device="cuda")
     compact = torch.empty(16, 64, 16, 32, 32, device="cuda")
-    for split in (False, True):
-        name = "3xTF32" if split else "TF32"
+    for split, name in ((0, "TF32"), (2, "3xFP16"), (1, "3xTF32")):  # (3xTF32 last: the loop below times it)
         start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
         row(f"{name}: operand pass", lambda: correlation_operands(x, 0, x.shape, x.stride(), start, extent,
                                                                   eager.weight, False, split))
-        window, taps = correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight, False, split)
+        window, taps, scales = correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight, False,
+                                                    split)
         phases, offsets, counts, firsts, steps, dilation, grid = launches[0]
         offset, _, strides = _lattice_geometry(plan, phases, out.stride())
         row(f"{name}: correlation into the lattice", lambda: cuda.correlate(
-            window, taps, None, out, offset, strides, grid, offsets, counts, firsts, steps, dilation))
+            window, taps, None, out, offset, strides, grid, offsets, counts, firsts, steps, dilation, scales))
         row(f"{name}: correlation, compact output", lambda: cuda.correlate(
-            window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps, dilation))
+            window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps, dilation, scales))
     row("out.zero_() (the fill)", out.zero_)
     # How often 3xTF32's partial sums go into the sums: error and time (compact output) per interval in k-steps.
-    default = cuda.phase_conv.PROMOTE
+    default, cuda.SPLIT = cuda.phase_conv.PROMOTE, 1
     for promote in (1, 2, 4):
         cuda.phase_conv.PROMOTE = promote
         cuda._kernel.cache_clear()
@@ -94,7 +95,7 @@ def main():
             row(f"3xTF32, promote every {promote} k-steps: forward (backend torch)", forward, forward())
             row(f"3xTF32, promote every {promote} k-steps: correlation, compact", lambda: cuda.correlate(
                 window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps, dilation))
-    cuda.phase_conv.PROMOTE = default
+    cuda.phase_conv.PROMOTE, cuda.SPLIT = default, 2
     cuda._kernel.cache_clear()
 
     print("| what | mean ms | min ms | rel. err. vs float64 |")

@@ -102,7 +102,7 @@ def main():
     start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, False)
     row("forward operand pass", lambda: correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight,
                                                              False))
-    window, taps = correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight, False)
+    window, taps, _ = correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight, False)
     out = torch.zeros(plan.output_shape, device="cuda")
     phases, offsets, counts, firsts, steps, dilation, grid = launches[0]
     offset, _, strides = _lattice_geometry(plan, phases, out.stride())
@@ -146,8 +146,8 @@ def main():
     row("grad_weight, CUDA kernel in place", cuda_weight, cuda_weight(), w64.grad)
     row("grad_weight, Triton (operand copies + kernel)", triton_weight, triton_weight(), w64.grad)
     # Tile rows: what config() chooses (two programs per multiprocessor) against other counts.
-    g_window, g_taps = correlation_operands(lattice, 0, lattice.shape, lattice.stride(), g_start, g_extent,
-                                            eager.weight, True)
+    g_window, g_taps, _ = correlation_operands(lattice, 0, lattice.shape, lattice.stride(), g_start, g_extent,
+                                               eager.weight, True)
     grad_input = torch.empty(16, 32, 16, 32, 32, device="cuda")
     real_config = cuda.config
     for c_in, c_out, rows_choice in ((64, 32, 8), (32, 64, 16), (32, 64, 4)):
