@@ -228,13 +228,21 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             d[s][k] = 0.f;
             if (SPLIT) partial[SPLIT ? s : 0][SPLIT ? k : 0] = 0.f;
         }
-    // FP16: the window plane's scale and its inverse, and the inverse that the partial sums' MMAs were scaled by;
-    // the window row of plane 0's first row and the plane's column blocks in block_max.
+    // FP16: the window plane's scale and its inverse, and the inverse that the partial sums' MMAs were scaled by.
     float a_scale = 1.f, a_inverse = 1.f, partial_inverse = 0.f;
+    // With SPLIT: the partial sums into the sums (FP16: times the inverse scale of the plane they came from).
+    auto add_partial = [&]() {
+        #pragma unroll
+        for (int s = 0; s < SLABS; s++)
+            #pragma unroll
+            for (int k = 0; k < COB / 2; k++)
+                d[s][k] += SPLIT == 2 ? partial[SPLIT ? s : 0][SPLIT ? k : 0] * partial_inverse
+                                      : partial[SPLIT ? s : 0][SPLIT ? k : 0];
+    };
+    // FP16: the window row of plane 0's first row, and the planes' column blocks in block_max.
     const long long first_row = ((long long)n * XD + qd + off_d) * XH + qh0 + off_h;
     const int first_block = SPLIT == 2 ? (qw0 + off_w) / max_block : 0;
     const int blocks = SPLIT == 2 ? (qw0 + off_w + HW - 1) / max_block - first_block + 1 : 0;
-    if (SPLIT == 2) a_scale = plane_scale(block_max, first_row, first_block, blocks, max_blocks, lane, a_inverse);
 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
@@ -242,10 +250,10 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             __syncthreads();  // every warp's fragment loads from the previous plane are done
             copy_plane(halo, plane0 + (long long)kd * DD * XH * row_floats, row_floats, warp, lane);
             cp_commit();
-            if (SPLIT == 2)
-                a_scale = plane_scale(block_max, first_row + (long long)kd * DD * XH, first_block, blocks, max_blocks,
-                                      lane, a_inverse);
         }
+        if (SPLIT == 2)
+            a_scale = plane_scale(block_max, first_row + (long long)kd * DD * XH, first_block, blocks, max_blocks, lane,
+                                  a_inverse);
         #pragma unroll
         for (int kh = 0; kh < KH; kh++)
             #pragma unroll
@@ -303,12 +311,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                         }
                         if (SPLIT && g % PROMOTE == 0) {  // the partial into the sums, once its MMAs are done
                             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-                            #pragma unroll
-                            for (int s = 0; s < SLABS; s++)
-                                #pragma unroll
-                                for (int k = 0; k < COB / 2; k++)
-                                    d[s][k] += SPLIT == 2 ? partial[SPLIT ? s : 0][SPLIT ? k : 0] * partial_inverse
-                                                          : partial[SPLIT ? s : 0][SPLIT ? k : 0];
+                            add_partial();
                             partial_inverse = a_inverse;
                         }
                         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -337,14 +340,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                 }
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if (SPLIT) {  // the last partial
-        #pragma unroll
-        for (int s = 0; s < SLABS; s++)
-            #pragma unroll
-            for (int k = 0; k < COB / 2; k++)
-                d[s][k] += SPLIT == 2 ? partial[SPLIT ? s : 0][SPLIT ? k : 0] * partial_inverse
-                                      : partial[SPLIT ? s : 0][SPLIT ? k : 0];
-    }
+    if (SPLIT) add_partial();  // the last partial
     cp_wait<0>();
     __syncthreads();  // shared memory free: the tile goes there
 
