@@ -233,14 +233,16 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
     programs = _programs(n, grid, rows, c_out, cob)
     if programs == 0:
         return
-    block_max, max_block, w_inverse = scales if split == 2 else (None, 0, None)
+    if split == 2:
+        block_max, max_block, w_inverse = scales
+        scale_pointers, scale_ints = (block_max.data_ptr(), w_inverse.data_ptr()), (max_block, block_max.shape[-1])
+    else:
+        scale_pointers, scale_ints = (0, 0), (0, 0)
     ints = (xd, xh, xw, *offsets, first_taps[0], tap_steps[0], first_taps[1], tap_steps[1], first_taps[2],
-            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, max_block,
-            block_max.shape[-1] if split == 2 else 0)
+            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, *scale_ints)
     lo_part = weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split == 1 else 0
     pointers = (window.data_ptr(), weight_taps.data_ptr(), lo_part, bias.data_ptr() if bias is not None else 0,
-                block_max.data_ptr() if split == 2 else 0, w_inverse.data_ptr() if split == 2 else 0,
-                out.data_ptr() + 4 * out_offset)
+                *scale_pointers, out.data_ptr() + 4 * out_offset)
     kernel.launch(programs, pointers, ints, tuple(out_strides), _current_stream(device))
 
 

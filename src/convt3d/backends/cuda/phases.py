@@ -21,9 +21,10 @@ from . import (correlate, correlate_grad_weight, grad_weight_kernel_unsupported,
                phase_conv_unsupported, window_extent)
 
 
-def _split() -> int:
-    """The correlation's precision: 0 (TF32) where torch.backends.cudnn.allow_tf32 allows it, else cuda.SPLIT."""
-    return 0 if cudnn_allow_tf32() else cuda.SPLIT
+def _split(tf32: bool) -> int:
+    """The correlation's precision: 0 (TF32) where tf32 (torch.backends.cudnn.allow_tf32) allows it, else
+    cuda.SPLIT."""
+    return 0 if tf32 else cuda.SPLIT
 
 
 def _taps(phases, ascending: bool):
@@ -46,7 +47,7 @@ def forward_unsupported(plan: Plan, phase_list: tuple, device: torch.device, dty
     for phases in phase_list:
         counts, _, _ = _taps(phases, ascending=False)
         reason = phase_conv_unsupported(device, dtype, plan.in_channels, plan.out_channels, plan.groups, counts,
-                                        tuple(p.input_dilation for p in phases), 0 if tf32 else cuda.SPLIT, plan.batch,
+                                        tuple(p.input_dilation for p in phases), _split(tf32), plan.batch,
                                         tuple(p.out_count for p in phases))
         if reason is not None:
             return reason
@@ -73,7 +74,7 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
                  lattice_geometry) -> None:
     """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
     element offset, shape and strides), bias added; split (_split) where torch.backends.cudnn.allow_tf32 is off."""
-    split = _split()
+    split = _split(cudnn_allow_tf32())
     start, extent, launches = _forward_geometry(plan, phase_list, split)
     window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
                                                        grad_input_orientation=False, split=split)
@@ -89,7 +90,7 @@ def grad_input_unsupported(plan: Plan, phases, device: torch.device, dtype: torc
     is off), else why not."""
     counts, _, _ = _taps(phases, ascending=True)
     return phase_conv_unsupported(device, dtype, plan.out_channels, plan.in_channels, plan.groups, counts,
-                                  tuple(p.input_dilation for p in phases), 0 if tf32 else cuda.SPLIT, plan.batch,
+                                  tuple(p.input_dilation for p in phases), _split(tf32), plan.batch,
                                   plan.input_spatial)
 
 
@@ -116,7 +117,7 @@ def phase_grad_input_in_place(grad_output: torch.Tensor, lattice_offset: int, la
     """phase_grad_input of the lattice that starts at element lattice_offset of grad_output with lattice_strides
     (torch_phase._lattice_geometry's): read in place, with no view made (a view's host time shows on the GPU). Split
     (_split) where torch.backends.cudnn.allow_tf32 is off."""
-    split = _split()
+    split = _split(cudnn_allow_tf32())
     start, extent, counts, firsts, steps, dilation, grid = _grad_input_geometry(plan, phases, split)
     shape = (plan.batch, plan.out_channels, *(p.out_count for p in phases))
     window, weight_taps, scales = correlation_operands(grad_output, lattice_offset, shape, lattice_strides, start,
