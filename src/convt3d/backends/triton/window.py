@@ -71,29 +71,36 @@ def _weight_taps(weight_ptr, taps_ptr, program, TAP_ELEMENTS, O, I, WO, WI, WD, 
 
 
 @triton.jit
+def _tap_block(weight_ptr, o, first, TAPS, I, WO, WI, WD, WH, WW, KH, KW, BLOCK_I: tl.constexpr,
+               BLOCK_TAPS: tl.constexpr):
+    """(taps, mask, values): output channel o's row of the taps first.. first + BLOCK_TAPS (0 past the last)."""
+    i = tl.arange(0, BLOCK_I)
+    tap = first + tl.arange(0, BLOCK_TAPS)
+    ok = (tap < TAPS)[:, None] & (i < I)[None, :]
+    at = o * WO + (tap // (KH * KW) * WD + tap // KW % KH * WH + tap % KW * WW)[:, None] + (i * WI)[None, :]
+    return tap, ok, tl.load(weight_ptr + at, mask=ok, other=0.0)
+
+
+@triton.jit
 def _weight_halves(weight_ptr, halves_ptr, inverse_ptr, o, TAPS, O, I, WO, WI, WD, WH, WW, KH, KW,
                    BLOCK_I: tl.constexpr, BLOCK_TAPS: tl.constexpr):
     """3xFP16: output channel o's row of every tap, scaled by the power of two that takes its largest magnitude into
     [2^14, 2^15) (as phase_conv.py's pow2_scale), as halves hi = f16(w s) and lo = f16(w s - hi), and 1 / s at
     inverse_ptr + o. Each 32 channels' row is 32 hi halves then 32 lo halves, within each 16 channel c at position
     (c & 8) | (c & 3) * 2 | (c >> 2) & 1: the order in which the kernel's A fragments hold the window's channels."""
-    i = tl.arange(0, BLOCK_I)
     amax = tl.zeros([BLOCK_TAPS, BLOCK_I], dtype=tl.float32)
     for first in range(0, TAPS, BLOCK_TAPS):
-        tap = first + tl.arange(0, BLOCK_TAPS)
-        ok = (tap < TAPS)[:, None] & (i < I)[None, :]
-        at = o * WO + (tap // (KH * KW) * WD + tap // KW % KH * WH + tap % KW * WW)[:, None] + (i * WI)[None, :]
-        amax = tl.maximum(amax, tl.abs(tl.load(weight_ptr + at, mask=ok, other=0.0)))
+        _, _, value = _tap_block(weight_ptr, o, first, TAPS, I, WO, WI, WD, WH, WW, KH, KW, BLOCK_I, BLOCK_TAPS)
+        amax = tl.maximum(amax, tl.abs(value))
     amax = tl.max(tl.max(amax, 1), 0)
     exponent = tl.minimum(tl.maximum(268 - ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF), 1), 253)
     scale = (exponent << 23).to(tl.float32, bitcast=True)
     tl.store(inverse_ptr + o, ((254 - exponent) << 23).to(tl.float32, bitcast=True))
+    i = tl.arange(0, BLOCK_I)
     position = (i // 32) * 64 + (i // 16 % 2) * 16 + (i & 8) + (i & 3) * 2 + (i >> 2 & 1)
     for first in range(0, TAPS, BLOCK_TAPS):
-        tap = first + tl.arange(0, BLOCK_TAPS)
-        ok = (tap < TAPS)[:, None] & (i < I)[None, :]
-        at = o * WO + (tap // (KH * KW) * WD + tap // KW % KH * WH + tap % KW * WW)[:, None] + (i * WI)[None, :]
-        value = tl.load(weight_ptr + at, mask=ok, other=0.0) * scale
+        tap, ok, value = _tap_block(weight_ptr, o, first, TAPS, I, WO, WI, WD, WH, WW, KH, KW, BLOCK_I, BLOCK_TAPS)
+        value = value * scale
         hi = value.to(tl.float16)
         lo = (value - hi.to(tl.float32)).to(tl.float16)
         out = ((tap * O + o) * I * 2)[:, None] + position[None, :]
