@@ -6,8 +6,9 @@ mistake in their C++ (or a change that makes ptxas spill the accumulators to loc
 than it saves) would show only there. NVRTC comes from the nvidia-cuda-nvrtc-cu12 wheel (`pip install
 nvidia-cuda-nvrtc-cu12`, about 200 MB; the tests skip without it) and ptxas from Triton's wheel. The configurations are
 the ones config() and grad_weight_config() choose for the layers of test_cuda_phases.py, problem 77 and the sweep's
-float32 layers, in TF32 and 3xTF32, with and without a bias, and the correlation's fewer rows that tile_rows picks on
-small grids (without a bias).
+float32 layers, in TF32, 3xTF32 and 3xFP16 (with 3 x 3 taps a plane, its split in shared memory; with fewer, in
+registers), with and without a bias, and the correlation's fewer rows that tile_rows picks on small grids (without a
+bias).
 """
 
 import ctypes

@@ -24,8 +24,10 @@ channels. For float32 with TF32 off, two splits that leave out only a_lo b_lo (a
   from the operand pass's block maxima over the plane that the depth tap copies (1 / s multiplies each partial
   sum, below, as it is added). The A fragments are loaded as float32 and split in registers; the channels (t, t + 4,
   t + 8, t + 12) that a lane holds after ldmatrix become the FP16 fragment's k = (2t, 2t + 1, 2t + 8, 2t + 9), and
-  the operand pass orders the weight's channels the same way. Each 32 channels' weight row holds its hi halves,
-  then its lo halves: 128 bytes, one swizzle atom, as TF32's 32 channels.
+  the operand pass orders the weight's channels the same way. With PRESPLIT_TAPS (kh, kw) taps or more, the plane
+  is split in shared memory instead, once per depth tap, into the same parts in the same k order (split_plane). Each
+  32 channels' weight row holds its hi halves, then its lo halves: 128 bytes, one swizzle atom, as TF32's 32
+  channels.
 The tensor cores truncate as they add to their accumulator (problem 77 in 3xTF32, every k-step into one
 accumulator: 5.6e-6 off float64), so the MMAs of PROMOTE k-steps start from zero in a partial accumulator, which
 ordinary float32 adds then add to the sums. The adds wait for every MMA in flight: ptxas serializes all MMAs if any
@@ -47,7 +49,8 @@ Measured on the H200 for problem 77's phase (eleventh session, benchmarks/diag_c
 compact correlation from 0.154 to 0.134 ms (0.435 to 0.395 in 3xTF32); Nsight Compute had put the warps' most
 frequent stall on shared-memory loads, the MMAs' fragments' and the tile's. Twenty-fifth session: 3xFP16 took it to
 0.230 ms (the correlation into the output's lattice 0.421 -> 0.261, the forward 0.565 -> 0.409, grad_input 0.588 ->
-0.373), 2.3e-7 off float64 as 3xTF32.
+0.373), 2.3e-7 off float64 as 3xTF32. Twenty-sixth: the plane split in shared memory (PRESPLIT_TAPS) took the
+correlation into the lattice to 0.240 ms and grad_input to 0.334.
 """
 
 # What both wgmma kernels (this one and grad_weight.py's) use: shared-memory addresses, cp.async groups, the
@@ -156,6 +159,34 @@ __device__ __forceinline__ void split_half2(float x, float y, float scale, unsig
     asm("{\n.reg .f16 l, u;\nmov.b32 {l, u}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, u;\n}\n"
         : "=f"(hx), "=f"(hy) : "r"(hi));
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(lo) : "f"(y - hy), "f"(x - hx));
+}
+
+// FP16 with PRESPLIT: the plane's float32 channels, in place, as their parts split_half2 makes (times scale): each 16
+// channels' 64 bytes become 32 bytes of hi halves, then 32 of lo halves, in the order of an A fragment's k (k = 2t,
+// 2t + 1, 2t + 8, 2t + 9 hold channels t, t + 4, t + 8, t + 12, as the weight's), so that load_a's two ldmatrix4 of
+// a k-step load the hi and the lo fragments as they are. Once per depth tap, not once per (kh, kw) tap.
+__device__ __forceinline__ void split_plane(float* halo, float scale, int tid) {
+    #pragma unroll 1
+    for (int e = tid; e < PLANE * (C_IN / 16); e += THREADS) {
+        float4* group = (float4*)(halo + (e / (C_IN / 16)) * CPA + (e % (C_IN / 16)) * 16);
+        float v[16];
+        #pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float4 f = group[q];
+            v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+        }
+        unsigned hi[8], lo[8];
+        #pragma unroll
+        for (int t = 0; t < 4; t++) {
+            split_half2(v[t], v[t + 4], scale, hi[t], lo[t]);
+            split_half2(v[t + 8], v[t + 12], scale, hi[t + 4], lo[t + 4]);
+        }
+        uint4* parts = (uint4*)group;
+        parts[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        parts[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+        parts[2] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        parts[3] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+    }
 }
 
 // The power of two that takes amax (at least every |value| it scales) into [2^14, 2^15) (the exponent clamped so
@@ -276,6 +307,10 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                     __syncthreads();
                     if (step + 2 < KD * KH * KW * U) COPY_WEIGHT(ring + ((step + 2) % STAGES) * B_STAGE, step + 2);
                     cp_commit();
+                    if (SPLIT == 2 && PRESPLIT && kh == 0 && kw == 0 && unit == 0) {  // the plane has arrived
+                        split_plane(halo, a_scale, tid);
+                        __syncthreads();
+                    }
                     const unsigned stage = ring_addr + 4 * (step % STAGES) * B_STAGE;
                     #pragma unroll
                     for (int ks = 0; ks < KS; ks++) {
@@ -285,7 +320,8 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                         // for every register write in flight, does not wait for ldmatrix.
                         const int g = ((kh * KW + kw) * U + unit) * KS + ks, buf = g % 3;
                         if (g == 0) load_a(a[0], a_lane, 0);
-                        if (SPLIT == 2) {  // channels (t, t + 4, t + 8, t + 12) as k (2t, 2t + 1, 2t + 8, 2t + 9)
+                        // FP16 in registers: channels (t, t + 4, t + 8, t + 12) as k (2t, 2t + 1, 2t + 8, 2t + 9)
+                        if (SPLIT == 2 && !PRESPLIT) {
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++) {
                                 unsigned* r = a[buf][s];
@@ -391,6 +427,14 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
 # 0.249 / 0.248 / 0.246 ms with 2 / 3 / 4 / 6 / 9, 2.3e-7 / 2.7e-7 / 3.1e-7 / 4.2e-7 / 5.5e-7 off float64, the
 # whole forward within noise of 0.41 (benchmarks/RESULTS.md, twenty-fifth session).
 PROMOTE = 2
+# 3xFP16: from this many (kh, kw) taps on, the window plane is split into its FP16 parts once per depth tap in shared
+# memory (split_plane), not each k-step's A fragments in registers, once per (kh, kw) tap. The split in shared memory
+# runs while no MMA does; the split in registers, beside the previous k-step's MMAs. On the H200 (twenty-sixth
+# session, benchmarks/RESULTS.md), TF32 off, the same results bitwise: with 3 x 3 taps problem 77's forward
+# correlation into the lattice took 0.240 ms against 0.259, its grad_input 0.334-0.338 against 0.380-0.389, k3s1p1's
+# forward 0.111-0.115 against 0.112-0.129; with 2 x 2 taps or fewer, slower (vae_k4s2p1's forward 0.310-0.316 against
+# 0.272-0.279, unet3d_k2s2's 0.194-0.207 against 0.175-0.187).
+PRESPLIT_TAPS = 9
 
 
 def wgmma_asm(n: int, half: bool = False) -> str:
@@ -413,7 +457,8 @@ def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: b
     (3xTF32) or 2 (3xFP16); unit: the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in)."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
-                   UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE)
+                   UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE,
+                   PRESPLIT=int(split == 2 and kh * kw >= PRESPLIT_TAPS))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob, split == 2))
 
