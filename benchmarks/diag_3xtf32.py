@@ -79,7 +79,7 @@ def main():
                                                                   eager.weight, False, split))
         window, taps, scales = correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight, False,
                                                     split)
-        phases, offsets, counts, firsts, steps, dilation, grid = launches[0]
+        counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]  # its one phase
         offset, _, strides = _lattice_geometry(plan, phases, out.stride())
         row(f"{name}: correlation into the lattice", lambda: cuda.correlate(
             window, taps, None, out, offset, strides, grid, offsets, counts, firsts, steps, dilation, scales))

@@ -77,7 +77,7 @@ def main():
     phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
     start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, False)
     window, taps, _ = correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight, False)
-    phases, offsets, counts, firsts, steps, dilation, grid = launches[0]
+    counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]  # its one phase
     compact = torch.empty(16, 64, 16, 32, 32, device="cuda")
     correlate = lambda target, offset, strides: cuda.correlate(window, taps, None, target, offset, strides, grid,
                                                                offsets, counts, firsts, steps, dilation)

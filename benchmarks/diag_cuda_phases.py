@@ -104,7 +104,7 @@ def main():
                                                              False))
     window, taps, _ = correlation_operands(x, 0, x.shape, x.stride(), start, extent, eager.weight, False)
     out = torch.zeros(plan.output_shape, device="cuda")
-    phases, offsets, counts, firsts, steps, dilation, grid = launches[0]
+    counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]  # its one phase
     offset, _, strides = _lattice_geometry(plan, phases, out.stride())
     row("forward correlation into the lattice", lambda: cuda.correlate(
         window, taps, None, out, offset, strides, grid, offsets, counts, firsts, steps, dilation))

@@ -54,7 +54,7 @@ def main():
         cuda.SPLIT = split or cuda.SPLIT
         expected = F.conv_transpose3d(x, w, None, **P77)
         start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
-        phases, offsets, counts, firsts, steps, dilation, grid = launches[0]
+        counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]  # its one phase
         window, taps, scales = correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=split)
         compact = torch.full((16, 64, 16, 32, 32), float("nan"), device="cuda")
         into_compact = lambda: cuda.correlate(window, taps, None, compact, 0, compact.stride(), grid, offsets, counts,

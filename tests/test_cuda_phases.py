@@ -45,15 +45,33 @@ def pow2_scale(amax: float) -> float:
 
 def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, grid, offsets, taps, first_taps,
                        tap_steps, dilation, scales=None):
-    """What the kernel computes (phase_conv.py), in float64; it also checks that every read of every whole tile lies
-    inside the window, as the kernel assumes. 3xTF32 (weight_taps' hi and lo parts): the window's values split as the
-    kernel splits them, and the three products it adds. 3xFP16 (float16 weight_taps): the same with the window scaled
-    by the power of two of its largest magnitude (the kernel takes each plane's from the block maxima, which are
-    checked here) and the result by the weight's inverse scales."""
+    """cuda.correlate, emulated: one phase of emulated_correlate_phases."""
+    emulated_correlate_phases(window, weight_taps, bias, out, out_strides, grid, taps, dilation,
+                              ((*offsets, *first_taps, *tap_steps, out_offset),), scales)
+
+
+def emulated_correlate_phases(window, weight_taps, bias, out, out_strides, grid, taps, dilation, phases, scales=None):
+    """What the kernel computes (phase_conv.py) for each phase of a launch (cuda.correlate_phases), in float64; it also
+    checks that every read of every whole tile lies inside the window, as the kernel assumes (its tile rows chosen
+    for all the launch's phases). 3xTF32 (weight_taps' hi and lo parts): the window's values split as the kernel
+    splits them, and the three products it adds. 3xFP16 (float16 weight_taps): the same with the window scaled by the
+    power of two of its largest magnitude (the kernel takes each plane's from the block maxima, which are checked
+    here) and the result by the weight's inverse scales."""
+    assert 1 <= len(phases) and all(len(phase) == 10 for phase in phases)
+    n, c_in = window.shape[0], window.shape[4]
+    split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
+    c_out = weight_taps.shape[3 + (split == 1)]
+    rows = cuda.tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n * len(phases), tuple(grid))
+    for phase in phases:
+        _emulated_phase(window, weight_taps, bias, out, phase[9], out_strides, grid, phase[:3], taps, phase[3:6],
+                        phase[6:9], dilation, scales, rows)
+
+
+def _emulated_phase(window, weight_taps, bias, out, out_offset, out_strides, grid, offsets, taps, first_taps,
+                    tap_steps, dilation, scales, rows):
     n, xd, xh, xw, c_in = window.shape
     split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
     c_out = weight_taps.shape[3 + (split == 1)]
-    rows = cuda.tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n, tuple(grid))
     (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
     assert xd >= offsets[0] + qd + (kd - 1) * dd
     assert xh >= offsets[1] + -(-qh // rows) * rows + (kh - 1) * dh
@@ -172,6 +190,7 @@ def test_forward_phases_match_conv_transpose3d(layer, with_bias, tf32, monkeypat
     TF32 off (3xTF32, 3xFP16) on operands that are not, which only the split reaches to 1e-6 (TF32 alone: about
     3e-4)."""
     monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
+    monkeypatch.setattr(cuda_phases, "correlate_phases", emulated_correlate_phases)
     x, w, b, plan, args = _layer(*layer, seed=random.randrange(2**31), tf32_exact=tf32)
     b = b if with_bias else None
     expected = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), **args)
@@ -189,6 +208,7 @@ def test_forward_phases_match_conv_transpose3d(layer, with_bias, tf32, monkeypat
 @pytest.mark.parametrize("layer", LAYERS)
 def test_grad_input_phases_match_aten(layer, tf32, monkeypatch):
     monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
+    monkeypatch.setattr(cuda_phases, "correlate_phases", emulated_correlate_phases)
     x, w, _, plan, _ = _layer(*layer, seed=random.randrange(2**31), tf32_exact=tf32)
     if not tf32 and cuda.SPLIT == 2 and cuda.phase_conv_channels_unsupported(plan.out_channels, plan.in_channels):
         pytest.skip("3xFP16's weight halves come in blocks of 32 channels, as the kernel reads them")
@@ -223,6 +243,7 @@ def test_phase_backward_with_the_cuda_kernels(layer, input_by_cuda, weight_by_cu
     from convt3d.backends.triton import backward
 
     monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
+    monkeypatch.setattr(cuda_phases, "correlate_phases", emulated_correlate_phases)
     monkeypatch.setattr(cuda_phases, "correlate_grad_weight", emulated_correlate_grad_weight)
     monkeypatch.setattr(cuda_phases, "grad_input_unsupported", lambda *args: None if input_by_cuda else "off")
     monkeypatch.setattr(cuda_phases, "grad_weight_unsupported", lambda *args: None if weight_by_cuda else "off")
@@ -394,3 +415,50 @@ def test_launcher_passes_every_argument_by_address(monkeypatch):
     assert seen == [((2**40 + 16, 32), (-3,), (2**33,), (5, 128, 1024, 99)),
                     ((48, 2**41), (-3,), (2**33,), (6, 128, 1024, 99))]
     assert len(kernel._arrays) == 1  # one array for the same ints and longs
+
+    # A table: its long longs by value, one argument after the longs (the kernel's struct Phases).
+    class TableDriver:
+        def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, array, extra):
+            slots = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
+            seen.append(tuple(ctypes.cast(slots[4], ctypes.POINTER(ctypes.c_int64))[i] for i in range(3)))
+            return 0
+
+    monkeypatch.setattr(cuda, "_driver", lambda: TableDriver())
+    kernel.launch(5, (2**40 + 16, 32), (-3,), (2**33,), 99, (-1, 2**40, 7))
+    assert seen[-1] == (-1, 2**40, 7)
+
+
+def test_phases_of_the_same_geometry_share_a_launch():
+    """_forward_geometry groups the phases whose taps, dilation and grid agree: a k4 s2 p1 layer's eight phases (2 x 2
+    x 2 taps each) in one launch, a k3 s2 p1 op1 layer's eight (1 or 2 taps along each axis) in eight."""
+    for layer, launches in ((LAYERS[2], [8]), (LAYERS[1], [1] * 8), (LAYERS[0], [1])):
+        plan = _layer(*layer, seed=0)[3]
+        phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
+        _, _, groups = cuda_phases._forward_geometry(plan, phase_list, 0)
+        assert [len(members) for *_, members in groups] == launches, layer
+
+
+def test_correlate_phases_launches_at_most_max_phases_at_once(monkeypatch):
+    """correlate_phases on the 27 one-tap phases of a k3 s3 layer: launches of 8, 8, 8 and 3 phases (phase_conv's
+    MAX_PHASES), each over its phases' programs, with each phase's fields in the table and zeros after them."""
+    launches = []
+
+    class FakeKernel:
+        def launch(self, grid, pointers, ints, longs, stream, table=()):
+            launches.append((grid, ints[-1], table))
+
+    monkeypatch.setattr(cuda, "_kernel", lambda *args: FakeKernel())
+    monkeypatch.setattr(cuda, "_current_stream", lambda device: 0)
+    window = torch.zeros(2, 3, 34, 34, 32)
+    weight_taps = torch.zeros(3, 3, 3, 16, 32)
+    out = torch.zeros(2, 16, 9, 96, 96)
+    phases = tuple((0, 1, 2, kd, kh, kw, 0, 0, 0, (kd * 96 + kh) * 96 + kw)
+                   for kd in range(3) for kh in range(3) for kw in range(3))
+    cuda.correlate_phases(window, weight_taps, None, out, out.stride(), (3, 32, 32), (1, 1, 1), (1, 1, 1), phases)
+    rows = cuda.tile_rows(32, 16, (1, 1, 1), (1, 1, 1), 0, 2 * 27, (3, 32, 32))
+    programs = 2 * 3 * -(-32 // rows) * 1
+    assert [(grid, count) for grid, count, _ in launches] == [(8 * programs, 8)] * 3 + [(3 * programs, 3)]
+    fields = [value for phase in phases for value in phase]
+    for k, (_, count, table) in enumerate(launches):
+        assert len(table) == 80
+        assert list(table[:10 * count]) == fields[80 * k:80 * k + 10 * count] and not any(table[10 * count:])

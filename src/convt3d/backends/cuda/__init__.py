@@ -156,15 +156,18 @@ class _Kernel:
         self._arrays = {}
         self._lock = threading.Lock()
 
-    def launch(self, grid: int, pointers, ints, longs, stream: int) -> None:
-        """pointers: device addresses (ints), then the int and the long long arguments, in the kernel's order."""
-        key = (ints, longs)
+    def launch(self, grid: int, pointers, ints, longs, stream: int, table=()) -> None:
+        """pointers: device addresses (ints), then the int and the long long arguments, in the kernel's order, then
+        (where given) table: long longs that the kernel takes by value as one array (a struct) after them."""
+        key = (ints, longs, table)
         entry = self._arrays.get(key)
         if entry is None:
             if len(self._arrays) >= 64:
                 self._arrays.clear()
             values = ([ctypes.c_void_p(0) for _ in pointers] + [ctypes.c_int(v) for v in ints]
                       + [ctypes.c_longlong(v) for v in longs])
+            if table:
+                values.append((ctypes.c_longlong * len(table))(*table))
             array = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
             entry = self._arrays[key] = (values, array)
         values, array = entry
@@ -221,12 +224,21 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
     its scaled FP16 parts, with the window as it is and scales (3xFP16: window.correlation_operands' block maxima,
     their block's columns and the weight's inverse scales); first_taps, tap_steps: per axis the correlation's first
     kernel tap and the step between its taps."""
+    correlate_phases(window, weight_taps, bias, out, out_strides, grid, taps, dilation,
+                     ((*offsets, *first_taps, *tap_steps, out_offset),), scales)
+
+
+def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_strides, grid,
+                     taps, dilation, phases, scales=None) -> None:
+    """correlate for several correlations of the same grid, tap counts and dilation (phases of one layer), each
+    (window offsets, first taps, tap steps: three each, then its element offset in out): one launch per
+    phase_conv.MAX_PHASES of them. Their window extent: window_extent's with batch N x len(phases)."""
     n, xd, xh, xw, c_in = window.shape
     split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
     kdf, khf, kwf, c_out, _ = weight_taps.shape[split == 1:]
     device = window.device.index or 0
     cob = config(c_in, c_out, tuple(taps), tuple(dilation), split)[1]
-    rows = tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n, tuple(grid))
+    rows = tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n * len(phases), tuple(grid))
     kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split, rows)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
@@ -238,12 +250,22 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
         scale_pointers, scale_ints = (block_max.data_ptr(), w_inverse.data_ptr()), (max_block, block_max.shape[-1])
     else:
         scale_pointers, scale_ints = (0, 0), (0, 0)
-    ints = (xd, xh, xw, *offsets, first_taps[0], tap_steps[0], first_taps[1], tap_steps[1], first_taps[2],
-            tap_steps[2], khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, *scale_ints)
     lo_part = weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split == 1 else 0
     pointers = (window.data_ptr(), weight_taps.data_ptr(), lo_part, bias.data_ptr() if bias is not None else 0,
-                *scale_pointers, out.data_ptr() + 4 * out_offset)
-    kernel.launch(programs, pointers, ints, tuple(out_strides), _current_stream(device))
+                *scale_pointers, out.data_ptr())
+    stream = _current_stream(device)
+    for first in range(0, len(phases), phase_conv.MAX_PHASES):
+        chunk = phases[first:first + phase_conv.MAX_PHASES]
+        ints = (xd, xh, xw, khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, *scale_ints, len(chunk))
+        table = _phase_table(tuple(chunk))
+        kernel.launch(programs * len(chunk), pointers, ints, tuple(out_strides), stream, table)
+
+
+@functools.lru_cache(maxsize=256)
+def _phase_table(phases) -> tuple:
+    """The kernel's struct Phases: each phase's fields, the unused phases' zeros."""
+    fields = [value for phase in phases for value in phase]
+    return tuple(fields) + (0,) * (phase_conv.MAX_PHASES * phase_conv.PHASE_FIELDS - len(fields))
 
 
 def grad_weight_kernel_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,

@@ -10,7 +10,9 @@ with q = (qd, qh, qw) over the grid (QD, QH, QW), k = (kd, kh, kw) < (KD, KH, KW
 zero-padded so that every tile's reads lie inside it (backends/triton/window.py makes it), and the weight as
 (kernel taps, C_OUT, C_IN); tap(k) = ((td0 + kd*tds) * KHF + th0 + kh*ths) * KWF + tw0 +
 kw*tws picks the phase's taps among the kernel's KDF x KHF x KWF. y is written through any 64-bit strides: the
-output's lattice of the phase, so that no copy follows.
+output's lattice of the phase, so that no copy follows. One launch computes up to MAX_PHASES phases of the same grid,
+tap counts and dilation (a k4 s2 p1 layer's eight, a k2 s2 layer's eight), each with its own offsets, taps and
+lattice, passed by value: one launch's host time instead of eight.
 
 Three precisions. TF32 (SPLIT 0): window and weight TF32-rounded beforehand, one MMA (m64nNk8) per k-step of 8
 channels. For float32 with TF32 off, two splits that leave out only a_lo b_lo (about 2^-22 of a product):
@@ -208,21 +210,30 @@ __device__ __forceinline__ float plane_scale(const float* block_max, long long f
     return pow2_scale(amax, inverse);
 }
 
+// The phases of one launch (PHASE_FIELDS values each): the window's offsets (d, h, w) of grid position 0, the first
+// kernel tap and the step between taps per axis (d, h, w), and y's element offset of the phase's lattice.
+struct Phases { long long at[MAX_PHASES][PHASE_FIELDS]; };
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,
            const float* __restrict__ bias, const float* __restrict__ block_max, const float* __restrict__ w_inverse,
-           float* __restrict__ y, int XD, int XH, int XW, int off_d, int off_h, int off_w,
-           int td0, int tds, int th0, int ths, int tw0, int tws, int KHF, int KWF,
-           int QD, int QH, int QW, int qh_blocks, int qw_blocks, int max_block, int max_blocks,
-           long long syn, long long syc, long long syd, long long syh, long long syw)
+           float* __restrict__ y, int XD, int XH, int XW, int KHF, int KWF,
+           int QD, int QH, int QW, int qh_blocks, int qw_blocks, int max_block, int max_blocks, int phase_count,
+           long long syn, long long syc, long long syd, long long syh, long long syw, const Phases phases)
 {
     extern __shared__ __align__(1024) float4 smem4[];
     float* ring = (float*)smem4;                      // [STAGES][KB][COB][32], swizzled
     float* halo = ring + STAGES * B_STAGE;            // [PLANE][CPA]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    // Programs: output-channel blocks fastest (they share the input tile in L2), then columns, rows, depth, sample.
+    // Programs: output-channel blocks fastest (they share the input tile in L2), then phases (they read about the
+    // same tile, and write the same sectors of y), columns, rows, depth, sample.
     int tile = blockIdx.x;
     const int ob = tile % (C_OUT / COB); tile /= C_OUT / COB;
+    const long long* phase = phases.at[tile % phase_count]; tile /= phase_count;
+    const int off_d = (int)phase[0], off_h = (int)phase[1], off_w = (int)phase[2];
+    const int td0 = (int)phase[3], th0 = (int)phase[4], tw0 = (int)phase[5];
+    const int tds = (int)phase[6], ths = (int)phase[7], tws = (int)phase[8];
+    y += phase[9];
     const int qw0 = (tile % qw_blocks) * BW; tile /= qw_blocks;
     const int qh0 = (tile % qh_blocks) * BH; tile /= qh_blocks;
     const int qd = tile % QD, n = tile / QD;
@@ -427,6 +438,9 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
 # 0.249 / 0.248 / 0.246 ms with 2 / 3 / 4 / 6 / 9, 2.3e-7 / 2.7e-7 / 3.1e-7 / 4.2e-7 / 5.5e-7 off float64, the
 # whole forward within noise of 0.41 (benchmarks/RESULTS.md, twenty-fifth session).
 PROMOTE = 2
+# Phases per launch, and the values that describe each (the kernel's struct Phases).
+MAX_PHASES = 8
+PHASE_FIELDS = 10
 # 3xFP16: from this many (kh, kw) taps on, the window plane is split into its FP16 parts once per depth tap in shared
 # memory (split_plane), not each k-step's A fragments in registers, once per (kh, kw) tap. The split in shared memory
 # runs while no MMA does; the split in registers, beside the previous k-step's MMAs. On the H200 (twenty-sixth
@@ -458,6 +472,7 @@ def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: b
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
                    UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE,
+                   MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS,
                    PRESPLIT=int(split == 2 and kh * kw >= PRESPLIT_TAPS))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob, split == 2))

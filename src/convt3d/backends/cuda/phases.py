@@ -17,8 +17,8 @@ from ...plan import Plan
 from .. import cuda, cudnn_allow_tf32
 from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands
-from . import (correlate, correlate_grad_weight, grad_weight_kernel_unsupported, grad_weight_splits,
-               phase_conv_unsupported, window_extent)
+from . import (correlate, correlate_grad_weight, correlate_phases, grad_weight_kernel_unsupported,
+               grad_weight_splits, phase_conv_unsupported, window_extent)
 
 
 def _split(tf32: bool) -> int:
@@ -56,18 +56,26 @@ def forward_unsupported(plan: Plan, phase_list: tuple, device: torch.device, dty
 
 @functools.lru_cache(maxsize=256)
 def _forward_geometry(plan: Plan, phase_list: tuple, split: int):
-    """(the window's start and extent, and per phase (offsets, taps, first taps, steps, dilation, grid))."""
+    """(the window's start and extent, and the launches: per group of phases with the same taps, dilation and grid,
+    (taps, dilation, grid, and per phase (phases, offsets, first taps, steps))). One launch serves a group
+    (correlate_phases): a k2 s2 or k4 s2 p1 layer's eight phases, not a k3 s2 layer's, whose phases have 1 or 2 taps
+    along each axis."""
     starts = [min(phases[axis].input_start for phases in phase_list) for axis in range(3)]
-    extent, launches = [0, 0, 0], []
+    groups = {}
     for phases in phase_list:
         counts, firsts, steps = _taps(phases, ascending=False)
         offsets = tuple(p.input_start - s for p, s in zip(phases, starts))
         dilation = tuple(p.input_dilation for p in phases)
         grid = tuple(p.out_count for p in phases)
-        reach = window_extent(plan.in_channels, plan.out_channels, grid, counts, dilation, offsets, split, plan.batch)
-        extent = [max(e, r) for e, r in zip(extent, reach)]
-        launches.append((phases, offsets, counts, firsts, steps, dilation, grid))
-    return tuple(starts), tuple(extent), tuple(launches)
+        groups.setdefault((counts, dilation, grid), []).append((phases, offsets, firsts, steps))
+    extent = [0, 0, 0]
+    for (counts, dilation, grid), members in groups.items():
+        for _, offsets, _, _ in members:  # the group's tile rows: its programs number batch x its phases
+            reach = window_extent(plan.in_channels, plan.out_channels, grid, counts, dilation, offsets, split,
+                                  plan.batch * len(members))
+            extent = [max(e, r) for e, r in zip(extent, reach)]
+    launches = tuple((*key, tuple(members)) for key, members in groups.items())
+    return tuple(starts), tuple(extent), launches
 
 
 def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, phase_list: tuple, out: torch.Tensor,
@@ -78,10 +86,21 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
     start, extent, launches = _forward_geometry(plan, phase_list, split)
     window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
                                                        grad_input_orientation=False, split=split)
-    for phases, offsets, counts, firsts, steps, dilation, grid in launches:
-        offset, _, strides = lattice_geometry(plan, phases, out.stride())
-        correlate(window, weight_taps, bias, out, offset, strides, grid, offsets, counts, firsts, steps, dilation,
-                  scales)
+    for counts, dilation, grid, members in launches:
+        strides, fields = _lattices(plan, members, out.stride(), lattice_geometry)
+        correlate_phases(window, weight_taps, bias, out, strides, grid, counts, dilation, fields, scales)
+
+
+@functools.lru_cache(maxsize=256)
+def _lattices(plan: Plan, members, out_strides, lattice_geometry):
+    """(the lattices' strides, the same for every phase of a launch, and per phase correlate_phases' fields)."""
+    fields, all_strides = [], set()
+    for phases, offsets, firsts, steps in members:
+        offset, _, strides = lattice_geometry(plan, phases, out_strides)
+        fields.append((*offsets, *firsts, *steps, offset))
+        all_strides.add(tuple(strides))
+    (strides,) = all_strides
+    return strides, tuple(fields)
 
 
 @functools.lru_cache(maxsize=256)
