@@ -158,7 +158,7 @@ def test_phase_backward_inside_a_cuda_graph():
 @pytest.mark.parametrize("tf32", [True, False])
 def test_problem_77_phase_backend_writes_every_element(tf32, nan_poisoned_allocator):
     """backend="torch" on problem 77: the filled output, then the phase written into it (by the CUDA phase correlation
-    in TF32 mode on an sm_90 GPU, else cuDNN's result copied in)."""
+    on an sm_90 GPU, in TF32 or with TF32 off in 3xFP16; else cuDNN's result copied in)."""
     eager = _p77_layer()
     x = torch.rand(16, 32, 16, 32, 32, device="cuda")
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
