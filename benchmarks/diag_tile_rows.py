@@ -26,7 +26,8 @@ LAYERS = ("unet3d_k2s2,vae_k4s2p1,video_k3s2p1op1,video_spatial_k144,k3s1p1,batc
 
 def set_full_grid(programs: int) -> None:
     cuda.FULL_GRID = programs
-    for cache in (cuda.tile_rows, cuda_phases._forward_geometry, cuda_phases._grad_input_geometry):
+    for cache in (cuda.tile_rows, cuda_phases._forward_geometry, cuda_phases._forward_launches,
+                  cuda_phases._grad_input_geometry):
         cache.cache_clear()
 
 

@@ -212,7 +212,8 @@ def tile_rule(request, monkeypatch):
     config()'s most rows (as on large layers)."""
     if request.param == "most rows":
         monkeypatch.setattr(cuda, "FULL_GRID", 0)
-    caches = (cuda.tile_rows, cuda_phases._forward_geometry, cuda_phases._grad_input_geometry)
+    caches = (cuda.tile_rows, cuda_phases._forward_geometry, cuda_phases._forward_launches,
+              cuda_phases._grad_input_geometry)
     for cache in caches:
         cache.cache_clear()
     yield

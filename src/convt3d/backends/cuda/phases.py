@@ -83,24 +83,29 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
     """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
     element offset, shape and strides), bias added; split (_split) where torch.backends.cudnn.allow_tf32 is off."""
     split = _split(cudnn_allow_tf32())
-    start, extent, launches = _forward_geometry(plan, phase_list, split)
+    start, extent, launches = _forward_launches(plan, phase_list, split, out.stride(), lattice_geometry)
     window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
                                                        grad_input_orientation=False, split=split)
-    for counts, dilation, grid, members in launches:
-        strides, fields = _lattices(plan, members, out.stride(), lattice_geometry)
+    for counts, dilation, grid, strides, fields in launches:
         correlate_phases(window, weight_taps, bias, out, strides, grid, counts, dilation, fields, scales)
 
 
 @functools.lru_cache(maxsize=256)
-def _lattices(plan: Plan, members, out_strides, lattice_geometry):
-    """(the lattices' strides, the same for every phase of a launch, and per phase correlate_phases' fields)."""
-    fields, all_strides = [], set()
-    for phases, offsets, firsts, steps in members:
-        offset, _, strides = lattice_geometry(plan, phases, out_strides)
-        fields.append((*offsets, *firsts, *steps, offset))
-        all_strides.add(tuple(strides))
-    (strides,) = all_strides
-    return strides, tuple(fields)
+def _forward_launches(plan: Plan, phase_list: tuple, split: int, out_strides, lattice_geometry):
+    """_forward_geometry's window start and extent, and per launch (taps, dilation, grid, the lattices' strides, the
+    same for every phase of a launch, and per phase correlate_phases' fields) into an output of out_strides: one
+    lookup per call."""
+    start, extent, launches = _forward_geometry(plan, phase_list, split)
+    fields_of_launches = []
+    for counts, dilation, grid, members in launches:
+        fields, all_strides = [], set()
+        for phases, offsets, firsts, steps in members:
+            offset, _, strides = lattice_geometry(plan, phases, out_strides)
+            fields.append((*offsets, *firsts, *steps, offset))
+            all_strides.add(tuple(strides))
+        (strides,) = all_strides
+        fields_of_launches.append((counts, dilation, grid, strides, tuple(fields)))
+    return start, extent, tuple(fields_of_launches)
 
 
 @functools.lru_cache(maxsize=256)
