@@ -111,23 +111,23 @@ def _weight_halves(weight_ptr, halves_ptr, inverse_ptr, o, TAPS, O, I, WO, WI, W
 @triton.jit
 def correlation_operands_kernel(
     source_ptr, window_ptr, weight_ptr, taps_ptr, block_max_ptr, inverse_ptr,
-    WINDOW_PROGRAMS, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH, XW, START_D, START_H, START_W,
+    WEIGHT_PROGRAMS, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH, XW, START_D, START_H, START_W,
     TAP_ELEMENTS, O, I, WO, WI, WD, WH, WW, KH, KW,
     C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_TAPS: tl.constexpr,
 ):
-    """Both operands in one launch (a launch's host time shows on the GPU machine): programs below WINDOW_PROGRAMS
-    make the window, the others the weight taps."""
+    """Both operands in one launch (a launch's host time shows on the GPU machine): programs below WEIGHT_PROGRAMS
+    make the weight taps, the others the window. The weight's programs come first: under 3xFP16 each reads an output
+    channel's whole row twice, one tile after another, and started after the window's they were the launch's tail."""
     program = tl.program_id(0)
-    if program < WINDOW_PROGRAMS:
-        _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W,
-                    XD, XH, XW, START_D, START_H, START_W, C, BLOCK_C, BLOCK_P, SPLIT)
+    if program >= WEIGHT_PROGRAMS:
+        _window_row(source_ptr, window_ptr, block_max_ptr, program - WEIGHT_PROGRAMS, COLUMN_BLOCKS, OFFSET, SN, SC,
+                    SD, SH, SW, D, H, W, XD, XH, XW, START_D, START_H, START_W, C, BLOCK_C, BLOCK_P, SPLIT)
     elif SPLIT == 2:
-        _weight_halves(weight_ptr, taps_ptr, inverse_ptr, program - WINDOW_PROGRAMS, TAP_ELEMENTS // (O * I), O, I, WO,
-                       WI, WD, WH, WW, KH, KW, BLOCK_I, BLOCK_TAPS)
+        _weight_halves(weight_ptr, taps_ptr, inverse_ptr, program, TAP_ELEMENTS // (O * I), O, I, WO, WI, WD, WH, WW,
+                       KH, KW, BLOCK_I, BLOCK_TAPS)
     else:
-        _weight_taps(weight_ptr, taps_ptr, program - WINDOW_PROGRAMS, TAP_ELEMENTS, O, I, WO, WI, WD, WH, WW, KH, KW,
-                     BLOCK_T, SPLIT)
+        _weight_taps(weight_ptr, taps_ptr, program, TAP_ELEMENTS, O, I, WO, WI, WD, WH, WW, KH, KW, BLOCK_T, SPLIT)
 
 
 _launch = Launcher(correlation_operands_kernel)
@@ -178,11 +178,12 @@ def _geometry(offset, shape, strides, start, extent, weight_shape, weight_stride
     w_ci, w_co, *w_taps = weight_strides
     o, i, wo, wi = (c_in, c_out, w_ci, w_co) if grad_input_orientation else (c_out, c_in, w_co, w_ci)
     tap_elements = kd * kh * kw * o * i
-    scalars = (window_programs, column_blocks, offset, *strides, d, h, w, xd, xh, xw, *start,
+    weight_programs = o if split == 2 else cdiv(tap_elements, BLOCK_T)
+    scalars = (weight_programs, column_blocks, offset, *strides, d, h, w, xd, xh, xw, *start,
                tap_elements, o, i, wo, wi, *w_taps, kh, kw)
     block_i = next_power_of_2(i)
     options = (("C", c), ("BLOCK_C", next_power_of_2(c)), ("BLOCK_P", block_p), ("BLOCK_T", BLOCK_T),
                ("SPLIT", int(split)), ("BLOCK_I", block_i),
                ("BLOCK_TAPS", min(next_power_of_2(kd * kh * kw), max(1, 2048 // block_i))), ("num_warps", 4))
-    grid = (window_programs + (o if split == 2 else cdiv(tap_elements, BLOCK_T)),)
+    grid = (weight_programs + window_programs,)
     return grid, scalars, options, (n, xd, xh, xw, c)
