@@ -59,8 +59,8 @@ def random_config(rng: random.Random, max_size: int = 5) -> dict:
         out = [
             (n - 1) * s - 2 * p + d * (k - 1) + op + 1
             for n, s, p, d, k, op in zip(
-                cfg["spatial"], cfg["stride"], cfg["padding"], cfg["dilation"], cfg["kernel_size"], cfg["output_padding"]
-            )
+                cfg["spatial"], cfg["stride"], cfg["padding"], cfg["dilation"], cfg["kernel_size"],
+                cfg["output_padding"])
         ]
         if min(out) >= 1:
             if rng.random() < 0.5:  # ints where all three agree, as users often write them

@@ -293,8 +293,8 @@ def test_operands_pass_pads_transposes_and_rounds():
     start, extent = (-1, 2, -3), (6, 4, 41)
     pad = 10
     padded = F.pad(source, (pad,) * 6)
-    window_of_source = padded[:, :, pad + start[0]:pad + start[0] + extent[0], pad + start[1]:pad + start[1] + extent[1],
-                              pad + start[2]:pad + start[2] + extent[2]]
+    window_of_source = padded[:, :, pad + start[0]:pad + start[0] + extent[0],
+                              pad + start[1]:pad + start[1] + extent[1], pad + start[2]:pad + start[2] + extent[2]]
     for orientation in (False, True):
         expected_window = window_of_source.permute(0, 2, 3, 4, 1).contiguous()
         expected_taps = (weight.permute(2, 3, 4, 0, 1) if orientation else weight.permute(2, 3, 4, 1, 0)).contiguous()

@@ -83,8 +83,8 @@ def test_auto_picks_triton_on_cuda_and_matches_module():
     ours.load_state_dict(layer.state_dict())
     x = torch.randn(2, 16, 5, 6, 7, device="cuda")
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        assert_close_rel(ours(x), F.conv_transpose3d(x.double(), layer.weight.double(), layer.bias.double(), 2, 1, 1, 2),
-                         1e-6)
+        expected = F.conv_transpose3d(x.double(), layer.weight.double(), layer.bias.double(), 2, 1, 1, 2)
+        assert_close_rel(ours(x), expected, 1e-6)
 
 
 def test_compile_fullgraph_on_gpu():

@@ -95,7 +95,8 @@ def _validate(input, weight, bias, stride, padding, output_padding, groups, dila
     if weight.dtype != input.dtype:
         raise TypeError(f"weight dtype {weight.dtype} must match input dtype {input.dtype}")
     if weight.device != input.device:
-        raise ValueError(f"weight is on {weight.device} but input is on {input.device}; they must be on the same device")
+        raise ValueError(
+            f"weight is on {weight.device} but input is on {input.device}; they must be on the same device")
     unbatched = input.dim() == 4
     batched = input.unsqueeze(0) if unbatched else input
     # The cache is for eager calls; torch.compile traces the plain function (it ignores lru_cache wrappers).
@@ -106,7 +107,8 @@ def _validate(input, weight, bias, stride, padding, output_padding, groups, dila
         if bias.dtype != input.dtype:
             raise TypeError(f"bias dtype {bias.dtype} must match input dtype {input.dtype}")
         if bias.device != input.device:
-            raise ValueError(f"bias is on {bias.device} but input is on {input.device}; they must be on the same device")
+            raise ValueError(
+                f"bias is on {bias.device} but input is on {input.device}; they must be on the same device")
         if tuple(bias.shape) != (plan.out_channels,):
             raise ValueError(
                 f"bias must have shape ({plan.out_channels},) = (C_out,), got {tuple(bias.shape)}"

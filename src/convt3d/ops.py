@@ -4,8 +4,9 @@ Registering through torch.library lets torch.compile(fullgraph=True) trace model
 convt3d without a graph break, and gives the op a fake (meta) implementation for shape
 propagation. The backward uses the phase decomposition (stride-1 convolutions on each phase's compact grid):
 on CUDA, for layers where no tap reaches most of the output, grad_input on each phase by the CUDA phase
-correlation (backends/cuda) or cuDNN and grad_weight by a Triton kernel, inside the op convt3d::conv_transpose3d_backward so that
-torch.compile traces it as one call; other CUDA layers take cuDNN's strided convolution_backward;
+correlation (backends/cuda) or cuDNN and grad_weight by a Triton kernel, inside the op
+convt3d::conv_transpose3d_backward so that torch.compile traces it as one call; other CUDA layers take cuDNN's
+strided convolution_backward;
 off CUDA, aten ops only; where the backward is itself differentiated (create_graph=True, torch.func), the
 differentiable aten path everywhere. Eager calls that need autograd run the forward with grad mode off, then
 record a plain autograd.Function's node with the same gradients (under torch.func's transforms, a setup_context

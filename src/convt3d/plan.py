@@ -262,7 +262,8 @@ def make_plan(
     if any(n < 1 for n in spatial):
         raise ValueError(f"input's spatial size must be >= 1 along every axis, got {tuple(spatial)}")
     axes = tuple(
-        plan_axis(n, k, s, p, d, op) for n, k, s, p, d, op in zip(spatial, kernel, stride, padding, dilation, output_padding)
+        plan_axis(n, k, s, p, d, op)
+        for n, k, s, p, d, op in zip(spatial, kernel, stride, padding, dilation, output_padding)
     )
     if any(a.out_size < 1 for a in axes):
         raise ValueError(

@@ -85,8 +85,8 @@ def run_layer(layer: Layer, device: torch.device, backward: bool = False, compil
             if found is not None:
                 nbytes = floor_bytes(layer.input_shape, layer.weight_shape(), out_shape, layer.bias, buf.element_size())
                 ms = nbytes / found[1] * 1e3
-                rows.append(_row(f"floor: input+weight+output bytes / {found[1] / 1e12:.1f} TB/s ({found[0]} datasheet)",
-                                 Timing(ms, 0.0, ms, ms)))
+                label = f"floor: input+weight+output bytes / {found[1] / 1e12:.1f} TB/s ({found[0]} datasheet)"
+                rows.append(_row(label, Timing(ms, 0.0, ms, ms)))
     if backward:
         rows += _backward_rows(layer, eager, ours, dtype, device, iters)
     _relate(rows)
@@ -134,8 +134,8 @@ def _correctness(layer, fn, eager, dtype, device, tf32):
         with _tf32(tf32) if tf32 is not None else nullcontext():
             expected, actual = eager(x), fn(x)
         reference = torch.nn.functional.conv_transpose3d(
-            x.double(), weight64, bias64, eager.stride, eager.padding, eager.output_padding, eager.groups, eager.dilation
-        )
+            x.double(), weight64, bias64, eager.stride, eager.padding, eager.output_padding, eager.groups,
+            eager.dilation)
         passed &= kernelbench_check(actual, expected)
         worst = max(worst, relative_error(actual, reference))
     return passed, worst
