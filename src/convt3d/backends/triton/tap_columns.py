@@ -216,8 +216,9 @@ def configs(plan: Plan | None = None):
     columns took 255 registers (spilling on vae_k4s2p1) and 2-3.6x the time of 128; 64 channels per step and 256
     slots were never the fastest; 192 columns (KW = 3 by 64 channels) were fastest on 64 slots with 4 warps, and slower
     on 128 slots (8 warps: one program per multiprocessor; 4 warps: 255 registers, spilling on wide_256to128_k3s2).
-    Twenty-seventh session: 64 slots in two stages took video_k3s2p1op1's kernel from 0.0433 to 0.0408 ms (TF32); of
-    eleven other new configs none beat the current ones by more than 1% on six sweep layers."""
+    Twenty-seventh session, twelve new configs (16 or 64 channels a step, 2-4 stages, 64-256 columns): 64 slots by 128
+    columns in two stages took video_k3s2p1op1's kernel from 0.0433 to 0.0408 ms (TF32; 192 columns in two stages
+    0.0408-0.0410), and on vae_k4s2p1 and its float16 version none beat the current configs."""
     if interpreted():
         # 48 columns: both column layouts on small layers (KW = 3 splits in 2 + 1 taps by 16 channels).
         return [dict(KERNEL="tap_columns", BLOCK_M=32, BLOCK_N=48, BLOCK_CI=16, num_warps=4, num_stages=1)]
