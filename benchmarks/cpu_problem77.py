@@ -27,14 +27,16 @@ def main():
     eager = lambda: F.conv_transpose3d(x, w, None, stride=2, padding=1, dilation=2)  # noqa: E731
     ours = lambda: convt3d.conv_transpose3d(x, w, None, stride=2, padding=1, dilation=2)  # noqa: E731
     ref = F.conv_transpose3d(x.double(), w.double(), None, stride=2, padding=1, dilation=2)
-    err = {name: ((fn().double() - ref).norm() / ref.norm()).item() for name, fn in (("eager", eager), ("convt3d", ours))}
+    err = {name: ((fn().double() - ref).norm() / ref.norm()).item()
+           for name, fn in (("eager", eager), ("convt3d", ours))}
     # 3 warm-up rounds: the first calls allocate and fault in memory.
     times = time_interleaved({"eager": eager, "convt3d": ours}, args.repeats, warmup=3)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, {args.repeats} repeats")
     for name in times:
         t = times[name]
         print(f"{name:8s} mean {statistics.fmean(t):7.2f} ms  std {statistics.stdev(t):5.2f}  "
-              f"median {statistics.median(t):7.2f}  min {min(t):7.2f}  max {max(t):7.2f}  rel err vs fp64 {err[name]:.1e}")
+              f"median {statistics.median(t):7.2f}  min {min(t):7.2f}  max {max(t):7.2f}  "
+              f"rel err vs fp64 {err[name]:.1e}")
     mean, median = statistics.fmean, statistics.median
     print(f"speed-up: mean {mean(times['eager']) / mean(times['convt3d']):.2f}x, "
           f"median {median(times['eager']) / median(times['convt3d']):.2f}x")

@@ -99,7 +99,8 @@ def profile(ours, x, calls, top):
     stats = pstats.Stats(profiler)
     rows = []
     for (file, line, name), (_, ncalls, tottime, cumtime, _) in stats.stats.items():
-        rows.append((tottime / calls * 1e6, cumtime / calls * 1e6, ncalls / calls, f"{file.split('/')[-1]}:{line} {name}"))
+        where = f"{file.split('/')[-1]}:{line} {name}"
+        rows.append((tottime / calls * 1e6, cumtime / calls * 1e6, ncalls / calls, where))
     rows.sort(reverse=True)
     return [(f"{own:.1f}", f"{cum:.1f}", f"{n:g}", where) for own, cum, n, where in rows[:top]]
 

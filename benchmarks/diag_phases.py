@@ -126,7 +126,8 @@ def main():
             return run
 
         (gi_a, gw_a), (gi_b, gw_b) = both_from(torch.contiguous_format)(), both_from(CL)()
-        agree = f"grad_weight equal: {torch.equal(gw_a, gw_b)}, grad_input rel diff {relative_error(gi_b, gi_a.double()):.1e}"
+        agree = (f"grad_weight equal: {torch.equal(gw_a, gw_b)}, "
+                 f"grad_input rel diff {relative_error(gi_b, gi_a.double()):.1e}")
         for _ in range(2):
             row("bwd both, lattice NCDHW (as the op)", both_from(torch.contiguous_format))
             row(f"bwd both, lattice channels-last ({agree})", both_from(CL))

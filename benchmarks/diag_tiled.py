@@ -1,6 +1,6 @@
 """The tiled GEMM (backends/triton/tiled.py) on the sweep's k2 s2 layers (GPU): each tile config, the autotuned
-kernel (with its operand pass for float32), the operand pass alone and eager, in both precision modes. (Sixteenth session's runs
-of its earlier forms also read the operands as given, rounding them in registers: commit f7e1679.)
+kernel (with its operand pass for float32), the operand pass alone and eager, in both precision modes. (Sixteenth
+session's runs of its earlier forms also read the operands as given, rounding them in registers: commit f7e1679.)
 
     PYTHONPATH=src python3 benchmarks/diag_tiled.py [--iters 50] [--layers unet3d_k2s2,...]
 
@@ -76,7 +76,8 @@ def main():
                 "tiled operand pass alone": (lambda: tiled._operands(x, w, precision), "unchecked"),
             }
             for cfg in tiled.configs():
-                label = "tiled kernel {BLOCK_M}x{BLOCK_N}x{BLOCK_K} swap {SWAP} w{num_warps} s{num_stages}".format(**cfg)
+                label = ("tiled kernel {BLOCK_M}x{BLOCK_N}x{BLOCK_K} swap {SWAP} w{num_warps} s{num_stages}"
+                         .format(**cfg))
                 out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
                 variants[label] = ((lambda cfg=cfg, out=out: tiled._launch(cfg, plan, *operands, b, out, precision,
                                                                             strides)), out)

@@ -184,7 +184,8 @@ def _order_variants():
         part_weight.record_stream(main)
         return part_input, part_weight
 
-    return {"library": tb.phase_backward, "grad_weight first": weight_first, "grad_weight on a side stream": side_stream}
+    return {"library": tb.phase_backward, "grad_weight first": weight_first,
+            "grad_weight on a side stream": side_stream}
 
 
 def orders(layer, x, grad, calls, rounds):

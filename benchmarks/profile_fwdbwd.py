@@ -50,7 +50,8 @@ def main():
     torch.cuda.synchronize()
     print(f"{'call':40s} {'host ms':>8s} {'cold mean ms':>12s}")
     for name, fn in cases.items():
-        print(f"{name:40s} {host_time_cuda(fn, args.calls):8.3f} {time_cuda(fn, iters=args.calls).mean_ms:12.3f}", flush=True)
+        host, cold = host_time_cuda(fn, args.calls), time_cuda(fn, iters=args.calls).mean_ms
+        print(f"{name:40s} {host:8.3f} {cold:12.3f}", flush=True)
 
     # Calls that synchronise with the GPU, named by PyTorch's sync debug mode.
     for name in ("convt3d forward", "convt3d forward+backward"):
