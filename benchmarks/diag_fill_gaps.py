@@ -47,7 +47,7 @@ def main():
     for tf32 in (True, False):
         torch.backends.cudnn.allow_tf32 = tf32
         start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, not tf32)
-        counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]  # its one phase
+        phases, offsets, counts, firsts, steps, dilation, grid = launches[0]  # (3344d2d's launch tuple)
         window, taps = correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=not tf32)
         whole = torch.full(plan.output_shape, float("nan"), device="cuda")
         offset, _, strides = _lattice_geometry(plan, phases, whole.stride())
