@@ -64,14 +64,12 @@ def emulated_correlate_phases(window, weight_taps, bias, out, out_strides, grid,
     rows = cuda.tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n * len(phases), tuple(grid))
     for phase in phases:
         _emulated_phase(window, weight_taps, bias, out, phase[9], out_strides, grid, phase[:3], taps, phase[3:6],
-                        phase[6:9], dilation, scales, rows)
+                        phase[6:9], dilation, scales, split, c_out, rows)
 
 
 def _emulated_phase(window, weight_taps, bias, out, out_offset, out_strides, grid, offsets, taps, first_taps,
-                    tap_steps, dilation, scales, rows):
+                    tap_steps, dilation, scales, split, c_out, rows):
     n, xd, xh, xw, c_in = window.shape
-    split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
-    c_out = weight_taps.shape[3 + (split == 1)]
     (qd, qh, qw), (kd, kh, kw), (dd, dh, dw) = grid, taps, dilation
     assert xd >= offsets[0] + qd + (kd - 1) * dd
     assert xh >= offsets[1] + -(-qh // rows) * rows + (kh - 1) * dh

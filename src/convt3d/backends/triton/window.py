@@ -143,9 +143,9 @@ def correlation_operands(source: torch.Tensor, offset: int, shape, strides, star
     blocks' columns, the weight's inverse scales (O,)), else None). The source (N, C, D, H, W) is read through the
     given shape and strides from element `offset` of source.data_ptr() on (a lattice of grad_output, or the input
     itself); extent: the window's (XD, XH, XW); start: the source position of window position 0 along each axis."""
-    grid, scalars, options, window_shape = _geometry(offset, tuple(shape), tuple(strides), tuple(start),
-                                                     tuple(extent), tuple(weight.shape), weight.stride(),
-                                                     grad_input_orientation, split)
+    grid, scalars, options, window_shape, block_p = _geometry(offset, tuple(shape), tuple(strides), tuple(start),
+                                                              tuple(extent), tuple(weight.shape), weight.stride(),
+                                                              grad_input_orientation, split)
     device = source.device
     window = torch.empty(window_shape, dtype=torch.float32, device=device)
     kd, kh, kw = weight.shape[2:]
@@ -154,7 +154,6 @@ def correlation_operands(source: torch.Tensor, offset: int, shape, strides, star
         if i % 32:
             raise ValueError(f"convt3d: 3xFP16 operands need a multiple of 32 input channels, got {i}")
         taps = torch.empty((kd, kh, kw, o, 2 * i), dtype=torch.float16, device=device)
-        block_p = dict(options)["BLOCK_P"]
         block_max = torch.empty((*window_shape[:3], cdiv(window_shape[3], block_p)), dtype=torch.float32,
                                 device=device)
         inverse = torch.empty(o, dtype=torch.float32, device=device)
@@ -169,7 +168,8 @@ def correlation_operands(source: torch.Tensor, offset: int, shape, strides, star
 
 @functools.lru_cache(maxsize=1024)
 def _geometry(offset, shape, strides, start, extent, weight_shape, weight_strides, grad_input_orientation, split):
-    """(grid, scalar arguments, constexprs and options, the window's shape), once per layer."""
+    """(grid, scalar arguments, constexprs and options, the window's shape, its column blocks' positions), once per
+    layer."""
     n, c, d, h, w = shape
     xd, xh, xw = extent
     block_p = min(64, next_power_of_2(xw))
@@ -187,4 +187,4 @@ def _geometry(offset, shape, strides, start, extent, weight_shape, weight_stride
                ("SPLIT", int(split)), ("BLOCK_I", block_i),
                ("BLOCK_TAPS", min(next_power_of_2(kd * kh * kw), max(1, 2048 // block_i))), ("num_warps", 4))
     grid = (weight_programs + window_programs,)
-    return grid, scalars, options, (n, xd, xh, xw, c)
+    return grid, scalars, options, (n, xd, xh, xw, c), block_p
