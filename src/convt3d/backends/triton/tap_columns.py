@@ -66,12 +66,13 @@ def tap_columns_kernel(
     CIN_G, COUT_G, D, H, W, OD, OH, OW, KD, KH,
     sxn, sxc, sxd, sxh, sxw,
     syn, syc, syd, syh, syw,
-    U_H, U_W, TILES, CO_BLOCKS, GROUPS,
+    U_H, TILES, CO_BLOCKS, GROUPS,
     S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
     P_D: tl.constexpr, P_H: tl.constexpr, P_W: tl.constexpr,
     DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     STEP_D: tl.constexpr, STEP_H: tl.constexpr,
     KW: tl.constexpr, KW_A: tl.constexpr, KW_B: tl.constexpr, DMIN: tl.constexpr, HALO: tl.constexpr,
+    U_W: tl.constexpr, CI_BLOCKS: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr,
     DIAG: tl.constexpr = 0,
@@ -94,7 +95,9 @@ def tap_columns_kernel(
     group = co_block // CO_BLOCKS
     co0 = (co_block % CO_BLOCKS) * BLOCK_CO
 
-    # The program's slots: virtual rows of U_W + HALO slots, slot s of row u_h holding input column s + DMIN.
+    # The program's slots: virtual rows of U_W + HALO slots, slot s of row u_h holding input column s + DMIN. (U_W is
+    # a constexpr, one compile per output width, so that the slots' divisions by the row's length here and in the
+    # epilogue are multiplications.)
     row_slots = U_W + HALO
     first = tile * OUTPUTS
     m = tl.arange(0, BLOCK_M)
@@ -109,8 +112,6 @@ def tap_columns_kernel(
     M_STEP_H: tl.constexpr = STEP_H * DIL_H // S_H
     u_h_last = tl.minimum((first + BLOCK_M - 1) // row_slots, U_H - 1)
     base_h, m0_h, t0_h, jh_lo, jh_hi = _axis_taps(v_h, first // row_slots, u_h_last, H, KH, S_H, P_H, DIL_H, STEP_H)
-    # Division below by at least 1 (the pipeliner forms the addresses of iterations past the last one too).
-    nh = tl.maximum(jh_hi - jh_lo, 1)
 
     x_base = x_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
     slot_ok = (c >= 0) & (c < W) & (u_h < U_H)
@@ -121,12 +122,16 @@ def tap_columns_kernel(
     if KW_B > 0:
         b_rows_b, b_ok_b = _weight_rows(KW_A, KW_B, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
         acc_b = tl.zeros([BLOCK_M, KW_B * BLOCK_CO], dtype=tl.float32)
-    CI_BLOCKS = tl.cdiv(CIN_G, BLOCK_CI)
+    # The K-steps walk (depth tap, height tap, channel block), the channels fastest. Their indices are counted on from
+    # step to step rather than divided out of k: an integer division by a runtime value costs some twenty
+    # instructions, and this loop has few steps (video_k3s2p1op1: 2.25 taps of 2 channel blocks a program). With U_W
+    # and CI_BLOCKS constexprs as well, the best config's kernel on the H200 (TF32): k3s1p1 0.048-0.051 -> 0.039-0.040
+    # ms, wide_256to128_k3s2 0.061-0.064 -> 0.050-0.052, vae_k4s2p1 0.093-0.095 -> 0.080-0.081, video_k3s2p1op1
+    # 0.040-0.042 -> 0.038-0.039 (benchmarks/RESULTS.md, twenty-eighth session).
+    ci0 = jd_lo * 0
+    jd = jd_lo
+    jh = jh_lo
     for k in range((jd_hi - jd_lo) * (jh_hi - jh_lo) * CI_BLOCKS):
-        tap = k // CI_BLOCKS
-        ci0 = (k % CI_BLOCKS) * BLOCK_CI
-        jd = jd_lo + tap // nh
-        jh = jh_lo + tap % nh
         t_d = tl.minimum(t0_d + jd * STEP_D, KD - 1)
         t_h = tl.minimum(t0_h + jh * STEP_H, KH - 1)
         i_d = q_d - m0_d - jd * M_STEP_D + m * 0  # broadcast: the interpreter cannot mask with scalars
@@ -142,6 +147,14 @@ def tap_columns_kernel(
             b, b_lo = load_weights(w_ptr, w_lo_ptr, tap_base + b_rows_b, b_ok_b, ci0, CIN_G, PRECISION, BLOCK_CI,
                                    EVEN_CI)
             acc_b = mma(acc_b, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
+        # (Past the last step jd runs on; the pipeliner forms those steps' addresses too, clamped above.)
+        ci0 += BLOCK_CI
+        next_tap = ci0 >= CI_BLOCKS * BLOCK_CI
+        ci0 = tl.where(next_tap, 0, ci0)
+        jh = tl.where(next_tap, jh + 1, jh)
+        next_row = jh >= jh_hi
+        jh = tl.where(next_row, jh_lo, jh)
+        jd = tl.where(next_row, jd + 1, jd)
 
     # Each tap's column of P, moved up by its shift delta(t_w) - DMIN, lines up with the outputs it feeds; summed per
     # column phase.
@@ -271,13 +284,13 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int):
     co_blocks = cdiv(cout_g, block_co)
     grid = (n * od * s_h * tiles * co_blocks * groups,)
     sizes = (cin_g, cout_g, d, h, w_in, od, oh, ow, kd, kh)
-    blocks = (u_h, u_w, tiles, co_blocks, groups)
+    blocks = (u_h, tiles, co_blocks, groups)
     constexprs = (
         ("S_D", s_d), ("S_H", s_h), ("S_W", s_w), ("P_D", p_d), ("P_H", p_h), ("P_W", p_w),
         ("DIL_D", dl_d), ("DIL_H", dl_h), ("DIL_W", dl_w), ("STEP_D", s_d // math.gcd(s_d, dl_d)),
         ("STEP_H", s_h // math.gcd(s_h, dl_h)), ("KW", kw), ("KW_A", kw_a), ("KW_B", kw_b), ("DMIN", d_min),
-        ("HALO", halo), ("BLOCK_M", block_m), ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci),
-        ("EVEN_CI", cin_g % block_ci == 0))
+        ("HALO", halo), ("U_W", u_w), ("CI_BLOCKS", cdiv(cin_g, block_ci)), ("BLOCK_M", block_m),
+        ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci), ("EVEN_CI", cin_g % block_ci == 0))
     return grid, sizes, blocks, constexprs
 
 
