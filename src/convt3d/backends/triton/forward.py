@@ -256,28 +256,25 @@ def _phase_gemm(
     STEP_W: tl.constexpr, M_STEP_D: tl.constexpr, M_STEP_H: tl.constexpr,
     PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
-    EVEN_CI: tl.constexpr, DIAG: tl.constexpr,
+    CI_BLOCKS: tl.constexpr, EVEN_CI: tl.constexpr, DIAG: tl.constexpr,
 ):
     """The [BLOCK_M, BLOCK_CO] float32 tile of output columns ow = S_W * u_w + v_w: an implicit GEMM over the
     taps of their phase (in all three axes) and the group's input channels."""
-    CI_BLOCKS = tl.cdiv(CIN_G, BLOCK_CI)
     M_STEP_W: tl.constexpr = STEP_W * DIL_W // S_W
     base_w, m0_w, t0_w, jw_lo, jw_hi = _column_taps(v_w, u_w0, OW, W, KW, S_W, P_W, DIL_W, STEP_W, BLOCK_Q)
     if DIAG == 1:  # diagnostic: no GEMM, only its stores
         jw_hi = jw_lo
-    nd = jd_hi - jd_lo
-    # The software pipeliner issues the loads of later iterations ahead, also past the last one (masked off),
-    # and masked-off lanes still form addresses, which faulted on the H200: so no division by zero when a
-    # phase has no tap here, and every tap and index is clamped into its tensor below.
-    nh = tl.maximum(jh_hi - jh_lo, 1)
-    nw = tl.maximum(jw_hi - jw_lo, 1)
     acc = tl.zeros([BLOCK_M, BLOCK_CO], dtype=tl.float32)
-    for k in range(nd * (jh_hi - jh_lo) * (jw_hi - jw_lo) * CI_BLOCKS):
-        tap = k // CI_BLOCKS
-        ci0 = (k % CI_BLOCKS) * BLOCK_CI
-        jd = jd_lo + tap // (nh * nw)
-        jh = jh_lo + (tap // nw) % nh
-        jw = jw_lo + tap % nw
+    # The K-steps walk (depth, height, width tap, channel block), the channels fastest, their indices counted on from
+    # step to step rather than divided out of k (a division by a runtime value costs some twenty instructions; the
+    # tap_columns kernel's loop ran 5-19% faster so, benchmarks/RESULTS.md, twenty-eighth session). The software
+    # pipeliner forms the addresses of steps past the last one too (masked off; masked-off lanes still form
+    # addresses, which faulted on the H200), so every tap and index is clamped into its tensor below.
+    ci0 = jd_lo * 0
+    jd = jd_lo
+    jh = jh_lo
+    jw = jw_lo
+    for k in range((jd_hi - jd_lo) * (jh_hi - jh_lo) * (jw_hi - jw_lo) * CI_BLOCKS):
         t_d = tl.minimum(t0_d + jd * STEP_D, KD - 1)
         t_h = tl.minimum(t0_h + jh * STEP_H, KH - 1)
         t_w = tl.minimum(t0_w + jw * STEP_W, KW - 1)
@@ -292,6 +289,16 @@ def _phase_gemm(
                                          tap_row + tl.minimum(co, COUT_G - 1) * CIN_G, co_ok, ci0, CIN_G, sxc,
                                          PRECISION, BLOCK_CI, EVEN_CI)
         acc = mma(acc, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
+        ci0 += BLOCK_CI
+        next_tap = ci0 >= CI_BLOCKS * BLOCK_CI
+        ci0 = tl.where(next_tap, 0, ci0)
+        jw = tl.where(next_tap, jw + 1, jw)
+        next_row = jw >= jw_hi
+        jw = tl.where(next_row, jw_lo, jw)
+        jh = tl.where(next_row, jh + 1, jh)
+        next_plane = jh >= jh_hi
+        jh = tl.where(next_plane, jh_lo, jh)
+        jd = tl.where(next_plane, jd + 1, jd)
     return acc
 
 
@@ -309,7 +316,7 @@ def conv_transpose3d_kernel(
     STEP_D: tl.constexpr, STEP_H: tl.constexpr, STEP_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
-    FILL_W: tl.constexpr, EVEN_CI: tl.constexpr, DIAG: tl.constexpr = 0,
+    FILL_W: tl.constexpr, CI_BLOCKS: tl.constexpr, EVEN_CI: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
     # DIAG (benchmarks only, to see where time goes): 1 skips the GEMM and stores its zero tiles, 2 runs the
     # GEMM but stores none of its tiles.
@@ -381,8 +388,8 @@ def conv_transpose3d_kernel(
                 out = _phase_gemm(
                     v_w, *args, S_W=S_W, P_W=P_W, DIL_W=DIL_W, STEP_D=STEP_D, STEP_H=STEP_H, STEP_W=STEP_W,
                     M_STEP_D=M_STEP_D, M_STEP_H=M_STEP_H, PRECISION=PRECISION, INTERPRETED=INTERPRETED,
-                    BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI, EVEN_CI=EVEN_CI,
-                    DIAG=DIAG,
+                    BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI, CI_BLOCKS=CI_BLOCKS,
+                    EVEN_CI=EVEN_CI, DIAG=DIAG,
                 ) + bias[None, :]
                 if DIAG == 2:  # a mask no element passes, but one the compiler cannot drop with the GEMM
                     co_ok = co_ok & (tl.sum(out, axis=0) != tl.sum(out, axis=0))
@@ -616,7 +623,8 @@ def _geometry(plan: Plan, block_m: int, block_co: int, block_ci: int, programs_p
         ("DIL_D", dl_d), ("DIL_H", dl_h), ("DIL_W", dl_w), ("STEP_D", s_d // math.gcd(s_d, dl_d)),
         ("STEP_H", s_h // math.gcd(s_h, dl_h)), ("STEP_W", s_w // math.gcd(s_w, dl_w)),
         ("BLOCK_R", block_r), ("BLOCK_Q", block_q), ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci),
-        ("FILL_W", next_power_of_2(s_w * block_q)), ("EVEN_CI", cin_g % block_ci == 0))
+        ("FILL_W", next_power_of_2(s_w * block_q)), ("CI_BLOCKS", cdiv(cin_g, block_ci)),
+        ("EVEN_CI", cin_g % block_ci == 0))
     return (programs,), sizes, blocks, constexprs
 
 
