@@ -266,8 +266,8 @@ def _phase_gemm(
         jw_hi = jw_lo
     acc = tl.zeros([BLOCK_M, BLOCK_CO], dtype=tl.float32)
     # The K-steps walk (depth, height, width tap, channel block), the channels fastest, their indices counted on from
-    # step to step rather than divided out of k (a division by a runtime value costs some twenty instructions; the
-    # tap_columns kernel's loop ran 5-19% faster so, benchmarks/RESULTS.md, twenty-eighth session). The software
+    # step to step rather than divided out of k (a division by a runtime value is a sequence of many instructions; the
+    # configs ran 5-34% faster so on three sweep layers, benchmarks/RESULTS.md, twenty-eighth session). The software
     # pipeliner forms the addresses of steps past the last one too (masked off; masked-off lanes still form
     # addresses, which faulted on the H200), so every tap and index is clamped into its tensor below.
     ci0 = jd_lo * 0

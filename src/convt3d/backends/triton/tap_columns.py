@@ -123,7 +123,7 @@ def tap_columns_kernel(
         b_rows_b, b_ok_b = _weight_rows(KW_A, KW_B, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
         acc_b = tl.zeros([BLOCK_M, KW_B * BLOCK_CO], dtype=tl.float32)
     # The K-steps walk (depth tap, height tap, channel block), the channels fastest. Their indices are counted on from
-    # step to step rather than divided out of k: an integer division by a runtime value costs some twenty
+    # step to step rather than divided out of k: an integer division by a runtime value is a sequence of many
     # instructions, and this loop has few steps (video_k3s2p1op1: 2.25 taps of 2 channel blocks a program). With U_W
     # and CI_BLOCKS constexprs as well, the best config's kernel on the H200 (TF32): k3s1p1 0.048-0.051 -> 0.039-0.040
     # ms, wide_256to128_k3s2 0.061-0.064 -> 0.050-0.052, vae_k4s2p1 0.093-0.095 -> 0.080-0.081, video_k3s2p1op1
