@@ -31,6 +31,9 @@ CASES = [
     layer((3, 3, 3), 2, 1, (2, 4, 6), in_channels=20, out_channels=6, groups=2, output_padding=1, batch=2),
     # k3 s1 p1: one column phase, three shifts; more output channels than one block.
     layer((3, 3, 3), 1, 1, (2, 3, 7), in_channels=6, out_channels=40),
+    # k3 s1 p1 with three channel blocks of 16, the last partial: a program's K-steps walk every depth tap, height tap
+    # and channel block, their counters wrapping at each.
+    layer((3, 3, 3), 1, 1, (3, 3, 5), in_channels=36, out_channels=4),
     # Problem 77 in miniature: dilation 2, one column phase of two empty.
     layer((3, 3, 3), 2, 1, (3, 3, 6), in_channels=4, out_channels=8, dilation=2, bias=False),
     # Mixed strides and dilations along D and H, KW = 1 (no shift), width 1.
