@@ -248,6 +248,17 @@ def load_operands(x_base, w_base, w_lo_base, rows, row_ok, w_rows, w_row_ok, ci0
 
 
 @triton.jit
+def count_on(j, j_lo, j_hi, carry, STEP: tl.constexpr = 1):
+    """A K-loop's counter j in [j_lo, j_hi) moved on by STEP where carry holds: (its next value, whether it wrapped
+    to j_lo, which carries into the next counter). The K-loops count their taps and channel block so from step to
+    step rather than dividing them out of the step index: a division by a runtime value is a sequence of many
+    instructions, and their programs run few steps (benchmarks/RESULTS.md, twenty-eighth session)."""
+    j = tl.where(carry, j + STEP, j)
+    wrapped = j >= j_hi
+    return tl.where(wrapped, j_lo, j), wrapped
+
+
+@triton.jit
 def _phase_gemm(
     v_w: tl.constexpr, x_base, w_group, w_lo_group, co, co_ok, m, u_h, u_w, u_w0,
     q_d, m0_d, t0_d, jd_lo, jd_hi, base_h, m0_h, t0_h, jh_lo, jh_hi,
@@ -265,11 +276,10 @@ def _phase_gemm(
     if DIAG == 1:  # diagnostic: no GEMM, only its stores
         jw_hi = jw_lo
     acc = tl.zeros([BLOCK_M, BLOCK_CO], dtype=tl.float32)
-    # The K-steps walk (depth, height, width tap, channel block), the channels fastest, their indices counted on from
-    # step to step rather than divided out of k (a division by a runtime value is a sequence of many instructions; the
-    # configs ran 5-34% faster so on three sweep layers, benchmarks/RESULTS.md, twenty-eighth session). The software
-    # pipeliner forms the addresses of steps past the last one too (masked off; masked-off lanes still form
-    # addresses, which faulted on the H200), so every tap and index is clamped into its tensor below.
+    # The K-steps walk (depth, height, width tap, channel block), the channels fastest, counted on (count_on; the
+    # configs ran 5-34% faster so on three sweep layers). The software pipeliner forms the addresses of steps past
+    # the last one too (masked off; masked-off lanes still form addresses, which faulted on the H200), so every tap
+    # and index is clamped into its tensor below.
     ci0 = jd_lo * 0
     jd = jd_lo
     jh = jh_lo
@@ -289,16 +299,10 @@ def _phase_gemm(
                                          tap_row + tl.minimum(co, COUT_G - 1) * CIN_G, co_ok, ci0, CIN_G, sxc,
                                          PRECISION, BLOCK_CI, EVEN_CI)
         acc = mma(acc, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
-        ci0 += BLOCK_CI
-        next_tap = ci0 >= CI_BLOCKS * BLOCK_CI
-        ci0 = tl.where(next_tap, 0, ci0)
-        jw = tl.where(next_tap, jw + 1, jw)
-        next_row = jw >= jw_hi
-        jw = tl.where(next_row, jw_lo, jw)
-        jh = tl.where(next_row, jh + 1, jh)
-        next_plane = jh >= jh_hi
-        jh = tl.where(next_plane, jh_lo, jh)
-        jd = tl.where(next_plane, jd + 1, jd)
+        ci0, carry = count_on(ci0, 0, CI_BLOCKS * BLOCK_CI, True, BLOCK_CI)
+        jw, carry = count_on(jw, jw_lo, jw_hi, carry)
+        jh, carry = count_on(jh, jh_lo, jh_hi, carry)
+        jd = tl.where(carry, jd + 1, jd)
     return acc
 
 

@@ -39,7 +39,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from . import cdiv, interpreted, next_power_of_2, power_of_2_at_most
-from .forward import _axis_taps, channels_last_strides, load_operands, load_weights, mma
+from .forward import _axis_taps, channels_last_strides, count_on, load_operands, load_weights, mma
 from .launch import Launcher
 
 
@@ -122,9 +122,8 @@ def tap_columns_kernel(
     if KW_B > 0:
         b_rows_b, b_ok_b = _weight_rows(KW_A, KW_B, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
         acc_b = tl.zeros([BLOCK_M, KW_B * BLOCK_CO], dtype=tl.float32)
-    # The K-steps walk (depth tap, height tap, channel block), the channels fastest. Their indices are counted on from
-    # step to step rather than divided out of k: an integer division by a runtime value is a sequence of many
-    # instructions, and this loop has few steps (video_k3s2p1op1: 2.25 taps of 2 channel blocks a program). With U_W
+    # The K-steps walk (depth tap, height tap, channel block), the channels fastest, counted on (forward.count_on)
+    # rather than divided out of k: this loop has few steps (video_k3s2p1op1: 2.25 taps of 2 channel blocks). With U_W
     # and CI_BLOCKS constexprs as well, the best config's kernel on the H200 (TF32): k3s1p1 0.048-0.051 -> 0.039-0.040
     # ms, wide_256to128_k3s2 0.061-0.064 -> 0.050-0.052, vae_k4s2p1 0.093-0.095 -> 0.080-0.081, video_k3s2p1op1
     # 0.040-0.042 -> 0.038-0.039 (benchmarks/RESULTS.md, twenty-eighth session).
@@ -148,13 +147,9 @@ def tap_columns_kernel(
                                    EVEN_CI)
             acc_b = mma(acc_b, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
         # (Past the last step jd runs on; the pipeliner forms those steps' addresses too, clamped above.)
-        ci0 += BLOCK_CI
-        next_tap = ci0 >= CI_BLOCKS * BLOCK_CI
-        ci0 = tl.where(next_tap, 0, ci0)
-        jh = tl.where(next_tap, jh + 1, jh)
-        next_row = jh >= jh_hi
-        jh = tl.where(next_row, jh_lo, jh)
-        jd = tl.where(next_row, jd + 1, jd)
+        ci0, carry = count_on(ci0, 0, CI_BLOCKS * BLOCK_CI, True, BLOCK_CI)
+        jh, carry = count_on(jh, jh_lo, jh_hi, carry)
+        jd = tl.where(carry, jd + 1, jd)
 
     # Each tap's column of P, moved up by its shift delta(t_w) - DMIN, lines up with the outputs it feeds; summed per
     # column phase.
