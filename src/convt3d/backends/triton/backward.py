@@ -33,7 +33,7 @@ from .. import cudnn_allow_tf32
 from ..cuda import grad_weight_operands_unsupported as cuda_grad_weight_operands_unsupported, phases as cuda_phases
 from ..torch_phase import _lattice_geometry, _log_once, _phase_input, phase_grad_input
 from . import cdiv, interpreted, next_power_of_2
-from .forward import TF32, _round_to_tf32, _sm_count, precision_for
+from .forward import TF32, _round_to_tf32, _sm_count, count_on, precision_for
 from .launch import Launcher
 
 
@@ -83,17 +83,23 @@ def phase_grad_weight_kernel(
     # that orientation measured slower too (0.237-0.408 against 0.225-0.297 ms, ninth session).
     acc = tl.zeros((BLOCK_N, BLOCK_CO), dtype=tl.float32)
     first = split * STEPS_PER_SPLIT
-    for step in range(first, tl.minimum(first + STEPS_PER_SPLIT, STEPS)):
-        row = step // QW_BLOCKS  # (n, qd, qh)
-        qw = (step % QW_BLOCKS) * BLOCK_P + q
+    # A step is block qw_block of row (n, qd, qh): divided out of the first step once, then counted on from step to
+    # step (forward.count_on), as the forward kernels' K-loops do, rather than four runtime divisions per step. On
+    # the H200, problem 77, the kernel alone: TF32 0.230 -> 0.189 ms, 3xTF32 0.797 -> 0.732, float16 0.189 -> 0.170
+    # (benchmarks/RESULTS.md, twenty-ninth session).
+    qw_block = first % QW_BLOCKS
+    row = first // QW_BLOCKS
+    qh = row % QH
+    qd = row // QH % QD
+    n = row // (QH * QD)
+    for _ in range(first, tl.minimum(first + STEPS_PER_SPLIT, STEPS)):
+        qw = qw_block * BLOCK_P + q
         qw_ok = qw < QW  # (masked lanes point at most BLOCK_P elements past a row; no clamp, which would hide
         # from the compiler that qw is contiguous)
-        qh = row % QH
-        qd = row // QH % QD
-        n = (row // (QH * QD)).to(tl.int64)
-        x = tl.load(x_ptr + n * sxn + qd * sxd + qh * sxh + (x_cols[:, None] + qw[None, :] * sxw),
+        sample = n.to(tl.int64)
+        x = tl.load(x_ptr + sample * sxn + qd * sxd + qh * sxh + (x_cols[:, None] + qw[None, :] * sxw),
                     mask=nn_ok[:, None] & qw_ok[None, :], other=0.0)
-        g = tl.load(g_ptr + n * sgn + qd * sgd + qh * sgh + (g_rows[:, None] + qw[None, :] * sgw),
+        g = tl.load(g_ptr + sample * sgn + qd * sgd + qh * sgh + (g_rows[:, None] + qw[None, :] * sgw),
                     mask=co_ok[:, None] & qw_ok[None, :], other=0.0)
         if PRECISION == 1:
             if not X_ROUNDED:  # (else rounded as it was copied: the tile goes from shared memory to the MMA)
@@ -108,6 +114,10 @@ def phase_grad_weight_kernel(
             acc = tl.dot(x.to(tl.float32), tl.trans(g.to(tl.float32)), acc, input_precision="ieee")
         else:
             acc = tl.dot(x, tl.trans(g), acc)
+        qw_block, carry = count_on(qw_block, 0, QW_BLOCKS, True)
+        qh, carry = count_on(qh, 0, QH, carry)
+        qd, carry = count_on(qd, 0, QD, carry)
+        n = tl.where(carry, n + 1, n)
     taps = N_TOTAL // CI_G
     rows = ((split * GROUPS + group) * CI_G + nn % CI_G).to(tl.int64) * CO_G * taps + (taps - 1 - k)
     tl.store(partial_ptr + rows[:, None] + (tl.minimum(co, CO_G - 1) * taps)[None, :], acc,
