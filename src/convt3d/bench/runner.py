@@ -15,6 +15,7 @@ from .protocol import (
     Timing,
     datasheet_bandwidth,
     floor_bytes,
+    host_time_cuda,
     kernelbench_check,
     relative_error,
     time_cpu,
@@ -75,7 +76,13 @@ def run_layer(layer: Layer, device: torch.device, backward: bool = False, compil
                 x = torch.rand(layer.input_shape, device=device, dtype=dtype)
                 with _tf32(tf32) if on_gpu else nullcontext():
                     timing = _time(lambda: fn(x), on_gpu, iters)
+                    # The host's share: a timed call starts on an idle GPU after the L2 flush, and once its host
+                    # time exceeds the flush's GPU time the GPU waits for it. Measured here, beside the timing, so
+                    # that a slow host can be told apart from slow code.
+                    host = host_time_cuda(lambda: fn(x), calls=iters or 100) if on_gpu else None
             extra = dict(decisions=decisions) if decisions else {}
+            if host is not None:
+                extra["host_ms"] = host
             rows.append(_row(name, timing, rel_err_fp64=err, kernelbench_check=check, **extra))
         out_shape = layer.plan().output_shape
         if on_gpu:
