@@ -1,9 +1,11 @@
-"""The tap_columns kernel (backends/triton/tap_columns.py) per tile config on sweep layers (GPU): the kernel alone,
-with --no-gather also without its epilogue's gather (DIAG 1, a wrong result, to time the gather), and its
-registers, spills and shared memory, beside eager and two configs of the general kernel. A config's columns are a
-budget: the label gives the layout it comes to (BLOCK_CO, KW_A, KW_B), tap_columns.column_layout.
+"""The tap_columns kernel (backends/triton/tap_columns.py) per tile config on sweep layers (GPU): the kernel alone, and
+its registers, spills and shared memory, beside eager and two configs of the general kernel. A config's columns are
+a budget: the label gives the layout it comes to (BLOCK_CO, KW_A, KW_B), tap_columns.column_layout. --diag times
+each config again in the kernel's diagnostic forms (wrong results, to see where the time goes): 1 without the
+epilogue's gather, 2 with one K-step per program (the program's time but for its other steps), 3 without the stores,
+4 without the epilogue (the K-steps alone).
 
-    PYTHONPATH=src python3 benchmarks/diag_tap_columns.py [--iters 30] [--layers vae_k4s2p1,...] [--no-gather]
+    PYTHONPATH=src python3 benchmarks/diag_tap_columns.py [--iters 30] [--layers vae_k4s2p1,...] [--diag 1,2,3,4]
         [--modes tf32,off] [--configs 128x128x16w8s4,...] [--general 128x64x32w8s3,...]
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), on operands laid out
@@ -29,6 +31,7 @@ TAP_COLUMNS = [
     (128, 192, 32, 4, 3), (256, 192, 32, 8, 3),
 ]
 GENERAL = [(128, 64, 32, 4, 3), (128, 64, 64, 4, 2)]  # (BLOCK_M, BLOCK_CO, BLOCK_CI, num_warps, num_stages)
+DIAG_FORMS = {1: "no gather", 2: "one K-step", 3: "no stores", 4: "no epilogue"}
 
 
 def parse_configs(text):
@@ -49,7 +52,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--layers", default="vae_k4s2p1,video_k3s2p1op1,k3s1p1,vae_k4s2p1_fp16")
-    parser.add_argument("--no-gather", action="store_true", help="also time each config without its gather")
+    parser.add_argument("--diag", default="", help="also time each config in these diagnostic forms (1,2,3)")
     parser.add_argument("--modes", default="tf32")
     parser.add_argument("--configs", type=parse_configs, default=TAP_COLUMNS)
     parser.add_argument("--general", type=parse_configs, default=GENERAL)
@@ -83,8 +86,8 @@ def layer_rows(layer, mode, args):
         cfg = dict(KERNEL="tap_columns", BLOCK_M=c[0], BLOCK_N=c[1], BLOCK_CI=c[2], num_warps=c[3], num_stages=c[4])
         layout = tap_columns.column_layout(plan, c[1])  # (BLOCK_CO, KW_A, KW_B)
         configs += [("tap_columns {}x{}x{} w{} s{} {}".format(*c, layout), cfg)]
-        if args.no_gather:
-            configs += [("  same, no gather", dict(cfg, DIAG=1))]
+        for diag in filter(None, args.diag.split(",")):
+            configs += [(f"  same, {DIAG_FORMS[int(diag)]}", dict(cfg, DIAG=int(diag)))]
     kernels = (tap_columns.tap_columns_kernel, tf.conv_transpose3d_kernel)
     for label, cfg in configs:
         out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)

@@ -130,7 +130,10 @@ def tap_columns_kernel(
     ci0 = jd_lo * 0
     jd = jd_lo
     jh = jh_lo
-    for k in range((jd_hi - jd_lo) * (jh_hi - jh_lo) * CI_BLOCKS):
+    steps = (jd_hi - jd_lo) * (jh_hi - jh_lo) * CI_BLOCKS
+    if DIAG == 2:  # diagnostic: one K-step (a wrong result): the program's time but for its other steps
+        steps = tl.minimum(steps, 1)
+    for k in range(steps):
         t_d = tl.minimum(t0_d + jd * STEP_D, KD - 1)
         t_h = tl.minimum(t0_h + jh * STEP_H, KH - 1)
         i_d = q_d - m0_d - jd * M_STEP_D + m * 0  # broadcast: the interpreter cannot mask with scalars
@@ -151,6 +154,12 @@ def tap_columns_kernel(
         jh, carry = count_on(jh, jh_lo, jh_hi, carry)
         jd = tl.where(carry, jd + 1, jd)
 
+    if DIAG == 4:  # diagnostic: no epilogue (a wrong result): the K-steps' time, one value stored per program
+        total = tl.sum(tl.sum(acc_a, axis=1), axis=0)
+        if KW_B > 0:
+            total += tl.sum(tl.sum(acc_b, axis=1), axis=0)
+        tl.store(y_ptr + tl.program_id(0), total.to(y_ptr.dtype.element_ty))
+        return
     # Each tap's column of P, moved up by its shift delta(t_w) - DMIN, lines up with the outputs it feeds; summed per
     # column phase.
     out_even, out_odd = _phase_sums(acc_a, 0, KW_A, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
@@ -160,6 +169,8 @@ def tap_columns_kernel(
         out_odd += odd_b
     co_t = co0 + tl.arange(0, BLOCK_CO)
     co_ok = co_t < COUT_G
+    if DIAG == 3:  # diagnostic: a mask that no element passes, but one the compiler cannot drop with the GEMM
+        co_ok = co_ok & (tl.sum(out_even, axis=0) != tl.sum(out_even, axis=0))
     if HAS_BIAS:
         bias = tl.load(b_ptr + group * COUT_G + co_t, mask=co_ok, other=0.0).to(tl.float32)
     else:
