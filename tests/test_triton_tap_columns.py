@@ -111,13 +111,19 @@ def test_every_element_written_and_inputs_untouched(nan_poisoned_allocator):
 
 
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
-def test_persistent_programs_walk_every_item(cfg, nan_poisoned_allocator):
-    """PER_SM: a persistent grid (3 programs under the interpreter, PER_SM per multiprocessor on a GPU), each running
-    the K-steps of its items as one loop, an item that no tap reaches (the empty phases of case 4) as one step. The
-    interpreter runs that loop as written; how Triton pipelines it shows on a GPU only."""
-    x, w, b = tensors(cfg, torch.float32)
-    x_before = x.clone()
-    y = run(x, w, b, cfg, TF32X3, dict(CONFIGS[0], PER_SM=2))
+def test_persistent_programs_walk_every_item(cfg, nan_poisoned_allocator, monkeypatch):
+    """PER_SM: a persistent grid, each program running the K-steps of its items as one loop, an item that no tap
+    reaches (the empty phases of case 4) as one step. Few programs (3 under the interpreter; on a GPU PER_SM, as if it
+    had one multiprocessor), so that each walks several items. The interpreter runs that loop as written; how Triton
+    pipelines it across items shows on a GPU only."""
+    monkeypatch.setattr(tap_columns, "_sm_count", lambda index: 1)
+    tap_columns._geometry.cache_clear()  # (grids cached with the real count)
+    try:
+        x, w, b = tensors(cfg, torch.float32)
+        x_before = x.clone()
+        y = run(x, w, b, cfg, TF32X3, dict(CONFIGS[0], PER_SM=2))
+    finally:
+        tap_columns._geometry.cache_clear()
     assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
     assert torch.equal(x, x_before)
 
