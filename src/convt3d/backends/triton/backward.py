@@ -84,9 +84,9 @@ def phase_grad_weight_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_CO), dtype=tl.float32)
     first = split * STEPS_PER_SPLIT
     # A step is block qw_block of row (n, qd, qh): divided out of the first step once, then counted on from step to
-    # step (forward.count_on), as the forward kernels' K-loops do, rather than four runtime divisions per step. On
-    # the H200, problem 77, the kernel alone: TF32 0.230 -> 0.189 ms, 3xTF32 0.797 -> 0.732, float16 0.189 -> 0.170
-    # (benchmarks/RESULTS.md, twenty-ninth session).
+    # step (forward.count_on), as the forward kernels' K-loops do, rather than divided by four runtime divisors in
+    # every step. On the H200, problem 77, the kernel alone: TF32 0.230 -> 0.189 ms, 3xTF32 0.797 -> 0.732, float16
+    # 0.189 -> 0.170 (benchmarks/RESULTS.md, twenty-ninth session).
     qw_block = first % QW_BLOCKS
     row = first // QW_BLOCKS
     qh = row % QH
