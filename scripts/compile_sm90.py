@@ -13,8 +13,10 @@ with --system-site-packages and `pip install triton==3.6.0`); builds differ (six
     python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N warps stages precision copies lattice_cl BLOCK_P
                                                  g_rounded] [--layouts]
     python3 scripts/compile_sm90.py window [channels BLOCK_P]
+    python3 scripts/compile_sm90.py tap_columns [layer diag programs_per_sm] [--layouts]
 """
 
+import re
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 
+from convt3d.backends.triton import tap_columns as tap_columns_module
 from convt3d.backends.triton.backward import phase_grad_weight_kernel
 from convt3d.backends.triton.forward import conv_transpose3d_kernel
 from convt3d.backends.triton.window import correlation_operands_kernel
@@ -66,6 +69,27 @@ def window(channels=32, block_p=64):
     return _compile(correlation_operands_kernel, constexprs, divisible, dict(num_warps=4))
 
 
+def tap_columns(layer="video_k3s2p1op1", diag=0, programs_per_sm=0):
+    """A sweep layer's tap_columns kernel (64 x 128 x 32, 4 warps, 3 stages; TF32; float32 pointers), specialised as
+    its launch is: runtime arguments equal to 1 constants, those divisible by 16 marked so."""
+    from convt3d.bench.workloads import sweep_layers
+
+    plan = sweep_layers(layer)[0].plan()
+    tap_columns_module._sm_count = lambda index: 132  # the H200's, for a persistent grid, on a machine without a GPU
+    cfg = dict(KERNEL="tap_columns", BLOCK_M=64, BLOCK_N=128, BLOCK_CI=32, num_warps=4, num_stages=3, DIAG=int(diag),
+               PER_SM=int(programs_per_sm))
+    od, oh, ow = plan.output_spatial
+    out_strides = (plan.out_channels * od * oh * ow, od * oh * ow, oh * ow, ow, 1)
+    bound = tap_columns_module.bind(cfg, plan, 1, True, out_strides, 0)
+    fn = tap_columns_module.tap_columns_kernel
+    scalars = dict(zip(fn.arg_names[bound.pointers:], bound.scalars))
+    constexprs = {name: value for name, value in bound.options.items() if name in fn.arg_names}
+    constexprs.update({name: value for name, value in scalars.items() if value == 1})
+    divisible = [name for name in fn.arg_names if name.endswith("_ptr") or (
+        name in scalars and name not in constexprs and scalars[name] % 16 == 0)]
+    return _compile(fn, constexprs, divisible, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+
+
 def _compile(fn, constexprs, divisible, options):
     sig = {name: "*fp32" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
     sig.update({name: "constexpr" for name in constexprs})
@@ -86,6 +110,10 @@ def report(kernel, layouts=False):
                                  and ";" in line)
     print(f"shared={kernel.metadata.shared} B, SASS counts {counts}")
     print(" ".join(line.strip() for line in usage.splitlines() if "REG" in line))
+    # A pipelined loop's copies appear in its prologue too, and its waits leave copies in flight (num > 0).
+    ir_text = kernel.asm["ttgir"]
+    waits = re.findall(r"async_wait[^{]*[{]num = (\d+)", ir_text)
+    print(f"TTGIR: {ir_text.count('async_copy_global_to_local')} asynchronous copies, waits leaving {waits} in flight")
     if layouts:
         ir = kernel.asm["ttgir"].splitlines()
         print("\n".join(line for line in ir if line.startswith(("#blocked", "#shared", "#mma"))))
@@ -94,7 +122,8 @@ def report(kernel, layouts=False):
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--layouts"]
-    kernels = {"forward": forward, "grad_weight": grad_weight, "window": window}
+    kernels = {"forward": forward, "grad_weight": grad_weight, "window": window, "tap_columns": tap_columns}
     if not args or args[0] not in kernels:
         sys.exit(__doc__)
-    report(kernels[args[0]](*map(int, args[1:])), layouts="--layouts" in sys.argv)
+    values = args[1:] if args[0] == "tap_columns" else map(int, args[1:])
+    report(kernels[args[0]](*values), layouts="--layouts" in sys.argv)
