@@ -43,7 +43,7 @@ def parse_configs(text):
             for c in text.split(",")]
 
 
-def label(c):
+def config_label(c):
     return "{}x{}x{} w{} s{}".format(*c[:5]) + (f" p{c[5]}" if c[5] else "")
 
 
@@ -59,7 +59,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--layers", default="vae_k4s2p1,video_k3s2p1op1,k3s1p1,vae_k4s2p1_fp16")
-    parser.add_argument("--diag", default="", help="also time each config in these diagnostic forms (1,2,3)")
+    parser.add_argument("--diag", default="", help="also time each config in these diagnostic forms (1,2,3,4)")
     parser.add_argument("--modes", default="tf32")
     parser.add_argument("--configs", type=parse_configs, default=TAP_COLUMNS)
     parser.add_argument("--general", type=parse_configs, default=GENERAL)
@@ -86,14 +86,14 @@ def layer_rows(layer, mode, args):
         t = time_cuda(lambda: module(x), iters=args.iters)
     operands = tf._operands(x, w, plan.groups, precision)
     rows.append((name, "eager", t.mean_ms, t.min_ms, ""))
-    configs = [(f"general {label(c)}", dict(BLOCK_M=c[0], BLOCK_CO=c[1], BLOCK_CI=c[2], num_warps=c[3],
+    configs = [(f"general {config_label(c)}", dict(BLOCK_M=c[0], BLOCK_CO=c[1], BLOCK_CI=c[2], num_warps=c[3],
                                             num_stages=c[4], PER_SM=c[5]))
                for c in args.general]
     for c in args.configs if tap_columns.unsupported_reason(plan) is None else []:
         cfg = dict(KERNEL="tap_columns", BLOCK_M=c[0], BLOCK_N=c[1], BLOCK_CI=c[2], num_warps=c[3], num_stages=c[4],
                    PER_SM=c[5])
         layout = tap_columns.column_layout(plan, c[1])  # (BLOCK_CO, KW_A, KW_B)
-        configs += [(f"tap_columns {label(c)} {layout}", cfg)]
+        configs += [(f"tap_columns {config_label(c)} {layout}", cfg)]
         for diag in filter(None, args.diag.split(",")):
             configs += [(f"  same, {DIAG_FORMS[int(diag)]}", dict(cfg, DIAG=int(diag)))]
     kernels = (tap_columns.tap_columns_kernel, tf.conv_transpose3d_kernel)
