@@ -138,7 +138,13 @@ def test_cpu_mode_end_to_end(tmp_path, capsys):
             # On a GPU the rows with TF32 allowed (PyTorch's default for convolutions) round their operands to 10
             # mantissa bits: errors near 3e-4 against float64, eager's own included. Elsewhere float32 accuracy.
             tf32 = torch.cuda.is_available() and "TF32 off" not in row["implementation"]
-            assert row["kernelbench_check"] is True and row["rel_err_fp64"] < (1e-3 if tf32 else 1e-5)
+            assert row["rel_err_fp64"] < (1e-3 if tf32 else 1e-5)
+            # TF32 allowed is not TF32 used: cuDNN picks the algorithm per shape, and for backend=torch's small phase
+            # convolutions it may pick a full-float32 one (measured on the H200 for this layer: 7.8e-8 against
+            # eager's 2.4e-4). Such a row is more accurate than eager and so differs from it by eager's own TF32
+            # error, beyond KernelBench's 1e-4: it may fail that check, but then only at float32 accuracy.
+            full_float32 = tf32 and "backend=torch" in row["implementation"] and row["rel_err_fp64"] < 1e-5
+            assert row["kernelbench_check"] is True or full_float32
             # (host times are measured on CUDA only: on the CPU the wall-clock timing is all host)
             assert (row["host_ms"] > 0) if torch.cuda.is_available() else ("host_ms" not in row)
     if plot is not None:
