@@ -6,13 +6,12 @@ epilogue's gather, 2 with one K-step per program (the program's time but for its
 4 without the epilogue (the K-steps alone).
 
     PYTHONPATH=src python3 benchmarks/diag_tap_columns.py [--iters 30] [--layers vae_k4s2p1,...] [--diag 1,2,3,4]
-        [--modes tf32,off] [--configs 128x128x16w8s4,64x128x32w4s3p2,...] [--general 128x64x32w8s3,...]
+        [--modes tf32,off] [--configs 128x128x16w8s4,...] [--general 128x64x32w8s3,...]
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), on operands laid out
 beforehand. Each output is NaN-poisoned before its first call, then checked against eager in the same mode
 (KernelBench's check) and float64 (relative error). --modes: TF32 mode (tf32) and TF32 off (off: 3xTF32) for float32
-layers. --configs and --general replace the tap_columns and general configs below (MxNxCI w<warps> s<stages>, and
-p<programs per multiprocessor> for a persistent grid).
+layers. --configs and --general replace the tap_columns and general configs below (MxNxCI w<warps> s<stages>).
 """
 
 import argparse
@@ -26,25 +25,19 @@ from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import DTYPES, sweep_layers
 
-# (BLOCK_M, BLOCK_N, BLOCK_CI, num_warps, num_stages, programs per multiprocessor: 0 for one per work item, else a
-# persistent grid); BLOCK_N is a budget of columns (tap_columns.column_layout).
+# (BLOCK_M, BLOCK_N, BLOCK_CI, num_warps, num_stages); BLOCK_N is a budget of columns (tap_columns.column_layout).
 TAP_COLUMNS = [
-    (128, 128, 32, 4, 3, 0), (128, 128, 32, 8, 3, 0), (64, 128, 32, 4, 3, 0), (128, 192, 32, 8, 3, 0),
-    (64, 192, 32, 4, 3, 0), (128, 192, 32, 4, 3, 0), (256, 192, 32, 8, 3, 0),
+    (128, 128, 32, 4, 3), (128, 128, 32, 8, 3), (64, 128, 32, 4, 3), (128, 192, 32, 8, 3), (64, 192, 32, 4, 3),
+    (128, 192, 32, 4, 3), (256, 192, 32, 8, 3),
 ]
-GENERAL = [(128, 64, 32, 4, 3, 0), (128, 64, 64, 4, 2, 0)]  # (BLOCK_M, BLOCK_CO, BLOCK_CI, warps, stages, per SM)
+GENERAL = [(128, 64, 32, 4, 3), (128, 64, 64, 4, 2)]  # (BLOCK_M, BLOCK_CO, BLOCK_CI, num_warps, num_stages)
 DIAG_FORMS = {1: "no gather", 2: "one K-step", 3: "no stores", 4: "no epilogue"}
 
 
 def parse_configs(text):
-    """"128x128x16w8s4,64x128x32w4s3p2,..." -> [(128, 128, 16, 8, 4, 0), (64, 128, 32, 4, 3, 2), ...] (p: programs per
-    multiprocessor of a persistent grid)"""
-    return [tuple(int(v or 0) for v in re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:p(\d+))?", c).groups())
+    """"128x128x16w8s4,..." -> [(128, 128, 16, 8, 4), ...]"""
+    return [tuple(int(v) for v in re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)", c).groups())
             for c in text.split(",")]
-
-
-def config_label(c):
-    return "{}x{}x{} w{} s{}".format(*c[:5]) + (f" p{c[5]}" if c[5] else "")
 
 
 def compiled_kernels(fn):
@@ -86,14 +79,13 @@ def layer_rows(layer, mode, args):
         t = time_cuda(lambda: module(x), iters=args.iters)
     operands = tf._operands(x, w, plan.groups, precision)
     rows.append((name, "eager", t.mean_ms, t.min_ms, ""))
-    configs = [(f"general {config_label(c)}", dict(BLOCK_M=c[0], BLOCK_CO=c[1], BLOCK_CI=c[2], num_warps=c[3],
-                                            num_stages=c[4], PER_SM=c[5]))
+    configs = [("general {}x{}x{} w{} s{}".format(*c), dict(BLOCK_M=c[0], BLOCK_CO=c[1], BLOCK_CI=c[2],
+                                                              num_warps=c[3], num_stages=c[4], PER_SM=0))
                for c in args.general]
     for c in args.configs if tap_columns.unsupported_reason(plan) is None else []:
-        cfg = dict(KERNEL="tap_columns", BLOCK_M=c[0], BLOCK_N=c[1], BLOCK_CI=c[2], num_warps=c[3], num_stages=c[4],
-                   PER_SM=c[5])
+        cfg = dict(KERNEL="tap_columns", BLOCK_M=c[0], BLOCK_N=c[1], BLOCK_CI=c[2], num_warps=c[3], num_stages=c[4])
         layout = tap_columns.column_layout(plan, c[1])  # (BLOCK_CO, KW_A, KW_B)
-        configs += [(f"tap_columns {config_label(c)} {layout}", cfg)]
+        configs += [("tap_columns {}x{}x{} w{} s{} {}".format(*c, layout), cfg)]
         for diag in filter(None, args.diag.split(",")):
             configs += [(f"  same, {DIAG_FORMS[int(diag)]}", dict(cfg, DIAG=int(diag)))]
     kernels = (tap_columns.tap_columns_kernel, tf.conv_transpose3d_kernel)

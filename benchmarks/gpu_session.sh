@@ -20,12 +20,5 @@ for step in $steps; do
     bench) python3 -m convt3d bench --json "$OUT/p77.json" --plot "$OUT/p77.png" 2>&1 | tee "$OUT/bench.log" ;;
     backward) python3 -m convt3d bench --backward --no-compile --json "$OUT/p77_backward.json" 2>&1 | tee "$OUT/backward.log" ;;
     sweep) python3 -m convt3d bench --sweep --no-compile --iters 30 --json "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
-    # tap_columns' persistent grid (PER_SM, p<n> below): correct on the GPU (its interpreter tests, run natively), then
-    # timed against one program per work item.
-    persistent) python3 -m pytest -p no:warnings -q tests/test_triton_tap_columns.py 2>&1 | tail -5 | tee "$OUT/tap_columns_tests.log"
-         python3 benchmarks/diag_tap_columns.py --iters 30 --modes tf32,off \
-           --layers video_k3s2p1op1,k3s1p1,wide_256to128_k3s2,vae_k4s2p1,vae_k4s2p1_fp16,grouped_g4,batch1_small_k3s2 \
-           --configs 64x128x32w4s3,64x128x32w4s3p2,64x128x32w4s3p3,64x128x32w4s2p3,128x128x32w4s3,128x128x32w4s3p1 \
-           --general 128x64x32w4s3 2>&1 | tee "$OUT/persistent.log" ;;
   esac
 done

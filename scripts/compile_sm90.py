@@ -13,7 +13,7 @@ with --system-site-packages and `pip install triton==3.6.0`); builds differ (six
     python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N warps stages precision copies lattice_cl BLOCK_P
                                                  g_rounded] [--layouts]
     python3 scripts/compile_sm90.py window [channels BLOCK_P]
-    python3 scripts/compile_sm90.py tap_columns [layer diag programs_per_sm] [--layouts]
+    python3 scripts/compile_sm90.py tap_columns [layer diag] [--layouts]
 """
 
 import re
@@ -69,18 +69,16 @@ def window(channels=32, block_p=64):
     return _compile(correlation_operands_kernel, constexprs, divisible, dict(num_warps=4))
 
 
-def tap_columns(layer="video_k3s2p1op1", diag=0, programs_per_sm=0):
+def tap_columns(layer="video_k3s2p1op1", diag=0):
     """A sweep layer's tap_columns kernel (64 x 128 x 32, 4 warps, 3 stages; TF32; float32 pointers), specialised as
     its launch is: runtime arguments equal to 1 constants, those divisible by 16 marked so."""
     from convt3d.bench.workloads import sweep_layers
 
     plan = sweep_layers(layer)[0].plan()
-    tap_columns_module._sm_count = lambda index: 132  # the H200's, for a persistent grid, on a machine without a GPU
-    cfg = dict(KERNEL="tap_columns", BLOCK_M=64, BLOCK_N=128, BLOCK_CI=32, num_warps=4, num_stages=3, DIAG=int(diag),
-               PER_SM=int(programs_per_sm))
+    cfg = dict(KERNEL="tap_columns", BLOCK_M=64, BLOCK_N=128, BLOCK_CI=32, num_warps=4, num_stages=3, DIAG=int(diag))
     od, oh, ow = plan.output_spatial
     out_strides = (plan.out_channels * od * oh * ow, od * oh * ow, oh * ow, ow, 1)
-    bound = tap_columns_module.bind(cfg, plan, 1, True, out_strides, 0)
+    bound = tap_columns_module.bind(cfg, plan, 1, True, out_strides)
     fn = tap_columns_module.tap_columns_kernel
     scalars = dict(zip(fn.arg_names[bound.pointers:], bound.scalars))
     constexprs = {name: value for name, value in bound.options.items() if name in fn.arg_names}

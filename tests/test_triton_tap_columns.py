@@ -110,24 +110,6 @@ def test_every_element_written_and_inputs_untouched(nan_poisoned_allocator):
     assert torch.equal(x, x_before) and torch.equal(w, w_before)
 
 
-@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
-def test_persistent_programs_walk_every_item(cfg, nan_poisoned_allocator, monkeypatch):
-    """PER_SM: a persistent grid, each program running the K-steps of its items as one loop, an item that no tap
-    reaches (the empty phases of case 4) as one step. Few programs (3 under the interpreter; on a GPU PER_SM, as if it
-    had one multiprocessor), so that each walks several items. The interpreter runs that loop as written; how Triton
-    pipelines it across items shows on a GPU only."""
-    monkeypatch.setattr(tap_columns, "_sm_count", lambda index: 1)
-    tap_columns._geometry.cache_clear()  # (grids cached with the real count)
-    try:
-        x, w, b = tensors(cfg, torch.float32)
-        x_before = x.clone()
-        y = run(x, w, b, cfg, TF32X3, dict(CONFIGS[0], PER_SM=2))
-    finally:
-        tap_columns._geometry.cache_clear()
-    assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
-    assert torch.equal(x, x_before)
-
-
 def test_channels_last_input_keeps_pytorchs_memory_format():
     cfg = CASES[0]
     x, w, b = tensors(cfg, torch.float32)

@@ -649,7 +649,7 @@ def _launch(cfg, plan: Plan, x, w, w_lo, bias, out, precision):
 def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_index: int):
     """A config's launch for a layer, bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out)."""
     if cfg.get("KERNEL") == "tap_columns":
-        return tap_columns.bind(cfg, plan, precision, has_bias, out_strides, device_index)
+        return tap_columns.bind(cfg, plan, precision, has_bias, out_strides)
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_CO"], cfg["BLOCK_CI"], cfg["PER_SM"],
                                                 device_index)
     return _kernel.bind(

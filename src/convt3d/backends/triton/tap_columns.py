@@ -39,7 +39,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from . import cdiv, interpreted, next_power_of_2, power_of_2_at_most
-from .forward import _axis_taps, _sm_count, channels_last_strides, count_on, load_operands, load_weights, mma
+from .forward import _axis_taps, channels_last_strides, count_on, load_operands, load_weights, mma
 from .launch import Launcher
 
 
@@ -66,7 +66,7 @@ def tap_columns_kernel(
     CIN_G, COUT_G, D, H, W, OD, OH, OW, KD, KH,
     sxn, sxc, sxd, sxh, sxw,
     syn, syc, syd, syh, syw,
-    U_H, TILES, CO_BLOCKS, GROUPS, ITEMS,
+    U_H, TILES, CO_BLOCKS, GROUPS,
     S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
     P_D: tl.constexpr, P_H: tl.constexpr, P_W: tl.constexpr,
     DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
@@ -75,113 +75,27 @@ def tap_columns_kernel(
     U_W: tl.constexpr, CI_BLOCKS: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr,
-    PERSISTENT: tl.constexpr = False, DIAG: tl.constexpr = 0,
+    DIAG: tl.constexpr = 0,
 ):
     # GEMM columns (t_w, co), co fastest: a tap's weight rows lie together, and each thread's accumulator holds
     # all taps of its columns, so that summing over taps stays in registers. Tensor shapes are powers of two, so the
     # KW taps are split in two column groups on the same A tile: taps [0, KW_A) and [KW_A, KW_A + KW_B) (KW_B 0: one
     # group), the taps past KW padding (zero columns). KW = 3 takes 2 + 1 groups rather than 4 padded columns.
-    #
-    # A work item is a tile of slots by a block of output channels (_item): one per program, or with PERSISTENT a
-    # grid of a few programs per multiprocessor, each taking the items pid, pid + programs, ... as one loop over all
-    # their K-steps, so that Triton's pipeliner loads the next item's first tiles while an item ends (tl.range's
-    # flatten does not apply: it fuses only inner loops whose trip count is the same for every outer step).
-    N_B: tl.constexpr = (KW_B + (KW_B == 0)) * BLOCK_CO  # acc_b's columns (unused where KW_B is 0)
-    m = tl.arange(0, BLOCK_M)
-    acc_a = tl.zeros([BLOCK_M, KW_A * BLOCK_CO], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_M, N_B], dtype=tl.float32)
-    if PERSISTENT:
-        programs = tl.num_programs(0)
-        # Each item takes at least one step: one that no tap reaches (steps 0) still writes its outputs (the bias).
-        total = 0
-        for item in range(tl.program_id(0), ITEMS, programs):
-            (n, od, v_h, group, co0, first, u_h, s, c, slot_ok, x_base, b_rows_a, b_ok_a, b_rows_b, b_ok_b, q_d, m0_d,
-             t0_d, jd, base_h, m0_h, t0_h, jh_lo, jh_hi, steps) = _item(
-                item, x_ptr, CIN_G, COUT_G, D, H, W, OD, KD, KH, sxn, sxc, U_H, TILES, CO_BLOCKS, GROUPS, S_D, S_H,
-                P_D, P_H, DIL_D, DIL_H, STEP_D, STEP_H, KW, KW_A, KW_B, DMIN, HALO, U_W, CI_BLOCKS, BLOCK_M, BLOCK_CO)
-            total += tl.maximum(steps, 1)
-        # (The first item's values, to give the loop's variables their types; its first step sets them again.)
-        item = tl.program_id(0) - programs
-        (n, od, v_h, group, co0, first, u_h, s, c, slot_ok, x_base, b_rows_a, b_ok_a, b_rows_b, b_ok_b, q_d, m0_d,
-         t0_d, jd, base_h, m0_h, t0_h, jh_lo, jh_hi, steps) = _item(
-            tl.program_id(0), x_ptr, CIN_G, COUT_G, D, H, W, OD, KD, KH, sxn, sxc, U_H, TILES, CO_BLOCKS, GROUPS, S_D,
-            S_H, P_D, P_H, DIL_D, DIL_H, STEP_D, STEP_H, KW, KW_A, KW_B, DMIN, HALO, U_W, CI_BLOCKS, BLOCK_M, BLOCK_CO)
-        jh = jh_lo
-        ci0 = jh * 0
-        # k: the step within the current item, of item_steps. (Counted so, from one expression at the loop's top, as
-        # Triton's persistent matmul tutorial counts its K-tiles: with a count of steps left, decremented after the
-        # MMAs, Triton 3.6 did not pipeline the loop.)
-        k = ci0 - 1
-        item_steps = ci0
-        for _ in range(total):
-            k = tl.where(k == item_steps - 1, 0, k + 1)
-            if k == 0:  # the next item
-                item += programs
-                # (Clamped: the pipeliner forms the addresses of steps past the loop's end too.)
-                (n, od, v_h, group, co0, first, u_h, s, c, slot_ok, x_base, b_rows_a, b_ok_a, b_rows_b, b_ok_b, q_d,
-                 m0_d, t0_d, jd, base_h, m0_h, t0_h, jh_lo, jh_hi, steps) = _item(
-                    tl.minimum(item, ITEMS - 1), x_ptr, CIN_G, COUT_G, D, H, W, OD, KD, KH, sxn, sxc, U_H, TILES,
-                    CO_BLOCKS, GROUPS, S_D, S_H, P_D, P_H, DIL_D, DIL_H, STEP_D, STEP_H, KW, KW_A, KW_B, DMIN, HALO,
-                    U_W, CI_BLOCKS, BLOCK_M, BLOCK_CO)
-                jh = jh_lo
-                ci0 = jh * 0
-                item_steps = tl.maximum(steps, 1)
-            reached = slot_ok & (steps + m * 0 > 0)  # (an item no tap reaches runs one step of zeros)
-            acc_a, acc_b, jd, jh, ci0 = _k_step(
-                acc_a, acc_b, jd, jh, ci0, reached, m, u_h, c, x_base, w_ptr, w_lo_ptr, b_rows_a, b_ok_a, b_rows_b,
-                b_ok_b, q_d, m0_d, t0_d, base_h, m0_h, t0_h, jh_lo, jh_hi, CIN_G, COUT_G, D, H, W, KD, KH, sxc, sxd,
-                sxh, sxw, GROUPS, S_D, S_H, DIL_D, DIL_H, STEP_D, STEP_H, KW, KW_B, CI_BLOCKS, PRECISION,
-                INTERPRETED, BLOCK_CI, EVEN_CI)
-            if k == item_steps - 1:
-                _store_item(acc_a, acc_b, item, m, n, od, v_h, group, co0, first, u_h, s, b_ptr, y_ptr, COUT_G, OH, OW,
-                            syn, syc, syd, syh, syw, S_H, S_W, P_W, DIL_W, KW_A, KW_B, DMIN, HALO, U_W, HAS_BIAS,
-                            BLOCK_M, BLOCK_CO, DIAG)
-                acc_a = tl.zeros([BLOCK_M, KW_A * BLOCK_CO], dtype=tl.float32)
-                acc_b = tl.zeros([BLOCK_M, N_B], dtype=tl.float32)
-    else:
-        item = tl.program_id(0)
-        (n, od, v_h, group, co0, first, u_h, s, c, slot_ok, x_base, b_rows_a, b_ok_a, b_rows_b, b_ok_b, q_d, m0_d,
-         t0_d, jd, base_h, m0_h, t0_h, jh_lo, jh_hi, steps) = _item(
-            item, x_ptr, CIN_G, COUT_G, D, H, W, OD, KD, KH, sxn, sxc, U_H, TILES, CO_BLOCKS, GROUPS, S_D, S_H, P_D,
-            P_H, DIL_D, DIL_H, STEP_D, STEP_H, KW, KW_A, KW_B, DMIN, HALO, U_W, CI_BLOCKS, BLOCK_M, BLOCK_CO)
-        jh = jh_lo
-        ci0 = jh * 0
-        if DIAG == 2:  # diagnostic: one K-step (a wrong result): the item's time but for its other steps
-            steps = tl.minimum(steps, 1)
-        for _ in range(steps):
-            acc_a, acc_b, jd, jh, ci0 = _k_step(
-                acc_a, acc_b, jd, jh, ci0, slot_ok, m, u_h, c, x_base, w_ptr, w_lo_ptr, b_rows_a, b_ok_a, b_rows_b,
-                b_ok_b, q_d, m0_d, t0_d, base_h, m0_h, t0_h, jh_lo, jh_hi, CIN_G, COUT_G, D, H, W, KD, KH, sxc, sxd,
-                sxh, sxw, GROUPS, S_D, S_H, DIL_D, DIL_H, STEP_D, STEP_H, KW, KW_B, CI_BLOCKS, PRECISION,
-                INTERPRETED, BLOCK_CI, EVEN_CI)
-        _store_item(acc_a, acc_b, item, m, n, od, v_h, group, co0, first, u_h, s, b_ptr, y_ptr, COUT_G, OH, OW, syn,
-                    syc, syd, syh, syw, S_H, S_W, P_W, DIL_W, KW_A, KW_B, DMIN, HALO, U_W, HAS_BIAS, BLOCK_M, BLOCK_CO,
-                    DIAG)
-
-
-@triton.jit
-def _item(item, x_ptr, CIN_G, COUT_G, D, H, W, OD, KD, KH, sxn, sxc, U_H, TILES, CO_BLOCKS, GROUPS,
-          S_D: tl.constexpr, S_H: tl.constexpr, P_D: tl.constexpr, P_H: tl.constexpr, DIL_D: tl.constexpr,
-          DIL_H: tl.constexpr, STEP_D: tl.constexpr, STEP_H: tl.constexpr, KW: tl.constexpr, KW_A: tl.constexpr,
-          KW_B: tl.constexpr, DMIN: tl.constexpr, HALO: tl.constexpr, U_W: tl.constexpr, CI_BLOCKS: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr):
-    """Work item `item`: where it lies (n, od, v_h, group, co0, first), its slots (u_h, s, c, slot_ok), its input's and
-    weight rows' bases, its depth and height taps (q_d, m0_d, t0_d, jd_lo, base_h, m0_h, t0_h, jh_lo, jh_hi) and its
-    number of K-steps."""
-    OUTPUTS: tl.constexpr = BLOCK_M - HALO  # slots whose outputs an item writes
-    # Work-item order: output-channel blocks fastest, so that items reading one input tile run together.
-    co_block = item % (CO_BLOCKS * GROUPS)
-    rest = item // (CO_BLOCKS * GROUPS)
-    tile = rest % TILES
-    rest = rest // TILES
-    v_h = rest % S_H
-    rest = rest // S_H
-    od = rest % OD
-    n = rest // OD
+    OUTPUTS: tl.constexpr = BLOCK_M - HALO  # slots whose outputs this program writes
+    # Program order: output-channel blocks fastest, so that programs reading one input tile run together.
+    pid = tl.program_id(0)
+    co_block = pid % (CO_BLOCKS * GROUPS)
+    pid = pid // (CO_BLOCKS * GROUPS)
+    tile = pid % TILES
+    pid = pid // TILES
+    v_h = pid % S_H
+    pid = pid // S_H
+    od = pid % OD
+    n = pid // OD
     group = co_block // CO_BLOCKS
     co0 = (co_block % CO_BLOCKS) * BLOCK_CO
 
-    # The item's slots: virtual rows of U_W + HALO slots, slot s of row u_h holding input column s + DMIN. (U_W is
+    # The program's slots: virtual rows of U_W + HALO slots, slot s of row u_h holding input column s + DMIN. (U_W is
     # a constexpr, one compile per output width, so that the slots' divisions by the row's length here and in the
     # epilogue are multiplications.)
     row_slots = U_W + HALO
@@ -191,9 +105,11 @@ def _item(item, x_ptr, CIN_G, COUT_G, D, H, W, OD, KD, KH, sxn, sxc, U_H, TILES,
     s = (first + m) % row_slots
     c = s + DMIN
 
-    # Depth: one output plane od = S_D * u_d + v_d, compact index q_d; height: the item's rows (as in forward.py).
+    # Depth: one output plane od = S_D * u_d + v_d, compact index q_d; height: the program's rows (as in forward.py).
+    M_STEP_D: tl.constexpr = STEP_D * DIL_D // S_D
     base_d, m0_d, t0_d, jd_lo, jd_hi = _axis_taps(od % S_D, od // S_D, od // S_D, D, KD, S_D, P_D, DIL_D, STEP_D)
     q_d = od // S_D + base_d
+    M_STEP_H: tl.constexpr = STEP_H * DIL_H // S_H
     u_h_last = tl.minimum((first + BLOCK_M - 1) // row_slots, U_H - 1)
     base_h, m0_h, t0_h, jh_lo, jh_hi = _axis_taps(v_h, first // row_slots, u_h_last, H, KH, S_H, P_H, DIL_H, STEP_H)
 
@@ -202,100 +118,81 @@ def _item(item, x_ptr, CIN_G, COUT_G, D, H, W, OD, KD, KH, sxn, sxc, U_H, TILES,
     # B: the weight rows (t_w, co) of each column group, of the taps (t_d, t_h, t_w), in the layout (taps, groups,
     # C_out/g, C_in/g).
     b_rows_a, b_ok_a = _weight_rows(0, KW_A, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
+    acc_a = tl.zeros([BLOCK_M, KW_A * BLOCK_CO], dtype=tl.float32)
     if KW_B > 0:
         b_rows_b, b_ok_b = _weight_rows(KW_A, KW_B, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
-    else:  # (unused)
-        b_rows_b, b_ok_b = b_rows_a, b_ok_a
+        acc_b = tl.zeros([BLOCK_M, KW_B * BLOCK_CO], dtype=tl.float32)
+    # The K-steps walk (depth tap, height tap, channel block), the channels fastest, counted on (forward.count_on)
+    # rather than divided out of k: this loop has few steps (video_k3s2p1op1: 2.25 taps of 2 channel blocks). With U_W
+    # and CI_BLOCKS constexprs as well, the best config's kernel on the H200 (TF32): k3s1p1 0.048-0.051 -> 0.039-0.040
+    # ms, wide_256to128_k3s2 0.061-0.064 -> 0.050-0.052, vae_k4s2p1 0.093-0.095 -> 0.080-0.081, video_k3s2p1op1
+    # 0.040-0.042 -> 0.038-0.039 (benchmarks/RESULTS.md, twenty-eighth session).
+    ci0 = jd_lo * 0
+    jd = jd_lo
+    jh = jh_lo
     steps = (jd_hi - jd_lo) * (jh_hi - jh_lo) * CI_BLOCKS
-    return (n, od, v_h, group, co0, first, u_h, s, c, slot_ok, x_base, b_rows_a, b_ok_a, b_rows_b, b_ok_b, q_d, m0_d,
-            t0_d, jd_lo, base_h, m0_h, t0_h, jh_lo, jh_hi, steps)
+    if DIAG == 2:  # diagnostic: one K-step (a wrong result): the program's time but for its other steps
+        steps = tl.minimum(steps, 1)
+    for k in range(steps):
+        t_d = tl.minimum(t0_d + jd * STEP_D, KD - 1)
+        t_h = tl.minimum(t0_h + jh * STEP_H, KH - 1)
+        i_d = q_d - m0_d - jd * M_STEP_D + m * 0  # broadcast: the interpreter cannot mask with scalars
+        i_h = u_h + base_h - m0_h - jh * M_STEP_H
+        row_ok = slot_ok & (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H)
+        rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
+                + tl.minimum(tl.maximum(c, 0), W - 1) * sxw)
+        tap_base = (t_d * KH + t_h) * KW * GROUPS * COUT_G * CIN_G
+        a, a_lo, b, b_lo = load_operands(x_base, w_ptr, w_lo_ptr, rows, row_ok, tap_base + b_rows_a, b_ok_a, ci0,
+                                         CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI)
+        acc_a = mma(acc_a, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
+        if KW_B > 0:
+            b, b_lo = load_weights(w_ptr, w_lo_ptr, tap_base + b_rows_b, b_ok_b, ci0, CIN_G, PRECISION, BLOCK_CI,
+                                   EVEN_CI)
+            acc_b = mma(acc_b, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
+        # (Past the last step jd runs on; the pipeliner forms those steps' addresses too, clamped above.)
+        ci0, carry = count_on(ci0, 0, CI_BLOCKS * BLOCK_CI, True, BLOCK_CI)
+        jh, carry = count_on(jh, jh_lo, jh_hi, carry)
+        jd = tl.where(carry, jd + 1, jd)
 
-
-@triton.jit
-def _k_step(acc_a, acc_b, jd, jh, ci0, slot_ok, m, u_h, c, x_base, w_ptr, w_lo_ptr, b_rows_a, b_ok_a, b_rows_b, b_ok_b,
-            q_d, m0_d, t0_d, base_h, m0_h, t0_h, jh_lo, jh_hi, CIN_G, COUT_G, D, H, W, KD, KH, sxc, sxd, sxh, sxw,
-            GROUPS, S_D: tl.constexpr, S_H: tl.constexpr, DIL_D: tl.constexpr, DIL_H: tl.constexpr,
-            STEP_D: tl.constexpr, STEP_H: tl.constexpr, KW: tl.constexpr, KW_B: tl.constexpr,
-            CI_BLOCKS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_CI: tl.constexpr,
-            EVEN_CI: tl.constexpr):
-    """One K-step of an item: the channel block ci0 of its depth tap jd and height tap jh into acc_a (and acc_b), and
-    the next step's (jd, jh, ci0).
-
-    The K-steps walk (depth tap, height tap, channel block), the channels fastest, counted on (forward.count_on)
-    rather than divided out of a step index: an item has few steps (video_k3s2p1op1: 2.25 taps of 2 channel blocks).
-    With U_W and CI_BLOCKS constexprs as well, the best config's kernel on the H200 (TF32): k3s1p1 0.048-0.051 ->
-    0.039-0.040 ms, wide_256to128_k3s2 0.061-0.064 -> 0.050-0.052, vae_k4s2p1 0.093-0.095 -> 0.080-0.081,
-    video_k3s2p1op1 0.040-0.042 -> 0.038-0.039 (benchmarks/RESULTS.md, twenty-eighth session)."""
-    M_STEP_D: tl.constexpr = STEP_D * DIL_D // S_D
-    M_STEP_H: tl.constexpr = STEP_H * DIL_H // S_H
-    t_d = tl.minimum(t0_d + jd * STEP_D, KD - 1)
-    t_h = tl.minimum(t0_h + jh * STEP_H, KH - 1)
-    i_d = q_d - m0_d - jd * M_STEP_D + m * 0  # broadcast: the interpreter cannot mask with scalars
-    i_h = u_h + base_h - m0_h - jh * M_STEP_H
-    row_ok = slot_ok & (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H)
-    rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
-            + tl.minimum(tl.maximum(c, 0), W - 1) * sxw)
-    tap_base = (t_d * KH + t_h) * KW * GROUPS * COUT_G * CIN_G
-    a, a_lo, b, b_lo = load_operands(x_base, w_ptr, w_lo_ptr, rows, row_ok, tap_base + b_rows_a, b_ok_a, ci0,
-                                     CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI)
-    acc_a = mma(acc_a, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
-    if KW_B > 0:
-        b, b_lo = load_weights(w_ptr, w_lo_ptr, tap_base + b_rows_b, b_ok_b, ci0, CIN_G, PRECISION, BLOCK_CI, EVEN_CI)
-        acc_b = mma(acc_b, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
-    # (Past an item's last step jd runs on; the pipeliner forms those steps' addresses too, clamped above.)
-    ci0, carry = count_on(ci0, 0, CI_BLOCKS * BLOCK_CI, True, BLOCK_CI)
-    jh, carry = count_on(jh, jh_lo, jh_hi, carry)
-    jd = tl.where(carry, jd + 1, jd)
-    return acc_a, acc_b, jd, jh, ci0
-
-
-@triton.jit
-def _store_item(acc_a, acc_b, item, m, n, od, v_h, group, co0, first, u_h, s, b_ptr, y_ptr, COUT_G, OH, OW,
-                syn, syc, syd, syh, syw, S_H: tl.constexpr, S_W: tl.constexpr, P_W: tl.constexpr, DIL_W: tl.constexpr,
-                KW_A: tl.constexpr, KW_B: tl.constexpr, DMIN: tl.constexpr, HALO: tl.constexpr, U_W: tl.constexpr,
-                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, DIAG: tl.constexpr):
-    """An item's outputs from its GEMM: each output column phase summed over its taps, the bias added, stored."""
-    OUTPUTS: tl.constexpr = BLOCK_M - HALO
-    row_slots = U_W + HALO
-    if DIAG == 4:  # diagnostic: no epilogue (a wrong result): the K-steps' time, one value stored per item
+    if DIAG == 4:  # diagnostic: no epilogue (a wrong result): the K-steps' time, one value stored per program
         total = tl.sum(tl.sum(acc_a, axis=1), axis=0)
         if KW_B > 0:
             total += tl.sum(tl.sum(acc_b, axis=1), axis=0)
-        tl.store(y_ptr + item, total.to(y_ptr.dtype.element_ty))
+        tl.store(y_ptr + tl.program_id(0), total.to(y_ptr.dtype.element_ty))
+        return
+    # Each tap's column of P, moved up by its shift delta(t_w) - DMIN, lines up with the outputs it feeds; summed per
+    # column phase.
+    out_even, out_odd = _phase_sums(acc_a, 0, KW_A, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
+    if KW_B > 0:
+        even_b, odd_b = _phase_sums(acc_b, KW_A, KW_B, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
+        out_even += even_b
+        out_odd += odd_b
+    co_t = co0 + tl.arange(0, BLOCK_CO)
+    co_ok = co_t < COUT_G
+    if DIAG == 3:  # diagnostic: a mask that no element passes, but one the compiler cannot drop with the GEMM
+        co_ok = co_ok & (tl.sum(out_even, axis=0) != tl.sum(out_even, axis=0))
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + group * COUT_G + co_t, mask=co_ok, other=0.0).to(tl.float32)
     else:
-        # Each tap's column of P, moved up by its shift delta(t_w) - DMIN, lines up with the outputs it feeds; summed
-        # per column phase.
-        out_even, out_odd = _phase_sums(acc_a, 0, KW_A, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
-        if KW_B > 0:
-            even_b, odd_b = _phase_sums(acc_b, KW_A, KW_B, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
-            out_even += even_b
-            out_odd += odd_b
-        co_t = co0 + tl.arange(0, BLOCK_CO)
-        co_ok = co_t < COUT_G
-        if DIAG == 3:  # diagnostic: a mask that no element passes, but one the compiler cannot drop with the GEMM
-            co_ok = co_ok & (tl.sum(out_even, axis=0) != tl.sum(out_even, axis=0))
-        if HAS_BIAS:
-            bias = tl.load(b_ptr + group * COUT_G + co_t, mask=co_ok, other=0.0).to(tl.float32)
-        else:
-            bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
-        out_even += bias[None, :]
-        y_base = y_ptr + n.to(tl.int64) * syn + od.to(tl.int64) * syd + (group * COUT_G).to(tl.int64) * syc
-        if S_W == 1:
-            oh = S_H * u_h + v_h
-            ok = (m < OUTPUTS) & (s < U_W) & (oh < OH)
-            ptrs = y_base + co_t[:, None] * syc + (oh * syh + s * syw)[None, :]
-            tl.store(ptrs, tl.trans(out_even).to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok[None, :])
-        else:
-            # Stride 2: both column phases interleaved in registers, so that each output row is stored contiguously.
-            out_odd += bias[None, :]
-            tile_out = tl.reshape(tl.permute(tl.join(out_even, out_odd), (1, 0, 2)), (BLOCK_CO, 2 * BLOCK_M))
-            e = tl.arange(0, 2 * BLOCK_M)
-            slot = first + e // 2
-            oh2 = S_H * (slot // row_slots) + v_h
-            ow2 = 2 * (slot % row_slots) + e % 2
-            ok2 = (e // 2 < OUTPUTS) & (slot % row_slots < U_W) & (oh2 < OH) & (ow2 < OW)
-            tl.store(y_base + co_t[:, None] * syc + (oh2 * syh + ow2 * syw)[None, :],
-                     tile_out.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok2[None, :])
+        bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
+    out_even += bias[None, :]
+    y_base = y_ptr + n.to(tl.int64) * syn + od.to(tl.int64) * syd + (group * COUT_G).to(tl.int64) * syc
+    if S_W == 1:
+        oh = S_H * u_h + v_h
+        ok = (m < OUTPUTS) & (s < U_W) & (oh < OH)
+        ptrs = y_base + co_t[:, None] * syc + (oh * syh + s * syw)[None, :]
+        tl.store(ptrs, tl.trans(out_even).to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok[None, :])
+    else:
+        # Stride 2: both column phases interleaved in registers, so that each output row is stored contiguously.
+        out_odd += bias[None, :]
+        tile_out = tl.reshape(tl.permute(tl.join(out_even, out_odd), (1, 0, 2)), (BLOCK_CO, 2 * BLOCK_M))
+        e = tl.arange(0, 2 * BLOCK_M)
+        slot = first + e // 2
+        oh2 = S_H * (slot // row_slots) + v_h
+        ow2 = 2 * (slot % row_slots) + e % 2
+        ok2 = (e // 2 < OUTPUTS) & (slot % row_slots < U_W) & (oh2 < OH) & (ow2 < OW)
+        tl.store(y_base + co_t[:, None] * syc + (oh2 * syh + ow2 * syw)[None, :],
+                 tile_out.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok2[None, :])
 
 
 @triton.jit
@@ -340,8 +237,7 @@ def configs(plan: Plan | None = None):
     on 128 slots (8 warps: one program per multiprocessor; 4 warps: 255 registers, spilling on wide_256to128_k3s2).
     Twenty-seventh session, twelve new configs (16 or 64 channels a step, 2-4 stages, 64-256 columns): 64 slots by 128
     columns in two stages took video_k3s2p1op1's kernel from 0.0433 to 0.0408 ms (TF32; 192 columns in two stages
-    0.0408-0.0410), and on vae_k4s2p1 and its float16 version none beat the current configs. None asks for the
-    persistent grid (PER_SM): that form has not run on a GPU yet (benchmarks/diag_tap_columns.py times it)."""
+    0.0408-0.0410), and on vae_k4s2p1 and its float16 version none beat the current configs."""
     if interpreted():
         # 48 columns: both column layouts on small layers (KW = 3 splits in 2 + 1 taps by 16 channels).
         return [dict(KERNEL="tap_columns", BLOCK_M=32, BLOCK_N=48, BLOCK_CI=16, num_warps=4, num_stages=1)]
@@ -378,9 +274,8 @@ def column_layout(plan: Plan, block_n: int) -> tuple[int, int, int]:
 
 
 @functools.lru_cache(maxsize=256)
-def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int, programs_per_sm: int, device_index: int):
-    """(grid, the kernel's sizes, blocks, constexprs) of a config for a layer: once per layer, as host time shows.
-    programs_per_sm 0: a program per work item; else a persistent grid of that many programs per multiprocessor."""
+def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int):
+    """(grid, the kernel's sizes, blocks, constexprs) of a config for a layer: once per layer, as host time shows."""
     d_min, halo = w_shifts(plan)
     n, c_in, (d, h, w_in) = plan.batch, plan.in_channels, plan.input_spatial
     groups = plan.groups
@@ -393,31 +288,22 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int, programs_pe
     u_h, u_w = cdiv(oh, s_h), cdiv(ow, s_w)
     tiles = cdiv(u_h * (u_w + halo) - halo, block_m - halo)
     co_blocks = cdiv(cout_g, block_co)
-    items = n * od * s_h * tiles * co_blocks * groups
-    if not programs_per_sm:
-        programs = items
-    elif interpreted():
-        programs = min(items, 3)  # few programs, so that the interpreter walks the item loop too
-    else:
-        programs = min(items, programs_per_sm * _sm_count(device_index))
+    grid = (n * od * s_h * tiles * co_blocks * groups,)
     sizes = (cin_g, cout_g, d, h, w_in, od, oh, ow, kd, kh)
-    blocks = (u_h, tiles, co_blocks, groups, items)
+    blocks = (u_h, tiles, co_blocks, groups)
     constexprs = (
         ("S_D", s_d), ("S_H", s_h), ("S_W", s_w), ("P_D", p_d), ("P_H", p_h), ("P_W", p_w),
         ("DIL_D", dl_d), ("DIL_H", dl_h), ("DIL_W", dl_w), ("STEP_D", s_d // math.gcd(s_d, dl_d)),
         ("STEP_H", s_h // math.gcd(s_h, dl_h)), ("KW", kw), ("KW_A", kw_a), ("KW_B", kw_b), ("DMIN", d_min),
         ("HALO", halo), ("U_W", u_w), ("CI_BLOCKS", cdiv(cin_g, block_ci)), ("BLOCK_M", block_m),
-        ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci), ("EVEN_CI", cin_g % block_ci == 0),
-        ("PERSISTENT", bool(programs_per_sm)))
-    return (programs,), sizes, blocks, constexprs
+        ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci), ("EVEN_CI", cin_g % block_ci == 0))
+    return grid, sizes, blocks, constexprs
 
 
-def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_index: int):
+def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides):
     """A config's launch for a layer on forward._operands' results (x channels-last, w tap-major and K-major),
-    bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out). A config's PER_SM (absent: 0) asks for a
-    persistent grid of that many programs per multiprocessor."""
-    grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_CI"],
-                                                cfg.get("PER_SM", 0), device_index)
+    bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out)."""
+    grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_CI"])
     return _kernel.bind(
         grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
         (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _kernel.interpreted),
