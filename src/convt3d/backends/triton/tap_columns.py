@@ -81,6 +81,9 @@ def tap_columns_kernel(
     # all taps of its columns, so that summing over taps stays in registers. Tensor shapes are powers of two, so the
     # KW taps are split in two column groups on the same A tile: taps [0, KW_A) and [KW_A, KW_A + KW_B) (KW_B 0: one
     # group), the taps past KW padding (zero columns). KW = 3 takes 2 + 1 groups rather than 4 padded columns.
+    # One program per work item: a persistent grid, each program running several items' K-steps as one loop so that
+    # the next item's loads overlap an item's epilogue, roughly doubled the registers and took 16-232% more time on
+    # every sweep layer tried (benchmarks/RESULTS.md, thirtieth session).
     OUTPUTS: tl.constexpr = BLOCK_M - HALO  # slots whose outputs this program writes
     # Program order: output-channel blocks fastest, so that programs reading one input tile run together.
     pid = tl.program_id(0)
