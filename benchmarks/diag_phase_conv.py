@@ -1,7 +1,7 @@
-"""Problem 77's forward phase by the CUDA phase correlation (backends/cuda/phase_conv.py) on the GPU, in TF32 and with
-TF32 off (3xTF32 and 3xFP16, phase_conv.py's SPLIT 1 and 2): the correlation alone into a compact output and into the
-output's lattice, the whole forward through it (backend="torch": operand pass, fill, correlation), and a phase's
-grad_input (operand pass + correlation).
+"""Problem 77's forward phase by the CUDA phase correlation (backends/cuda/phase_conv.py) on the GPU, in TF32 mode (TF32
+and FP16, phase_conv.py's SPLIT 0 and 3) and with TF32 off (3xTF32 and 3xFP16, SPLIT 1 and 2): the correlation alone
+into a compact output and into the output's lattice, the whole forward through it (backend="torch": operand pass,
+fill, correlation), and a phase's grad_input (operand pass + correlation).
 
     PYTHONPATH=src python3 benchmarks/diag_phase_conv.py [--iters 50] [--tag new]
 
@@ -48,24 +48,27 @@ def main():
         rows.append((args.tag, mode, what, f"{t.mean_ms:.4f}", f"{t.min_ms:.4f}", error))
         print(rows[-1], flush=True)
 
-    for mode, split in (("TF32", 0), ("3xTF32", 1), ("3xFP16", 2)):
-        tf32 = split == 0
+    for mode, split in (("TF32", 0), ("FP16", 3), ("3xTF32", 1), ("3xFP16", 2)):
+        tf32 = split in (0, 3)
         torch.backends.cudnn.allow_tf32 = tf32
-        cuda.SPLIT = split or cuda.SPLIT
+        if tf32:
+            cuda.TF32_SPLIT = split
+        else:
+            cuda.SPLIT = split
         expected = F.conv_transpose3d(x, w, None, **P77)
         start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
         counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]  # its one phase
         window, taps, scales = correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=split)
         compact = torch.full((16, 64, 16, 32, 32), float("nan"), device="cuda")
         into_compact = lambda: cuda.correlate(window, taps, None, compact, 0, compact.stride(), grid, offsets, counts,
-                                              firsts, steps, dilation, scales)
+                                              firsts, steps, dilation, scales, split)
         into_compact()
         row(mode, "correlation, compact output", into_compact,
             f"{relative_error(compact, reference[:, :, 1::2, 1::2, 1::2]):.1e}")
         out = torch.zeros(plan.output_shape, device="cuda")
         offset, _, strides = _lattice_geometry(plan, phases, out.stride())
         row(mode, "correlation into the lattice", lambda: cuda.correlate(
-            window, taps, None, out, offset, strides, grid, offsets, counts, firsts, steps, dilation, scales))
+            window, taps, None, out, offset, strides, grid, offsets, counts, firsts, steps, dilation, scales, split))
         forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
         y = forward()
         row(mode, "forward (backend torch)", forward,

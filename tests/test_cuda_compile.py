@@ -108,7 +108,7 @@ FORWARD, WEIGHT = _correlations()
 
 
 @pytest.mark.parametrize("c_in, c_out, taps, dilation", FORWARD)
-@pytest.mark.parametrize("split", [0, 1, 2], ids=["tf32", "3xtf32", "3xfp16"])
+@pytest.mark.parametrize("split", [0, 1, 2, 3], ids=["tf32", "3xtf32", "3xfp16", "fp16"])
 def test_phase_correlation_compiles_without_spills(c_in, c_out, taps, dilation, split, tmp_path):
     chosen = cuda.config(c_in, c_out, taps, dilation, split)
     if chosen is None:

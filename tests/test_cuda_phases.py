@@ -44,22 +44,25 @@ def pow2_scale(amax: float) -> float:
 
 
 def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, grid, offsets, taps, first_taps,
-                       tap_steps, dilation, scales=None):
+                       tap_steps, dilation, scales=None, split=None):
     """cuda.correlate, emulated: one phase of emulated_correlate_phases."""
     emulated_correlate_phases(window, weight_taps, bias, out, out_strides, grid, taps, dilation,
-                              ((*offsets, *first_taps, *tap_steps, out_offset),), scales)
+                              ((*offsets, *first_taps, *tap_steps, out_offset),), scales, split)
 
 
-def emulated_correlate_phases(window, weight_taps, bias, out, out_strides, grid, taps, dilation, phases, scales=None):
+def emulated_correlate_phases(window, weight_taps, bias, out, out_strides, grid, taps, dilation, phases, scales=None,
+                              split=None):
     """What the kernel computes (phase_conv.py) for each phase of a launch (cuda.correlate_phases), in float64; it also
     checks that every read of every whole tile lies inside the window, as the kernel assumes (its tile rows chosen
     for all the launch's phases). 3xTF32 (weight_taps' hi and lo parts): the window's values split as the kernel
     splits them, and the three products it adds. 3xFP16 (float16 weight_taps): the same with the window scaled by the
     power of two of its largest magnitude (the kernel takes each plane's from the block maxima, which are checked
-    here) and the result by the weight's inverse scales."""
+    here) and the result by the weight's inverse scales; FP16 (split 3, 3xFP16's operands) the same with the hi parts
+    alone."""
     assert 1 <= len(phases) and all(len(phase) == 10 for phase in phases)
     n, c_in = window.shape[0], window.shape[4]
-    split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
+    if split is None:
+        split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
     c_out = weight_taps.shape[3 + (split == 1)]
     rows = cuda.tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n * len(phases), tuple(grid))
     for phase in phases:
@@ -81,7 +84,7 @@ def _emulated_phase(window, weight_taps, bias, out, out_offset, out_strides, gri
         w = weight_taps.double()[index[0]][:, index[1]][:, :, index[2]].permute(3, 4, 0, 1, 2)
         return F.conv3d(x, w, dilation=dilation)[:, :, :qd, :qh, :qw]
 
-    if split == 2:
+    if split >= 2:
         block_max, block_p, inverse = scales
         padded = F.pad(window.abs(), (0, 0, 0, -xw % block_p))
         assert torch.equal(block_max, padded.view(n, xd, xh, -1, block_p * c_in).amax(-1))
@@ -90,7 +93,10 @@ def _emulated_phase(window, weight_taps, bias, out, out_offset, out_strides, gri
         x_hi = x.half().double()
         x_lo = (x - x_hi).half().double()
         w_hi, w_lo = fp16_parts(weight_taps)
-        y = (correlation(x_hi, w_hi) + correlation(x_hi, w_lo) + correlation(x_lo, w_hi)) / scale
+        y = correlation(x_hi, w_hi)
+        if split == 2:
+            y = y + correlation(x_hi, w_lo) + correlation(x_lo, w_hi)
+        y = y / scale
         y = y * inverse.double().view(1, -1, 1, 1, 1)
     elif split == 1:
         x_hi = round_tf32(window)
@@ -173,12 +179,14 @@ def _layer(c_in, c_out, kernel, stride, padding, dilation, output_padding, spati
     return x, w, b, plan, dict(stride=stride, padding=padding, output_padding=output_padding, dilation=dilation)
 
 
-@pytest.fixture(params=["tf32", "3xtf32", "3xfp16"])
+@pytest.fixture(params=["tf32", "fp16", "3xtf32", "3xfp16"])
 def tf32(request, monkeypatch):
-    """Whether TF32 is on for a test: in TF32 mode, or with TF32 off in each split (cuda.SPLIT 1 and 2)."""
-    if request.param != "tf32":
+    """Whether TF32 is on for a test: in TF32 mode in each of its precisions (cuda.TF32_SPLIT 0 and 3), or with TF32
+    off in each split (cuda.SPLIT 1 and 2)."""
+    monkeypatch.setattr(cuda, "TF32_SPLIT", 3 if request.param == "fp16" else 0)
+    if request.param.startswith("3x"):
         monkeypatch.setattr(cuda, "SPLIT", 1 if request.param == "3xtf32" else 2)
-    return request.param == "tf32"
+    return not request.param.startswith("3x")
 
 
 @pytest.mark.parametrize("layer", LAYERS)
@@ -208,8 +216,8 @@ def test_grad_input_phases_match_aten(layer, tf32, monkeypatch):
     monkeypatch.setattr(cuda_phases, "correlate", emulated_correlate)
     monkeypatch.setattr(cuda_phases, "correlate_phases", emulated_correlate_phases)
     x, w, _, plan, _ = _layer(*layer, seed=random.randrange(2**31), tf32_exact=tf32)
-    if not tf32 and cuda.SPLIT == 2 and cuda.phase_conv_channels_unsupported(plan.out_channels, plan.in_channels):
-        pytest.skip("3xFP16's weight halves come in blocks of 32 channels, as the kernel reads them")
+    if cuda_phases._split(tf32) >= 2 and cuda.phase_conv_channels_unsupported(plan.out_channels, plan.in_channels):
+        pytest.skip("FP16 weight halves come in blocks of 32 channels, as the kernel reads them")
     g = torch.randn(plan.output_shape, device=DEVICE)
     g = round_tf32(g) if tf32 else g
     for phases, index in _backward_phases(plan):
@@ -245,6 +253,8 @@ def test_phase_backward_with_the_cuda_kernels(layer, input_by_cuda, weight_by_cu
     monkeypatch.setattr(cuda_phases, "correlate_grad_weight", emulated_correlate_grad_weight)
     monkeypatch.setattr(cuda_phases, "grad_input_unsupported", lambda *args: None if input_by_cuda else "off")
     monkeypatch.setattr(cuda_phases, "grad_weight_unsupported", lambda *args: None if weight_by_cuda else "off")
+    # TF32 itself: FP16's operands come in blocks of 32 channels, which these layers' forced grad_input lacks.
+    monkeypatch.setattr(cuda, "TF32_SPLIT", 0)
     if input_by_cuda and weight_by_cuda:
         monkeypatch.setattr(backward, "phase_operands", None)
     x, w, _, plan, args = _layer(*layer, seed=random.randrange(2**31))

@@ -222,10 +222,13 @@ def tile_rule(request, monkeypatch):
 
 
 @pytest.mark.parametrize("layer", CUDA_PHASE_LAYERS)
-def test_cuda_phase_correlation_kernel(layer, tile_rule):
-    """The CUDA kernels themselves (test_cuda_phases.py emulates them on the CPU) on their layers: every forward
-    phase into a NaN-filled output, each phase's grad_input and grad_weight, against float64 PyTorch. The operands are
-    TF32-exact, so only the float32 sums differ (Hopper's tensor cores also truncate as they accumulate: 1e-5)."""
+@pytest.mark.parametrize("tf32_split", [0, 3], ids=["tf32", "fp16"])
+def test_cuda_phase_correlation_kernel(layer, tf32_split, tile_rule, monkeypatch):
+    """The CUDA kernels themselves (test_cuda_phases.py emulates them on the CPU) on their layers, in TF32 mode's two
+    precisions: every forward phase into a NaN-filled output, each phase's grad_input and grad_weight, against float64
+    PyTorch. The operands are TF32-exact, and so FP16-exact once scaled, so only the float32 sums differ (Hopper's
+    tensor cores also truncate as they accumulate: 1e-5)."""
+    monkeypatch.setattr(cuda, "TF32_SPLIT", tf32_split)
     x, w, b, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
         g = round_tf32(torch.randn(plan.output_shape, device="cuda"))
@@ -256,14 +259,18 @@ def test_cuda_phase_correlation_kernel_with_tf32_off(layer, split, tile_rule, mo
 
 @pytest.mark.parametrize("layer", CUDA_PHASE_LAYERS[:3] + CUDA_PHASE_LAYERS[-3:])
 @pytest.mark.parametrize("x_scale, w_scale", [(2.0**-40, 2.0**30), (2.0**30, 2.0**-40)])
-def test_cuda_phase_correlation_in_3xfp16_scales_out_of_fp16_range(layer, x_scale, w_scale, monkeypatch):
-    """3xFP16 scales the window and the weight by powers of two into FP16's range (2^-24 to 65504): operands far
-    outside it on either side keep float32's accuracy."""
-    monkeypatch.setattr(cuda, "SPLIT", 2)
+@pytest.mark.parametrize("split", [2, 3], ids=["3xfp16", "fp16"])
+def test_cuda_phase_correlation_in_fp16_scales_out_of_fp16_range(layer, x_scale, w_scale, split, monkeypatch):
+    """3xFP16 (TF32 off) and FP16 (TF32 mode) scale the window and the weight by powers of two into FP16's range
+    (2^-24 to 65504): operands far outside it on either side keep float32's accuracy (3xFP16) or TF32's (FP16: 11
+    significant bits, as TF32's, about 3e-4 against float64 on these layers; 1e-3 as the TF32 tests above)."""
+    tf32 = split == 3
+    monkeypatch.setattr(cuda, "TF32_SPLIT" if tf32 else "SPLIT", split)
     x, w, b, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31, tf32_exact=False)
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
         g = torch.randn(plan.output_shape, device="cuda") * x_scale
-        _check_cuda_phase_correlation(x * x_scale, w * w_scale, b * x_scale * w_scale, plan, args, g, False, 1e-6)
+        _check_cuda_phase_correlation(x * x_scale, w * w_scale, b * x_scale * w_scale, plan, args, g, tf32,
+                                      1e-3 if tf32 else 1e-6)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

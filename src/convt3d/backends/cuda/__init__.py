@@ -6,9 +6,11 @@ falls back to cuDNN, logged at debug level), once per configuration, and launche
 cuLaunchKernel with argument arrays built once per launch geometry: the compiled kernel's own call builds them anew
 and loads libcuda on every launch, host time that shows on the GPU machine.
 
-Set CONVT3D_CUDA_KERNELS=0 (or cuda.ENABLED = False) to use cuDNN instead. With TF32 off the phase correlation splits
-its operands in FP16 parts (3xFP16); CONVT3D_SPLIT=1 (or cuda.SPLIT = 1) takes TF32 parts instead (3xTF32, twice the
-MMAs: phase_conv.py).
+Set CONVT3D_CUDA_KERNELS=0 (or cuda.ENABLED = False) to use cuDNN instead. In TF32 mode the phase correlation computes
+in FP16 on operands scaled by powers of two (FP16, phase_conv.py's SPLIT 3: rounded as TF32 rounds them wherever a
+value lies within 2^29 of the largest its tile reads); CONVT3D_TF32_AS_FP16=0 (or cuda.TF32_SPLIT = 0) takes TF32
+itself. With TF32 off it splits its operands in FP16 parts (3xFP16); CONVT3D_SPLIT=1 (or cuda.SPLIT = 1) takes TF32
+parts instead (3xTF32, twice the MMAs).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from . import grad_weight, phase_conv
 ENABLED = os.environ.get("CONVT3D_CUDA_KERNELS", "1") != "0"
 # The phase correlation's precision with TF32 off (phase_conv.py's SPLIT): 1 (3xTF32) or 2 (3xFP16).
 SPLIT = int(os.environ.get("CONVT3D_SPLIT", "2"))
+# Its precision in TF32 mode: 3 (FP16 on operands scaled by powers of two: TF32's 11 significant bits at twice its
+# MMA rate, phase_conv.py) or 0 (TF32 itself, CONVT3D_TF32_AS_FP16=0).
+TF32_SPLIT = 0 if os.environ.get("CONVT3D_TF32_AS_FP16", "1") == "0" else 3
 
 # Hopper (sm_90a: wgmma); the same SASS would not run on later architectures.
 ARCHITECTURE = (9, 0)
@@ -37,8 +42,8 @@ MAX_SHARED_BYTES = 227 * 1024
 def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,
                            dilation, split: int = 0, batch: int = 1, grid=(1, 1, 1)) -> str | None:
     """None when the wgmma phase correlation serves a correlation of c_in -> c_out channels with these taps and tap
-    dilations on this device, in TF32 (split 0), 3xTF32 (1) or 3xFP16 (2), over batch x grid (the tile it compiles
-    for), else a short reason."""
+    dilations on this device, in TF32 (split 0), 3xTF32 (1), 3xFP16 (2) or FP16 (3), over batch x grid (the tile it
+    compiles for), else a short reason."""
     reason = _unsupported_setting(device, dtype, groups, tf32_only=False)
     if reason is not None:
         return reason
@@ -113,7 +118,7 @@ def config(c_in: int, c_out: int, taps, dilation, split: int = 0):
     units = (c_in,) if c_in <= 64 else (64, 32)
     for limit in (MAX_SHARED_BYTES // 2 - 1024, MAX_SHARED_BYTES):
         for rows in (8, 4, 2):
-            if split and rows > 2 and rows // 2 * cob * c_in // 32 > 64 * split:  # (rows // 2: SLABS)
+            if split in (1, 2) and rows > 2 and rows // 2 * cob * c_in // 32 > 64 * split:  # (rows // 2: SLABS)
                 continue
             for unit in units:
                 smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, unit)
@@ -216,25 +221,27 @@ def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: i
 
 
 def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_offset: int, out_strides,
-              grid, offsets, taps, first_taps, tap_steps, dilation, scales=None) -> None:
+              grid, offsets, taps, first_taps, tap_steps, dilation, scales=None, split=None) -> None:
     """out (float32) at element out_offset with out_strides, over grid (QD, QH, QW) x C_out: the correlation of
     phase_conv.py plus bias. window: (N, XD, XH, XW, C_in) with XD, XH, XW at least window_extent(...); weight_taps:
     (kD, kH, kW, C_out, C_in) of the whole kernel, contiguous, TF32-rounded like the window (TF32), or (2, kD, kH,
     kW, C_out, C_in), its hi and lo parts, with the window as it is (3xTF32), or float16 (kD, kH, kW, C_out, 2 C_in),
     its scaled FP16 parts, with the window as it is and scales (3xFP16: window.correlation_operands' block maxima,
     their block's columns and the weight's inverse scales); first_taps, tap_steps: per axis the correlation's first
-    kernel tap and the step between its taps."""
+    kernel tap and the step between its taps. split: the precision, None for the one the operands imply (TF32,
+    3xTF32 or 3xFP16); FP16 (3) takes 3xFP16's operands and reads their hi parts alone."""
     correlate_phases(window, weight_taps, bias, out, out_strides, grid, taps, dilation,
-                     ((*offsets, *first_taps, *tap_steps, out_offset),), scales)
+                     ((*offsets, *first_taps, *tap_steps, out_offset),), scales, split)
 
 
 def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_strides, grid,
-                     taps, dilation, phases, scales=None) -> None:
+                     taps, dilation, phases, scales=None, split=None) -> None:
     """correlate for several correlations of the same grid, tap counts and dilation (phases of one layer), each
     (window offsets, first taps, tap steps: three each, then its element offset in out): one launch per
     phase_conv.MAX_PHASES of them. Their window extent: window_extent's with batch N x len(phases)."""
     n, xd, xh, xw, c_in = window.shape
-    split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
+    if split is None:
+        split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
     kdf, khf, kwf, c_out, _ = weight_taps.shape[split == 1:]
     device = window.device.index or 0
     cob = config(c_in, c_out, tuple(taps), tuple(dilation), split)[1]
@@ -245,7 +252,7 @@ def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out:
     programs = _programs(n, grid, rows, c_out, cob)
     if programs == 0:
         return
-    if split == 2:
+    if split >= 2:
         block_max, max_block, w_inverse = scales
         scale_pointers, scale_ints = (block_max.data_ptr(), w_inverse.data_ptr()), (max_block, block_max.shape[-1])
     else:

@@ -14,8 +14,17 @@ output's lattice of the phase, so that no copy follows. One launch computes up t
 tap counts and dilation (a k4 s2 p1 layer's eight, a k2 s2 layer's eight), each with its own offsets, taps and
 lattice, passed by value: one launch's host time instead of eight.
 
-Three precisions. TF32 (SPLIT 0): window and weight TF32-rounded beforehand, one MMA (m64nNk8) per k-step of 8
-channels. For float32 with TF32 off, two splits that leave out only a_lo b_lo (about 2^-22 of a product):
+Four precisions. In TF32 mode (cuda.TF32_SPLIT):
+- FP16 (SPLIT 3, the default): 3xFP16's operands and scales (below), the hi parts alone: one MMA (m64nNk16) per
+  k-step of 16 channels, at twice TF32's rate. Scaled by powers of two, a float32 value rounds to FP16 as it rounds
+  to TF32 (11 significant bits, to nearest; ties to even where the TF32 conversion rounds them away from zero)
+  wherever it lies within 2^29 of the largest magnitude in its scale's range: the weight's output channel, and here
+  every window plane a program reads, so that one scale serves all its k-steps and the MMAs add into the sums
+  directly, as TF32's do. Smaller values lose bits (FP16's subnormals), and those below 2^-40 of that largest
+  become zero.
+- TF32 (SPLIT 0, CONVT3D_TF32_AS_FP16=0): window and weight TF32-rounded beforehand, one MMA (m64nNk8) per k-step
+  of 8 channels.
+For float32 with TF32 off, two splits that leave out only a_lo b_lo (about 2^-22 of a product):
 - 3xTF32 (SPLIT 1): the window as it is and the weight as two TF32 parts, hi + lo (hi = tf32(w), lo = tf32(w - hi));
   each A fragment is split the same way in registers, and three MMAs add a_hi b_hi + a_hi b_lo + a_lo b_hi.
 - 3xFP16 (SPLIT 2, the default, cuda.SPLIT): the same three products of FP16 parts, hi = f16(v s) and lo = f16(v s -
@@ -52,7 +61,9 @@ compact correlation from 0.154 to 0.134 ms (0.435 to 0.395 in 3xTF32); Nsight Co
 frequent stall on shared-memory loads, the MMAs' fragments' and the tile's. Twenty-fifth session: 3xFP16 took it to
 0.230 ms (the correlation into the output's lattice 0.421 -> 0.261, the forward 0.565 -> 0.409, grad_input 0.588 ->
 0.373), 2.3e-7 off float64 as 3xTF32. Twenty-sixth: the plane split in shared memory (PRESPLIT_TAPS) took the
-correlation into the lattice to 0.240 ms and grad_input to 0.334.
+correlation into the lattice to 0.240 ms and grad_input to 0.334. Thirty-first: FP16 in TF32 mode took the compact
+correlation from 0.137 to 0.115 ms, into the lattice 0.184 -> 0.167, grad_input 0.284 -> 0.271, 2.9e-4 off float64
+as TF32 (benchmarks/diag_phase_conv.py).
 """
 
 # What both wgmma kernels (this one and grad_weight.py's) use: shared-memory addresses, cp.async groups, the
@@ -86,10 +97,13 @@ SOURCE = r"""
 #define PLANE (HH * HW)
 #define THREADS 128
 #define U (C_IN / UC)                       // weight units per tap, UC channels each: a ring stage each
-#define K_STEP (SPLIT == 2 ? 16 : 8)        // channels per k-step: m64nNk8 (TF32) or m64nNk16 (FP16)
+#define HALF (SPLIT >= 2)                   // FP16 MMAs: 3xFP16 (SPLIT 2) or FP16 (3)
+#define PARTIALS (SPLIT == 1 || SPLIT == 2) // the splits' partial sums (below)
+#define K_STEP (HALF ? 16 : 8)              // channels per k-step: m64nNk8 (TF32) or m64nNk16 (FP16)
 #define KS (UC / K_STEP)                    // k-steps per unit
 #define KPA (32 / K_STEP)                   // k-steps per 32-channel block (a 128-byte row of the weight's)
-#define A_REGS (SPLIT == 2 ? 8 : 4)         // a slab's A registers a k-step: float32, then FP16's hi and lo
+// A slab's A registers a k-step: TF32's; 3xFP16's hi and lo; FP16's as loaded (float32), then its halves.
+#define A_REGS (SPLIT == 2 || (SPLIT == 3 && !PRESPLIT) ? 8 : 4)
 #define CPA (C_IN + 4)                      // a window position's floats in shared memory
 #define SLABS (BH * BW / 64)                // M = 64 positions per wgmma
 #define KB (UC / 32)                        // 32-channel blocks: one 128-byte swizzle atom wide
@@ -151,7 +165,7 @@ __device__ __forceinline__ void load_a(unsigned (&r)[SLABS][A_REGS], unsigned a_
                                                   + 8 * h));
 }
 
-// FP16 (SPLIT 2): x and y times scale as hi + lo, each a pair of halves (x in the low half): hi = f16(x s),
+// 3xFP16 (SPLIT 2): x and y times scale as hi + lo, each a pair of halves (x in the low half): hi = f16(x s),
 // lo = f16(x s - hi), rounding to nearest.
 __device__ __forceinline__ void split_half2(float x, float y, float scale, unsigned& hi, unsigned& lo) {
     x *= scale;
@@ -161,6 +175,13 @@ __device__ __forceinline__ void split_half2(float x, float y, float scale, unsig
     asm("{\n.reg .f16 l, u;\nmov.b32 {l, u}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, u;\n}\n"
         : "=f"(hx), "=f"(hy) : "r"(hi));
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(lo) : "f"(y - hy), "f"(x - hx));
+}
+
+// FP16 (SPLIT 3): x and y times scale as a pair of halves (x in the low half), rounding to nearest.
+__device__ __forceinline__ unsigned to_half2(float x, float y, float scale) {
+    unsigned h;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(y * scale), "f"(x * scale));
+    return h;
 }
 
 // FP16 with PRESPLIT: the plane's float32 channels, in place, as their parts split_half2 makes (times scale): each 16
@@ -186,8 +207,10 @@ __device__ __forceinline__ void split_plane(float* halo, float scale, int tid) {
         uint4* parts = (uint4*)group;
         parts[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
         parts[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
-        parts[2] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-        parts[3] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+        if (SPLIT == 2) {  // (FP16 reads the hi halves only)
+            parts[2] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+            parts[3] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+        }
     }
 }
 
@@ -199,15 +222,15 @@ __device__ __forceinline__ float pow2_scale(float amax, float& inverse) {
     return __int_as_float(exponent << 23);
 }
 
-// FP16: pow2_scale of a window plane, the largest of the block maxima over its HH rows from first_row on (rows of
-// the window, (n * XD + depth) * XH + row) and blocks column blocks from first_block on (max_blocks a row).
-__device__ __forceinline__ float plane_scale(const float* block_max, long long first_row, int first_block, int blocks,
-                                             int max_blocks, int lane, float& inverse) {
+// FP16: the largest magnitude in a window plane, the largest of the block maxima over its HH rows from first_row on
+// (rows of the window, (n * XD + depth) * XH + row) and blocks column blocks from first_block on (max_blocks a row).
+__device__ __forceinline__ float plane_max(const float* block_max, long long first_row, int first_block, int blocks,
+                                           int max_blocks, int lane) {
     float amax = 0.f;
     for (int e = lane; e < HH * blocks; e += 32)
         amax = fmaxf(amax, block_max[(first_row + e / blocks) * max_blocks + first_block + e % blocks]);
     for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-    return pow2_scale(amax, inverse);
+    return amax;
 }
 
 // The phases of one launch (PHASE_FIELDS values each): the window's offsets (d, h, w) of grid position 0, the first
@@ -262,15 +285,16 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     unsigned a[3][SLABS][A_REGS];                     // 3xTF32: the hi parts; FP16: hi, then lo
     // SPLIT's arrays: one element without it, so that its code, indexed [SPLIT ? i : 0], compiles and drops out.
     unsigned a_lo[3][SLABS][SPLIT == 1 ? 4 : 1];
-    float partial[SPLIT ? SLABS : 1][SPLIT ? COB / 2 : 1];
+    float partial[PARTIALS ? SLABS : 1][PARTIALS ? COB / 2 : 1];
     #pragma unroll
     for (int s = 0; s < SLABS; s++)
         #pragma unroll
         for (int k = 0; k < COB / 2; k++) {
             d[s][k] = 0.f;
-            if (SPLIT) partial[SPLIT ? s : 0][SPLIT ? k : 0] = 0.f;
+            if (PARTIALS) partial[PARTIALS ? s : 0][PARTIALS ? k : 0] = 0.f;
         }
-    // FP16: the window plane's scale and its inverse, and the inverse that the partial sums' MMAs were scaled by.
+    // FP16: the window plane's scale (3xFP16) or the program's (FP16) and its inverse, and the inverse that the
+    // partial sums' MMAs were scaled by.
     float a_scale = 1.f, a_inverse = 1.f, partial_inverse = 0.f;
     // With SPLIT: the partial sums into the sums (FP16: times the inverse scale of the plane they came from).
     auto add_partial = [&]() {
@@ -278,13 +302,22 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
         for (int s = 0; s < SLABS; s++)
             #pragma unroll
             for (int k = 0; k < COB / 2; k++)
-                d[s][k] += SPLIT == 2 ? partial[SPLIT ? s : 0][SPLIT ? k : 0] * partial_inverse
-                                      : partial[SPLIT ? s : 0][SPLIT ? k : 0];
+                d[s][k] += SPLIT == 2 ? partial[PARTIALS ? s : 0][PARTIALS ? k : 0] * partial_inverse
+                                      : partial[PARTIALS ? s : 0][PARTIALS ? k : 0];
     };
     // FP16: the window row of plane 0's first row, and the planes' column blocks in block_max.
     const long long first_row = ((long long)n * XD + qd + off_d) * XH + qh0 + off_h;
-    const int first_block = SPLIT == 2 ? (qw0 + off_w) / max_block : 0;
-    const int blocks = SPLIT == 2 ? (qw0 + off_w + HW - 1) / max_block - first_block + 1 : 0;
+    const int first_block = HALF ? (qw0 + off_w) / max_block : 0;
+    const int blocks = HALF ? (qw0 + off_w + HW - 1) / max_block - first_block + 1 : 0;
+    // FP16: one scale for every plane the program reads, so that its MMAs add into the sums directly (a scale per
+    // plane would need 3xFP16's partial sums).
+    if (SPLIT == 3) {
+        float amax = 0.f;
+        for (int kd = 0; kd < KD; kd++)
+            amax = fmaxf(amax, plane_max(block_max, first_row + (long long)kd * DD * XH, first_block, blocks,
+                                         max_blocks, lane));
+        a_scale = pow2_scale(amax, a_inverse);
+    }
 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
@@ -294,8 +327,8 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             cp_commit();
         }
         if (SPLIT == 2)
-            a_scale = plane_scale(block_max, first_row + (long long)kd * DD * XH, first_block, blocks, max_blocks, lane,
-                                  a_inverse);
+            a_scale = pow2_scale(plane_max(block_max, first_row + (long long)kd * DD * XH, first_block, blocks,
+                                           max_blocks, lane), a_inverse);
         #pragma unroll
         for (int kh = 0; kh < KH; kh++)
             #pragma unroll
@@ -318,7 +351,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                     __syncthreads();
                     if (step + 2 < KD * KH * KW * U) COPY_WEIGHT(ring + ((step + 2) % STAGES) * B_STAGE, step + 2);
                     cp_commit();
-                    if (SPLIT == 2 && PRESPLIT && kh == 0 && kw == 0 && unit == 0) {  // the plane has arrived
+                    if (HALF && PRESPLIT && kh == 0 && kw == 0 && unit == 0) {  // the plane has arrived
                         split_plane(halo, a_scale, tid);
                         __syncthreads();
                     }
@@ -332,6 +365,19 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                         const int g = ((kh * KW + kw) * U + unit) * KS + ks, buf = g % 3;
                         if (g == 0) load_a(a[0], a_lane, 0);
                         // FP16 in registers: channels (t, t + 4, t + 8, t + 12) as k (2t, 2t + 1, 2t + 8, 2t + 9)
+                        if (SPLIT == 3 && !PRESPLIT) {
+                            #pragma unroll
+                            for (int s = 0; s < SLABS; s++) {
+                                unsigned* r = a[buf][s];
+                                float v[8];
+                                #pragma unroll
+                                for (int e = 0; e < 8; e++) v[e] = __uint_as_float(r[e]);
+                                r[0] = to_half2(v[0], v[2], a_scale);
+                                r[1] = to_half2(v[1], v[3], a_scale);
+                                r[2] = to_half2(v[4], v[6], a_scale);
+                                r[3] = to_half2(v[5], v[7], a_scale);
+                            }
+                        }
                         if (SPLIT == 2 && !PRESPLIT) {
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++) {
@@ -356,7 +402,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                                     a[buf][s][e] = hi;
                                 }
                         }
-                        if (SPLIT && g % PROMOTE == 0) {  // the partial into the sums, once its MMAs are done
+                        if (PARTIALS && g % PROMOTE == 0) {  // the partial into the sums, once its MMAs are done
                             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
                             add_partial();
                             partial_inverse = a_inverse;
@@ -364,7 +410,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
                         const unsigned b_at = stage + 4 * ((ks / KPA) * COB * 32 + (ks % KPA) * 8);
                         const unsigned long long desc = b_desc(b_at);
-                        if (!SPLIT) {
+                        if (!PARTIALS) {
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++) wgmma(d[s], a[buf][s], desc);
                         } else {
@@ -372,7 +418,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                             const unsigned long long desc_lo = b_desc(b_at + (SPLIT == 1 ? 4 * B_PART : 64));
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++) {
-                                float* sums = partial[SPLIT ? s : 0];
+                                float* sums = partial[PARTIALS ? s : 0];
                                 const unsigned* a_low = SPLIT == 1 ? a_lo[buf][s] : a[buf][s] + 4;
                                 wgmma(sums, a[buf][s], desc, g % PROMOTE != 0);  // from zero after a promotion
                                 wgmma(sums, a[buf][s], desc_lo);
@@ -387,7 +433,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                 }
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if (SPLIT) add_partial();  // the last partial
+    if (PARTIALS) add_partial();  // the last partial
     cp_wait<0>();
     __syncthreads();  // shared memory free: the tile goes there
 
@@ -400,16 +446,18 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     for (int j = 0; j < COB / 8; j++) {
         const float b0 = HAS_BIAS ? bias[ob * COB + 8 * j + 2 * t] : 0.f;
         const float b1 = HAS_BIAS ? bias[ob * COB + 8 * j + 2 * t + 1] : 0.f;
-        // FP16: the sums are in units of the weight's per-channel scale.
-        const float s0 = SPLIT == 2 ? w_inverse[ob * COB + 8 * j + 2 * t] : 1.f;
-        const float s1 = SPLIT == 2 ? w_inverse[ob * COB + 8 * j + 2 * t + 1] : 1.f;
+        // FP16: the sums are in units of the weight's per-channel scale (and FP16's, of the program's window scale,
+        // multiplied apart: the two inverses' product can leave float32's range where the result does not).
+        const float s0 = HALF ? w_inverse[ob * COB + 8 * j + 2 * t] : 1.f;
+        const float s1 = HALF ? w_inverse[ob * COB + 8 * j + 2 * t + 1] : 1.f;
+        const float a_unit = SPLIT == 3 ? a_inverse : 1.f;
         #pragma unroll
         for (int s = 0; s < SLABS; s++)
             #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const int pos = 64 * s + 16 * warp + g + 8 * hf;
-                staged[(8 * j + 2 * t) * OCS + pos] = d[s][4 * j + 2 * hf] * s0 + b0;
-                staged[(8 * j + 2 * t + 1) * OCS + pos] = d[s][4 * j + 2 * hf + 1] * s1 + b1;
+                staged[(8 * j + 2 * t) * OCS + pos] = d[s][4 * j + 2 * hf] * s0 * a_unit + b0;
+                staged[(8 * j + 2 * t + 1) * OCS + pos] = d[s][4 * j + 2 * hf + 1] * s1 * a_unit + b1;
             }
     }
     __syncthreads();
@@ -473,9 +521,9 @@ def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: b
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
                    UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE,
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS,
-                   PRESPLIT=int(split == 2 and kh * kw >= PRESPLIT_TAPS))
+                   PRESPLIT=int(split >= 2 and kh * kw >= PRESPLIT_TAPS))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob, split == 2))
+    return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob, split >= 2))
 
 
 def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: int = 0, unit: int | None = None) -> int:

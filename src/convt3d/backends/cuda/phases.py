@@ -22,9 +22,9 @@ from . import (correlate, correlate_grad_weight, correlate_phases, grad_weight_k
 
 
 def _split(tf32: bool) -> int:
-    """The correlation's precision: 0 (TF32) where tf32 (torch.backends.cudnn.allow_tf32) allows it, else
-    cuda.SPLIT."""
-    return 0 if tf32 else cuda.SPLIT
+    """The correlation's precision: cuda.TF32_SPLIT (FP16, or TF32 itself) where tf32
+    (torch.backends.cudnn.allow_tf32) allows TF32, else cuda.SPLIT."""
+    return cuda.TF32_SPLIT if tf32 else cuda.SPLIT
 
 
 def _taps(phases, ascending: bool):
@@ -87,7 +87,7 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
     window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
                                                        grad_input_orientation=False, split=split)
     for counts, dilation, grid, strides, fields in launches:
-        correlate_phases(window, weight_taps, bias, out, strides, grid, counts, dilation, fields, scales)
+        correlate_phases(window, weight_taps, bias, out, strides, grid, counts, dilation, fields, scales, split)
 
 
 @functools.lru_cache(maxsize=256)
@@ -149,7 +149,7 @@ def phase_grad_input_in_place(grad_output: torch.Tensor, lattice_offset: int, la
     grad_input = torch.empty((plan.batch, plan.in_channels, *grid), dtype=grad_output.dtype,
                              device=grad_output.device)
     correlate(window, weight_taps, None, grad_input, 0, grad_input.stride(), grid, (0, 0, 0), counts, firsts, steps,
-              dilation, scales)
+              dilation, scales, split)
     return grad_input
 
 

@@ -138,11 +138,13 @@ BLOCK_T = 1024
 
 def correlation_operands(source: torch.Tensor, offset: int, shape, strides, start, extent, weight: torch.Tensor,
                          grad_input_orientation: bool, split: int = 0):
-    """(window, weight_taps, scales) as above, for TF32 (split 0), 3xTF32 (1) or 3xFP16 (2: weight_taps float16
-    (kD, kH, kW, O, 2 I) as _weight_halves lays it out; scales (block maxima (N, XD, XH, column blocks), the
-    blocks' columns, the weight's inverse scales (O,)), else None). The source (N, C, D, H, W) is read through the
-    given shape and strides from element `offset` of source.data_ptr() on (a lattice of grad_output, or the input
-    itself); extent: the window's (XD, XH, XW); start: the source position of window position 0 along each axis."""
+    """(window, weight_taps, scales) as above, for TF32 (split 0), 3xTF32 (1) or 3xFP16 (2; and FP16, 3, the same:
+    weight_taps float16 (kD, kH, kW, O, 2 I) as _weight_halves lays it out; scales (block maxima (N, XD, XH, column
+    blocks), the blocks' columns, the weight's inverse scales (O,)), else None). The source (N, C, D, H, W) is read
+    through the given shape and strides from element `offset` of source.data_ptr() on (a lattice of grad_output, or
+    the input itself); extent: the window's (XD, XH, XW); start: the source position of window position 0 along each
+    axis."""
+    split = min(split, 2)  # (FP16, split 3, reads 3xFP16's operands: their lo parts unused)
     grid, scalars, options, window_shape, block_p = _geometry(offset, tuple(shape), tuple(strides), tuple(start),
                                                               tuple(extent), tuple(weight.shape), weight.stride(),
                                                               grad_input_orientation, split)
