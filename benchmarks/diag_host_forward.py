@@ -1,14 +1,13 @@
 """Forward calls on sweep layers (GPU): the host's time against the GPU's, as the bench calls them (no_grad).
 
     PYTHONPATH=src python3 benchmarks/diag_host_forward.py [--iters 50] [--layers unet3d_k2s2,...] [--gc freeze]
-        [--pin 0] [--tf32-as-fp16 both]
+        [--pin 0]
 
 Per implementation: the bench's cold-L2 mean and minimum (a synchronisation before each call, so the GPU waits
 whenever the host is late), the same calls queued back to back (no synchronisation: the GPU's own time), and the
 median host time from a synchronisation to the call's return. To see whether a slow process's host time is Python's
 garbage collector or the scheduler: --gc freeze (gc.freeze() after each layer's first calls) or off, --pin CPU
-(the process on that one CPU). --tf32-as-fp16 both: backend="triton" in TF32 mode both ways (backends.TF32_AS_FP16:
-FP16 operands, one more launch, against TF32's), in place of auto, alternating call by call.
+(the process on that one CPU).
 """
 
 import argparse
@@ -18,7 +17,7 @@ import os
 
 import torch
 
-from convt3d import backends, convert
+from convt3d import convert
 from convt3d.bench.protocol import host_time_cuda, time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import DTYPES, sweep_layers
@@ -31,7 +30,6 @@ def main():
     parser.add_argument("--tf32", choices=("on", "off"), default="on")
     parser.add_argument("--gc", choices=("on", "freeze", "off"), default="on")
     parser.add_argument("--pin", type=int, default=None, help="run on this one CPU")
-    parser.add_argument("--tf32-as-fp16", choices=("default", "both"), default="default")
     args = parser.parse_args()
     if args.pin is not None:
         os.sched_setaffinity(0, {args.pin})
@@ -46,11 +44,6 @@ def main():
         eager = layer.module().cuda().to(dtype)
         impls = {"eager": eager, "triton": convert(copy.deepcopy(eager), backend="triton"),
                  "auto": convert(copy.deepcopy(eager))}
-        if args.tf32_as_fp16 == "both":
-            triton_module = impls.pop("triton")
-            del impls["auto"]
-            impls["triton FP16"] = lambda x, m=triton_module: with_fp16(True, m, x)
-            impls["triton TF32"] = lambda x, m=triton_module: with_fp16(False, m, x)
         x = torch.rand(layer.input_shape, device="cuda", dtype=dtype)
         with torch.no_grad():
             for label, module in impls.items():
@@ -64,14 +57,6 @@ def main():
                 print(rows[-1], flush=True)
     print(markdown_table(["layer", "implementation", "cold mean ms", "cold min ms", "queued mean ms",
                           "host ms (median)"], rows))
-
-
-def with_fp16(on: bool, module, x):
-    saved, backends.TF32_AS_FP16 = backends.TF32_AS_FP16, on
-    try:
-        return module(x)
-    finally:
-        backends.TF32_AS_FP16 = saved
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def steps(layer, calls):
     plan = layer.plan()
     with torch.no_grad():
         ours(x)  # compile and autotune
-        precision = forward.forward_precision(x.dtype)
+        precision = forward.precision_for(x.dtype)
         pieces = {
             "convt3d module": lambda: ours(x),
             "eager module": lambda: module(x),

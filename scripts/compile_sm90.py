@@ -13,7 +13,7 @@ with --system-site-packages and `pip install triton==3.6.0`); builds differ (six
     python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N warps stages precision copies lattice_cl BLOCK_P
                                                  g_rounded] [--layouts]
     python3 scripts/compile_sm90.py window [channels BLOCK_P]
-    python3 scripts/compile_sm90.py tap_columns [layer diag precision] [--layouts]
+    python3 scripts/compile_sm90.py tap_columns [layer diag] [--layouts]
 """
 
 import re
@@ -47,7 +47,7 @@ def forward(block_m=128, block_co=64, block_ci=32, warps=4, stages=3, precision=
                       CI_BLOCKS=cdiv(32, block_ci), EVEN_CI=32 % block_ci == 0, DIAG=diag, sxc=1, syw=1)
     divisible = [n for n in conv_transpose3d_kernel.arg_names if n not in constexprs and n not in FORWARD_RUNTIME]
     options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
-    return _compile(conv_transpose3d_kernel, constexprs, divisible, options, _operand_pointers(precision))
+    return _compile(conv_transpose3d_kernel, constexprs, divisible, options)
 
 
 def grad_weight(block_co=64, block_n=256, warps=8, stages=3, precision=1, copy_per_w_tap=0, lattice_cl=0, block_p=32,
@@ -69,34 +69,27 @@ def window(channels=32, block_p=64):
     return _compile(correlation_operands_kernel, constexprs, divisible, dict(num_warps=4))
 
 
-def tap_columns(layer="video_k3s2p1op1", diag=0, precision=1):
-    """A sweep layer's tap_columns kernel (64 x 128 x 32, 4 warps, 3 stages; TF32 unless precision says otherwise),
-    specialised as its launch is: runtime arguments equal to 1 constants, those divisible by 16 marked so."""
+def tap_columns(layer="video_k3s2p1op1", diag=0):
+    """A sweep layer's tap_columns kernel (64 x 128 x 32, 4 warps, 3 stages; TF32; float32 pointers), specialised as
+    its launch is: runtime arguments equal to 1 constants, those divisible by 16 marked so."""
     from convt3d.bench.workloads import sweep_layers
 
     plan = sweep_layers(layer)[0].plan()
     cfg = dict(KERNEL="tap_columns", BLOCK_M=64, BLOCK_N=128, BLOCK_CI=32, num_warps=4, num_stages=3, DIAG=int(diag))
     od, oh, ow = plan.output_spatial
     out_strides = (plan.out_channels * od * oh * ow, od * oh * ow, oh * ow, ow, 1)
-    bound = tap_columns_module.bind(cfg, plan, int(precision), True, out_strides)
+    bound = tap_columns_module.bind(cfg, plan, 1, True, out_strides)
     fn = tap_columns_module.tap_columns_kernel
     scalars = dict(zip(fn.arg_names[bound.pointers:], bound.scalars))
     constexprs = {name: value for name, value in bound.options.items() if name in fn.arg_names}
     constexprs.update({name: value for name, value in scalars.items() if value == 1})
     divisible = [name for name in fn.arg_names if name.endswith("_ptr") or (
         name in scalars and name not in constexprs and scalars[name] % 16 == 0)]
-    return _compile(fn, constexprs, divisible, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]),
-                    _operand_pointers(int(precision)))
+    return _compile(fn, constexprs, divisible, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
 
 
-def _operand_pointers(precision):
-    """The forward kernels' operand pointers that are FP16 under the FP16 precision (3)."""
-    return ("x_ptr", "w_ptr", "w_lo_ptr") if precision == 3 else ()
-
-
-def _compile(fn, constexprs, divisible, options, half_pointers=()):
+def _compile(fn, constexprs, divisible, options):
     sig = {name: "*fp32" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
-    sig.update({name: "*fp16" for name in half_pointers})
     sig.update({name: "constexpr" for name in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in divisible}
     return triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=options)

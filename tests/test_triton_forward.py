@@ -1,7 +1,6 @@
 """The fused Triton forward, under TRITON_INTERPRET=1 on the CPU (and natively on a GPU)."""
 
 import itertools
-import math
 import random
 
 import pytest
@@ -13,7 +12,7 @@ from conftest import assert_close_rel, layer_args, make_tensors, random_config
 
 triton = pytest.importorskip("triton")
 from convt3d.backends.triton.forward import (  # noqa: E402
-    FP16, NATIVE, SCALE_FLOATS, TF32, TF32X3, _configs, _operands, conv_transpose3d_triton)
+    NATIVE, TF32, TF32X3, _configs, _operands, conv_transpose3d_triton)
 from convt3d.plan import make_plan  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -23,18 +22,6 @@ def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
     """Reference rounding: float32 to 10 mantissa bits, nearest, ties away from zero."""
     bits = t.float().contiguous().view(torch.int32)
     return ((bits + 0x1000) & -8192).view(torch.float32)
-
-
-def fp16_scale(t: torch.Tensor) -> float:
-    """The FP16 precision's scale of t: the power of two that takes its largest magnitude into [2^14, 2^15)."""
-    return 2.0 ** (15 - math.frexp(t.abs().max().item())[1])
-
-
-def fp16_rounded(t: torch.Tensor) -> torch.Tensor:
-    """t as the FP16 precision computes with it, in float64: scaled (fp16_scale), rounded to FP16 (to nearest), and
-    scaled back."""
-    scale = fp16_scale(t)
-    return (t.double() * scale).half().double() / scale
 
 
 # Each call takes the next tile config in turn, so that every config meets several layers without autotuning
@@ -92,32 +79,6 @@ def test_tf32_rounds_operands_to_nearest(cfg):
     assert_close_rel(y, ref, 2e-3)  # TF32 keeps 11 significant bits
 
 
-def check_fp16(run_layer, x, w, b, cfg, magnitudes=(1.0, 1.0)):
-    """run_layer(x, w, b) in FP16 (TF32 mode's default) on the operands times magnitudes, against the products of
-    the scaled, FP16-rounded operands summed in float64 (to 1e-6), and against the exact layer (to TF32's 2e-3)."""
-    x, w = x * magnitudes[0], w * magnitudes[1]
-    b = b * magnitudes[0] * magnitudes[1] if b is not None else None
-    y = run_layer(x, w, b)
-    bias = b.double() if b is not None else None
-    assert_close_rel(y, F.conv_transpose3d(fp16_rounded(x), fp16_rounded(w), bias, **layer_args(cfg)), 1e-6)
-    assert_close_rel(y, F.conv_transpose3d(x.double(), w.double(), bias, **layer_args(cfg)), 2e-3)
-
-
-@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
-def test_fp16_rounds_scaled_operands_to_nearest(cfg):
-    check_fp16(lambda x, w, b: run(x, w, b, cfg, FP16), *tensors(cfg, torch.float32), cfg)
-
-
-# Operands far outside FP16's range (2^-24 to 65504), on either side: the scales take each into it.
-FAR_OUT = [(2.0**-40, 2.0**30), (2.0**30, 2.0**-40)]
-
-
-@pytest.mark.parametrize("magnitudes", FAR_OUT, ids=["small input", "small weight"])
-@pytest.mark.parametrize("cfg", CASES[:2], ids=range(2))
-def test_fp16_scales_operands_into_range(cfg, magnitudes):
-    check_fp16(lambda x, w, b: run(x, w, b, cfg, FP16), *tensors(cfg, torch.float32), cfg, magnitudes)
-
-
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
 def test_tf32x3_is_float32_accurate(cfg):
     x, w, b = tensors(cfg, torch.float32)
@@ -136,11 +97,10 @@ def test_half_precision(cfg, dtype, rel):
     assert_close_rel(y, ref, rel)
 
 
-@pytest.mark.parametrize("precision", [NATIVE, TF32, TF32X3, FP16])
+@pytest.mark.parametrize("precision", [NATIVE, TF32, TF32X3])
 def test_operand_pass_layouts(precision):
     """The input channels-last, rounded under TF32 and left whole under 3xTF32 (the kernels split it as they load it);
-    the weight (taps, groups, C_out/g, C_in/g), rounded or split into a high part and a rounded remainder; under FP16
-    both scaled and rounded to FP16, their inverse scales in the scales (w_lo)."""
+    the weight (taps, groups, C_out/g, C_in/g), rounded or split into a high part and a rounded remainder."""
     cfg = CASES[2]  # groups
     x, w, _ = tensors(cfg, torch.float32)
     x = x.transpose(3, 4)  # any strides
@@ -148,13 +108,6 @@ def test_operand_pass_layouts(precision):
     x_expected = x.permute(0, 2, 3, 4, 1)
     c_in, c_out_g = w.shape[:2]
     w_expected = w.reshape(cfg["groups"], c_in // cfg["groups"], c_out_g, -1).permute(3, 0, 2, 1)
-    if precision == FP16:
-        x_scale, w_scale = fp16_scale(x), fp16_scale(w)
-        x_expected, w_expected = (x_expected * x_scale).half(), (w_expected * w_scale).half()
-        inverses = w_lo.view(torch.float32)
-        assert w_lo.numel() == 2 * SCALE_FLOATS and inverses[:2].tolist() == [1 / x_scale, 1 / w_scale]
-        assert torch.equal(x_op, x_expected) and torch.equal(w_op, w_expected)
-        return
     if precision == TF32:
         x_expected, w_expected = round_to_tf32(x_expected), round_to_tf32(w_expected)
     elif precision == TF32X3:

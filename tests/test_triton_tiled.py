@@ -12,9 +12,9 @@ from conftest import assert_close_rel, layer_args
 
 triton = pytest.importorskip("triton")
 from convt3d.backends.triton import tiled  # noqa: E402
-from convt3d.backends.triton.forward import FP16, NATIVE, TF32, TF32X3  # noqa: E402
+from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402
 from convt3d.plan import make_plan  # noqa: E402
-from test_triton_forward import FAR_OUT, check_fp16, round_to_tf32, tensors  # noqa: E402
+from test_triton_forward import round_to_tf32, tensors  # noqa: E402
 
 
 def layer(kernel, spatial, in_channels=5, out_channels=3, batch=1, bias=True, dilation=1):
@@ -67,18 +67,6 @@ def test_tf32_rounds_operands_to_nearest(cfg, config):
     # Exactly the products of the TF32-rounded operands, summed in float32.
     assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
     assert_close_rel(y, reference(x, w, b, cfg), 2e-3)  # TF32 keeps 11 significant bits
-
-
-@pytest.mark.parametrize("config", FIRST_TWO)
-@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
-def test_fp16_rounds_scaled_operands_to_nearest(cfg, config):
-    check_fp16(lambda x, w, b: run(x, w, b, cfg, FP16, tiled.configs()[config]), *tensors(cfg, torch.float32), cfg)
-
-
-@pytest.mark.parametrize("magnitudes", FAR_OUT, ids=["small input", "small weight"])
-@pytest.mark.parametrize("cfg", CASES[:2], ids=range(2))
-def test_fp16_scales_operands_into_range(cfg, magnitudes):
-    check_fp16(lambda x, w, b: run(x, w, b, cfg, FP16), *tensors(cfg, torch.float32), cfg, magnitudes)
 
 
 @pytest.mark.parametrize("config", FIRST_TWO)

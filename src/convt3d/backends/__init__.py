@@ -1,7 +1,5 @@
 """Backends: each takes validated tensors and a Plan and returns the output."""
 
-import os
-
 import torch
 
 # The current CUDA device's index: torch.cuda.current_device() without its Python wrapper (3-4 us a call on the GPU
@@ -10,11 +8,6 @@ current_cuda_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: tor
 # torch.backends.cudnn.allow_tf32 read through the getter under its property (the property's wrapper costs 0.2 us a
 # read on the 2-core CPU), for the calls that read it on every forward.
 cudnn_allow_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or (lambda: torch.backends.cudnn.allow_tf32)
-# In TF32 mode, the Triton forward kernels' float32 GEMMs run on FP16 tensor cores, on operands scaled by powers of
-# two: rounded to TF32's 11 significant bits as TF32 rounds them wherever a value lies within 2^29 of its tensor's
-# largest magnitude, at twice TF32's tensor-core rate (triton/forward.py). CONVT3D_TF32_AS_FP16=0 keeps TF32 itself
-# (here and in the CUDA phase correlation).
-TF32_AS_FP16 = os.environ.get("CONVT3D_TF32_AS_FP16", "1") != "0"
 
 
 def _channels_last(t: torch.Tensor) -> bool:

@@ -11,9 +11,8 @@ import torch
 from ...plan import Plan
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# The GEMMs' precision modes: the operands' own type (half precision), TF32, 3xTF32 (float32 accuracy), and FP16 on
-# float32 operands scaled by powers of two (TF32's 11 significant bits at twice TF32's tensor-core rate: forward.py).
-NATIVE, TF32, TF32X3, FP16 = 0, 1, 2, 3
+# The GEMMs' precision modes: the operands' own type (half precision), TF32, and 3xTF32 (float32 accuracy).
+NATIVE, TF32, TF32X3 = 0, 1, 2
 
 
 # Host-side sizes for the launchers. triton.cdiv and triton.next_power_of_2 are constexpr functions whose every

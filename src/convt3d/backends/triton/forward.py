@@ -17,16 +17,6 @@ float32 accuracy), so that loads feed the tensor cores directly; under 3xTF32 th
 the input as they load it. PRECISION 0 is the native dot of float16/bfloat16 operands.
 Accumulation is float32 always.
 
-FP16 (PRECISION 3, TF32 mode's default: forward_precision) stores both float32 operands as FP16 instead, each
-scaled by the power of two that takes its largest finite magnitude into [2^14, 2^15): a pass before the operand pass
-(operand_max_kernel) finds the maxima, the operand pass scales and rounds (to nearest), and the kernels multiply their
-sums by the inverse scales. FP16 keeps TF32's 11 significant bits, so every value within 2^29 of its tensor's
-largest rounds exactly as TF32 rounds it (ties aside: to even, where TF32's conversion rounds them away); smaller
-ones lose bits (FP16's subnormals), and those below 2^-40 of it become zero. FP16 operands halve the bytes the
-kernels load and run at twice TF32's tensor-core rate: on the H200 the tap_columns and general kernels took 11-31%
-less time than in TF32 on six sweep layers, the KernelBench check passing (benchmarks/RESULTS.md, thirty-first
-session).
-
 tap_columns.py holds a second kernel on the same operands, with the taps along W as GEMM columns;
 conv_transpose3d_triton autotunes over the configs of both (candidates()).
 """
@@ -42,9 +32,8 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from ... import backends
 from .. import cudnn_allow_tf32, output_memory_format
-from . import FP16, NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2, power_of_2_at_most
+from . import NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2, power_of_2_at_most
 from .launch import Launcher
 
 logger = logging.getLogger("convt3d")
@@ -60,11 +49,11 @@ def _round_to_tf32(x):
 
 @triton.jit
 def _as_operand(x, PRECISION: tl.constexpr):
-    """(high, low): x as the GEMM reads it: as is (0; 3, scaled beforehand, which the store to FP16 rounds), TF32-rounded
-    (1), or as TF32 high and low parts (2); the low part is the high one again where unused."""
+    """(high, low): x as the GEMM reads it: as is (0), TF32-rounded (1), or as TF32 high and low parts (2); the low
+    part is the high one again where unused."""
     # One return at the end: Triton's compiler also compiles what follows a return inside a constexpr branch (here
     # the rounding, on half-precision x, which does not compile).
-    if PRECISION == 0 or PRECISION == 3:
+    if PRECISION == 0:
         hi = x
         lo = x
     else:
@@ -85,86 +74,11 @@ def _store_operand(hi_ptr, lo_ptr, offs, x, mask, PRECISION: tl.constexpr):
         tl.store(lo_ptr + offs, lo, mask=mask)
 
 
-# FP16: operand_max_kernel's programs, and where their maxima start in the scales (floats; the inverse scales of the
-# input and the weight are floats 0 and 1).
-MAX_PROGRAMS = 256
-SCALE_HEAD = 16
-SCALE_FLOATS = SCALE_HEAD + 2 * MAX_PROGRAMS
-
-
-@triton.jit
-def _finite_abs(x):
-    # |x|, and 0 for inf and NaN: those pass through the GEMM as they are, and must not set the scale.
-    a = tl.abs(x.to(tl.float32))
-    return tl.where(a <= 3.4028234663852886e38, a, 0.0)
-
-
-@triton.jit
-def operand_max_kernel(
-    x_ptr, w_ptr, scales_ptr, C, S, S_BLOCKS, X_TILES, sxn, sxc, sxs, W_ELEMENTS,
-    BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
-    SCALE_HEAD: tl.constexpr,
-):
-    """FP16: program p's largest finite magnitude among the input's tiles p, p + MAX_PROGRAMS, ... (the operand
-    pass's tiles, x (N, C, S) through its strides) and among the contiguous weight's blocks of BLOCK_W likewise, as
-    floats SCALE_HEAD + p and SCALE_HEAD + MAX_PROGRAMS + p of the scales."""
-    pid = tl.program_id(0)
-    x_max = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
-    for tile in range(pid, X_TILES, MAX_PROGRAMS):
-        n = (tile // (S_BLOCKS * tl.cdiv(C, BLOCK_C))).to(tl.int64)
-        c = (tile // S_BLOCKS % tl.cdiv(C, BLOCK_C)) * BLOCK_C + tl.arange(0, BLOCK_C)
-        sp = (tile % S_BLOCKS) * BLOCK_S + tl.arange(0, BLOCK_S)
-        ok = (c[None, :] < C) & (sp[:, None] < S)
-        x = tl.load(x_ptr + n * sxn + c[None, :].to(tl.int64) * sxc + sp[:, None].to(tl.int64) * sxs, mask=ok,
-                    other=0.0)
-        x_max = tl.maximum(x_max, _finite_abs(x))
-    w_max = tl.zeros([BLOCK_W], dtype=tl.float32)
-    for first in range(pid * BLOCK_W, W_ELEMENTS, MAX_PROGRAMS * BLOCK_W):
-        e = first + tl.arange(0, BLOCK_W)
-        w_max = tl.maximum(w_max, _finite_abs(tl.load(w_ptr + e, mask=e < W_ELEMENTS, other=0.0)))
-    maxima = scales_ptr.to(tl.pointer_type(tl.float32)) + SCALE_HEAD
-    tl.store(maxima + pid, tl.max(tl.max(x_max, 1), 0))
-    tl.store(maxima + MAX_PROGRAMS + pid, tl.max(w_max, 0))
-
-
-@triton.jit
-def _pow2_scale(amax):
-    """(scale, inverse): the power of two that takes amax into [2^14, 2^15) (FP16's largest value is 65504), within
-    2^-126 to 2^126, as backends/cuda/phase_conv.py's pow2_scale."""
-    exponent = tl.minimum(tl.maximum(268 - ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF), 1), 253)
-    return (exponent << 23).to(tl.float32, bitcast=True), ((254 - exponent) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def fp16_scales(scales_ptr, pid, MAX_PROGRAMS: tl.constexpr, SCALE_HEAD: tl.constexpr):
-    """FP16: the input's and the weight's scales from operand_max_kernel's maxima; program 0 of the operand pass
-    (pid) also stores their inverses, floats 0 and 1 of the scales, for the kernels (unscale)."""
-    floats = scales_ptr.to(tl.pointer_type(tl.float32))
-    p = tl.arange(0, MAX_PROGRAMS)
-    x_scale, x_inverse = _pow2_scale(tl.max(tl.load(floats + SCALE_HEAD + p), 0))
-    w_scale, w_inverse = _pow2_scale(tl.max(tl.load(floats + SCALE_HEAD + MAX_PROGRAMS + p), 0))
-    if pid == 0:
-        tl.store(floats, x_inverse)
-        tl.store(floats + 1, w_inverse)
-    return x_scale, w_scale
-
-
-@triton.jit
-def unscale(acc, scales_ptr, PRECISION: tl.constexpr):
-    """acc in the operands' own units: under FP16 times the input's and the weight's inverse scales (one at a time:
-    their product can leave float32's range where the result does not)."""
-    if PRECISION == 3:
-        floats = scales_ptr.to(tl.pointer_type(tl.float32))
-        acc = acc * tl.load(floats) * tl.load(floats + 1)
-    return acc
-
-
 @triton.jit
 def prepare_operands_kernel(
     x_ptr, x_op_ptr, w_ptr, w_hi_ptr, w_lo_ptr,
     C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs, C_IN, CIN_G, C_OUT_G, TAPS,
     PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr,
-    MAX_PROGRAMS: tl.constexpr, SCALE_HEAD: tl.constexpr,
 ):
     """Both GEMM operands as the main kernel reads them, in one launch (a launch costs more host time than this
     work takes on the GPU for a small layer). Programs [0, X_PROGRAMS) lay the input out channels-last,
@@ -175,40 +89,32 @@ def prepare_operands_kernel(
     are TF32-rounded (PRECISION 1); under 3xTF32 (PRECISION 2) the weight is split and the input left as it is: the
     kernels split A as they load it, which moves half the bytes that loading both parts did (the tap_columns kernel
     took 14-22% less time on four of seven sweep layers and no more on the others: benchmarks/RESULTS.md,
-    twenty-first session). Under FP16 (PRECISION 3) both are scaled (fp16_scales, from w_lo_ptr: the scales)."""
+    twenty-first session)."""
     pid = tl.program_id(0)
-    if PRECISION == 3:
-        x_scale, w_scale = fp16_scales(w_lo_ptr, pid, MAX_PROGRAMS, SCALE_HEAD)
-    else:
-        x_scale = 1.0
-        w_scale = 1.0
     if pid < X_PROGRAMS:
         if PRECISION == 2:
             _channels_last(x_ptr, x_op_ptr, x_op_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, 0, BLOCK_C, BLOCK_S)
         else:
             _channels_last(x_ptr, x_op_ptr, x_op_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION, BLOCK_C,
-                           BLOCK_S, x_scale)
+                           BLOCK_S)
     else:
-        _tap_major(w_ptr, w_hi_ptr, w_lo_ptr, pid - X_PROGRAMS, C_IN, CIN_G, C_OUT_G, TAPS, PRECISION, BLOCK_W,
-                   w_scale)
+        _tap_major(w_ptr, w_hi_ptr, w_lo_ptr, pid - X_PROGRAMS, C_IN, CIN_G, C_OUT_G, TAPS, PRECISION, BLOCK_W)
 
 
 @triton.jit
 def _channels_last(x_ptr, hi_ptr, lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION: tl.constexpr,
-                   BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, scale=1.0):
+                   BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
     n = (pid // (S_BLOCKS * tl.cdiv(C, BLOCK_C))).to(tl.int64)
     c = (pid // S_BLOCKS % tl.cdiv(C, BLOCK_C)) * BLOCK_C + tl.arange(0, BLOCK_C)
     sp = (pid % S_BLOCKS) * BLOCK_S + tl.arange(0, BLOCK_S)
     ok = (c[None, :] < C) & (sp[:, None] < S)
     x = tl.load(x_ptr + n * sxn + c[None, :].to(tl.int64) * sxc + sp[:, None].to(tl.int64) * sxs, mask=ok)
-    if PRECISION == 3:
-        x = x * scale
     _store_operand(hi_ptr, lo_ptr, n * S * C + sp[:, None].to(tl.int64) * C + c[None, :], x, ok, PRECISION)
 
 
 @triton.jit
 def _tap_major(w_ptr, hi_ptr, lo_ptr, pid, C_IN, CIN_G, C_OUT_G, TAPS, PRECISION: tl.constexpr,
-               BLOCK: tl.constexpr, scale):
+               BLOCK: tl.constexpr):
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < TAPS * C_IN * C_OUT_G
     within = offs % (C_IN * C_OUT_G)  # (group, co, ci) of one tap
@@ -216,8 +122,6 @@ def _tap_major(w_ptr, hi_ptr, lo_ptr, pid, C_IN, CIN_G, C_OUT_G, TAPS, PRECISION
     co = within // CIN_G % C_OUT_G
     tap = offs // (C_IN * C_OUT_G)
     w = tl.load(w_ptr + (ci * C_OUT_G + co) * TAPS + tap, mask=ok)
-    if PRECISION == 3:
-        w = w * scale
     _store_operand(hi_ptr, lo_ptr, offs, w, ok, PRECISION)
 
 
@@ -230,9 +134,9 @@ def _tf32_bits(x):
 @triton.jit
 def mma(acc, a, a_lo, b, b_lo, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
     """acc + a @ b on tensor cores: TF32 (PRECISION 1), 3xTF32 from the operands' high and low parts (2), or in the
-    operands' own type (0; 3, FP16), accumulating in float32. The operands of TF32 dots must be TF32 values already
-    (rounded or split)."""
-    if INTERPRETED and (PRECISION == 1 or PRECISION == 2):
+    operands' own type (0), accumulating in float32. The operands of TF32 dots must be TF32 values already (rounded
+    or split)."""
+    if INTERPRETED and PRECISION != 0:
         # The interpreter's dot multiplies float32 exactly, where tensor cores use a TF32 operand's top 19 bits (by
         # truncation, as commonly described; not checked here). Clearing the rest makes an operand left unrounded
         # change the interpreter's results as well, so that its tests catch it (a kernel changed to skip its split of
@@ -247,9 +151,9 @@ def mma(acc, a, a_lo, b, b_lo, PRECISION: tl.constexpr, INTERPRETED: tl.constexp
         acc += tl.dot(a, b, step, input_precision="tf32")
     elif PRECISION == 1:
         acc = tl.dot(a, b, acc, input_precision="tf32")
-    elif INTERPRETED and (a.dtype == tl.bfloat16 or PRECISION == 3):
-        # The interpreter's dot mishandles bfloat16 (seen with Triton 3.9); bfloat16 and float16 products are exact in
-        # float32, so a float32 dot of the upcast operands computes what tensor cores do.
+    elif INTERPRETED and a.dtype == tl.bfloat16:
+        # The interpreter's dot mishandles bfloat16 (seen with Triton 3.9); bfloat16 products are exact in float32,
+        # so a float32 dot of the upcast operands computes what tensor cores do.
         acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         acc = tl.dot(a, b, acc)
@@ -485,12 +389,12 @@ def conv_transpose3d_kernel(
                     q_d, m0_d, t0_d, jd_lo, jd_hi, base_h, m0_h, t0_h, jh_lo, jh_hi,
                     D, H, W, OW, KD, KH, KW, GROUPS, CIN_G, COUT_G, sxc, sxd, sxh, sxw)
             for v_w in tl.static_range(S_W):
-                out = unscale(_phase_gemm(
+                out = _phase_gemm(
                     v_w, *args, S_W=S_W, P_W=P_W, DIL_W=DIL_W, STEP_D=STEP_D, STEP_H=STEP_H, STEP_W=STEP_W,
                     M_STEP_D=M_STEP_D, M_STEP_H=M_STEP_H, PRECISION=PRECISION, INTERPRETED=INTERPRETED,
                     BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI, CI_BLOCKS=CI_BLOCKS,
                     EVEN_CI=EVEN_CI, DIAG=DIAG,
-                ), w_lo_ptr, PRECISION) + bias[None, :]
+                ) + bias[None, :]
                 if DIAG == 2:  # a mask no element passes, but one the compiler cannot drop with the GEMM
                     co_ok = co_ok & (tl.sum(out, axis=0) != tl.sum(out, axis=0))
                 if S_W != 2:
@@ -547,26 +451,16 @@ def precision_for(dtype: torch.dtype) -> int:
     return TF32 if cudnn_allow_tf32() else TF32X3
 
 
-def forward_precision(dtype: torch.dtype) -> int:
-    """The forward kernels' precision: precision_for's, but FP16 for TF32 where backends.TF32_AS_FP16 says so."""
-    precision = precision_for(dtype)
-    return FP16 if precision == TF32 and backends.TF32_AS_FP16 else precision
-
-
 def _operands(input, weight, groups, precision):
     """(x, w, w_lo) as the GEMM reads them, by the operand pass: the input channels-last, (N, D, H, W, C_in), and the
     weight tap-major and K-major, (taps, groups, C_out/g, C_in/g); for float32 both TF32-rounded, or under 3xTF32 the
-    weight split into high and low parts and the input as it is (w_lo is w where unused); under FP16 both FP16,
-    scaled, and w_lo the scales (operand_max_kernel)."""
+    weight split into high and low parts and the input as it is (w_lo is w where unused)."""
     c_in, c_out_g, kd, kh, kw = weight.shape
     x, _, w, w_lo = operand_buffers(input, (kd * kh * kw, groups, c_out_g, c_in // groups), precision,
                                     split_input=False)
     flat, flat_strides = flat_input(input)
-    weight = weight.contiguous()
-    if precision == FP16:
-        operand_max(tuple(input.shape), weight.numel(), flat_strides)((flat, weight, w_lo))
     _operand_pass(tuple(input.shape), tuple(weight.shape), groups, flat_strides, precision)(
-        (flat, x, weight, w, w_lo))
+        (flat, x, weight.contiguous(), w, w_lo))
     return x, w, w_lo
 
 
@@ -582,15 +476,14 @@ def flat_input(input):
 
 def operand_buffers(input, weight_operand_shape, precision, split_input: bool = True):
     """Uninitialised (x, x_lo, w, w_lo) for an operand pass: the input's (N, D, H, W, C) and the weight's in the
-    shape given, a low part of the weight for 3xTF32 and of the input too where split_input (else x, w again); under
-    FP16 all FP16 and w_lo the scales (SCALE_FLOATS floats). All are views of one allocation: a torch.empty took 6.7 us of the H200 machine's host time, and two to four of them
+    shape given, a low part of the weight for 3xTF32 and of the input too where split_input (else x, w again). All
+    are views of one allocation: a torch.empty took 6.7 us of the H200 machine's host time, and two to four of them
     were made per call; a view took about 2.5 us under the profiler (benchmarks/diag_host_steps.py, twenty-second
     session; the separate saving was not measured)."""
     n, c, d, h, w = input.shape
     total, x_view, x_lo_view, w_view, w_lo_view = _operand_layout((n, d, h, w, c), tuple(weight_operand_shape),
-                                                                  precision == TF32X3, split_input,
-                                                                  2 * SCALE_FLOATS if precision == FP16 else 0)
-    buffer = torch.empty(total, dtype=torch.float16 if precision == FP16 else input.dtype, device=input.device)
+                                                                  precision == TF32X3, split_input)
+    buffer = torch.empty(total, dtype=input.dtype, device=input.device)
     x = buffer.as_strided(*x_view)
     weight_operand = buffer.as_strided(*w_view)
     return (x, buffer.as_strided(*x_lo_view) if x_lo_view else x, weight_operand,
@@ -598,14 +491,11 @@ def operand_buffers(input, weight_operand_shape, precision, split_input: bool = 
 
 
 @functools.lru_cache(maxsize=256)
-def _operand_layout(x_shape, w_shape, split: bool, split_input: bool, scale_elements: int = 0):
+def _operand_layout(x_shape, w_shape, split: bool, split_input: bool):
     """(elements, then (shape, strides, offset) of x, x_lo, w, w_lo, or None where unused): contiguous arrays one after
-    the other, each starting at a multiple of 64 elements (as aligned as the kernels' 16-byte loads need, and more);
-    w_lo (scale_elements,) where scale_elements."""
+    the other, each starting at a multiple of 64 elements (as aligned as the kernels' 16-byte loads need, and more)."""
     views, total = [], 0
-    w_lo_shape = (scale_elements,) if scale_elements else w_shape
-    for shape, used in [(x_shape, True), (x_shape, split and split_input), (w_shape, True),
-                        (w_lo_shape, split or scale_elements > 0)]:
+    for shape, used in [(x_shape, True), (x_shape, split and split_input), (w_shape, True), (w_shape, split)]:
         if not used:
             views.append(None)
             continue
@@ -634,19 +524,7 @@ def _operand_pass(input_shape, weight_shape, groups: int, flat_strides, precisio
         (x_programs + cdiv(taps * c_in * c_out_g, block_w),),
         (c, d * h * w, s_blocks, x_programs, *flat_strides, c_in, c_in // groups, c_out_g, taps),
         (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s), ("BLOCK_W", block_w),
-         ("MAX_PROGRAMS", MAX_PROGRAMS), ("SCALE_HEAD", SCALE_HEAD), ("num_warps", num_warps)))
-
-
-@functools.lru_cache(maxsize=256)
-def operand_max(input_shape, weight_elements: int, flat_strides, block_c: int = 32, block_s: int = 128):
-    """FP16: operand_max_kernel for an input with these strides (as (N, C, D*H*W)) and a contiguous weight, over the
-    operand pass's tiles, bound (launch.BoundLaunch): call it with (input, weight, scales)."""
-    n, c, d, h, w = input_shape
-    s_blocks = cdiv(d * h * w, block_s)
-    return _operand_max.bind(
-        (MAX_PROGRAMS,), (c, d * h * w, s_blocks, n * cdiv(c, block_c) * s_blocks, *flat_strides, weight_elements),
-        (("BLOCK_C", block_c), ("BLOCK_S", block_s), ("BLOCK_W", 1024), ("MAX_PROGRAMS", MAX_PROGRAMS),
-         ("SCALE_HEAD", SCALE_HEAD), ("num_warps", 4)))
+         ("num_warps", num_warps)))
 
 
 def channels_last_strides(plan: Plan) -> tuple[int, ...]:
@@ -703,7 +581,7 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
     out, finished = allocate_output(input, weight, bias, plan)
     if finished:
         return out
-    precision = forward_precision(input.dtype) if precision is None else precision
+    precision = precision_for(input.dtype) if precision is None else precision
     key = (plan.key, input.dtype, precision, input.device, out.stride(), bias is not None)
     main = _chosen.get(key) if config is None else None
     x, w, w_lo = _operands(input, weight, plan.groups, precision)
@@ -780,7 +658,6 @@ def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, d
          ("DIAG", cfg.get("DIAG", 0)), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
 
 
-_operand_max = Launcher(operand_max_kernel)
 _prepare = Launcher(prepare_operands_kernel)
 _kernel = Launcher(conv_transpose3d_kernel)
 

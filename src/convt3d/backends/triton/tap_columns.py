@@ -25,7 +25,7 @@ columns instead of 4, the fourth all zeros, so that a 64-channel block fits in 1
 loaded once for all 64 output channels.
 
 Operands as the general kernel's operand pass lays them out: the input channels-last and the weight tap-major and
-K-major, TF32-rounded, split or scaled FP16 (precisions as in forward.py; under 3xTF32 A is split as it loads). Stride along W of 1
+K-major, TF32-rounded or split (precisions as in forward.py; under 3xTF32 A is split as it loads). Stride along W of 1
 or 2 only (the output's phases interleave in registers as whole rows).
 """
 
@@ -39,7 +39,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from . import cdiv, interpreted, next_power_of_2, power_of_2_at_most
-from .forward import _axis_taps, channels_last_strides, count_on, load_operands, load_weights, mma, unscale
+from .forward import _axis_taps, channels_last_strides, count_on, load_operands, load_weights, mma
 from .launch import Launcher
 
 
@@ -170,8 +170,6 @@ def tap_columns_kernel(
         even_b, odd_b = _phase_sums(acc_b, KW_A, KW_B, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
         out_even += even_b
         out_odd += odd_b
-    out_even = unscale(out_even, w_lo_ptr, PRECISION)
-    out_odd = unscale(out_odd, w_lo_ptr, PRECISION)
     co_t = co0 + tl.arange(0, BLOCK_CO)
     co_ok = co_t < COUT_G
     if DIAG == 3:  # diagnostic: a mask that no element passes, but one the compiler cannot drop with the GEMM

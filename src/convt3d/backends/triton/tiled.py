@@ -13,8 +13,7 @@ elements. This is the 3D U-Net decoder's k2 s2 layer, which the general kernel (
 phases of one tap each.
 
 Float32 operands are laid out K-major beforehand (the layout Hopper's tensor cores read TF32 from): the input
-channels-last and the weight as (KD*KH, C_out, KW, C_in), TF32-rounded, split or scaled FP16 as forward.py's
-precisions say.
+channels-last and the weight as (KD*KH, C_out, KW, C_in), TF32-rounded or split as forward.py's precisions say.
 Half-precision operands are read as given.
 """
 
@@ -27,9 +26,9 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from . import FP16, cdiv, interpreted, next_power_of_2
-from .forward import (MAX_PROGRAMS, SCALE_HEAD, _channels_last, _store_operand, allocate_output, flat_input,
-                      forward_precision, fp16_scales, mma, operand_buffers, operand_max, pick_config, unscale)
+from . import cdiv, interpreted, next_power_of_2
+from .forward import (_channels_last, _store_operand, allocate_output, flat_input, mma, operand_buffers,
+                      pick_config, precision_for)
 from .launch import Launcher
 
 
@@ -47,7 +46,7 @@ def unsupported_reason(plan: Plan) -> str | None:
 
 @triton.jit
 def _k_major(w_ptr, hi_ptr, lo_ptr, pid, C_IN, C_OUT, KDH, KW, PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr,
-             BLOCK_C: tl.constexpr, scale):
+             BLOCK_C: tl.constexpr):
     # The contiguous weight, as (C_in, C_out * KD*KH * KW), -> (KD*KH, C_out, KW, C_in): a tile of columns c =
     # (co, tap, kw) by input channels, loaded along c and stored along the channels.
     COLUMNS = C_OUT * KDH * KW
@@ -56,8 +55,6 @@ def _k_major(w_ptr, hi_ptr, lo_ptr, pid, C_IN, C_OUT, KDH, KW, PRECISION: tl.con
     c = pid % c_blocks * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = (ci[:, None] < C_IN) & (c[None, :] < COLUMNS)
     w = tl.load(w_ptr + ci[:, None] * COLUMNS + c[None, :], mask=ok)
-    if PRECISION == 3:
-        w = w * scale
     row = (c // KW % KDH * C_OUT + c // (KDH * KW)) * KW + c % KW
     _store_operand(hi_ptr, lo_ptr, row[None, :] * C_IN + ci[:, None], w, ok, PRECISION)
 
@@ -67,22 +64,14 @@ def prepare_operands_kernel(
     x_ptr, x_hi_ptr, x_lo_ptr, w_ptr, w_hi_ptr, w_lo_ptr,
     C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs, C_OUT, KDH, KW,
     PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
-    MAX_PROGRAMS: tl.constexpr, SCALE_HEAD: tl.constexpr,
 ):
     """Both operands in one launch: programs [0, X_PROGRAMS) lay the input out channels-last, the others the
-    weight K-major; under FP16 both scaled (forward.fp16_scales, from w_lo_ptr: the scales)."""
+    weight K-major."""
     pid = tl.program_id(0)
-    if PRECISION == 3:
-        x_scale, w_scale = fp16_scales(w_lo_ptr, pid, MAX_PROGRAMS, SCALE_HEAD)
-    else:
-        x_scale = 1.0
-        w_scale = 1.0
     if pid < X_PROGRAMS:
-        _channels_last(x_ptr, x_hi_ptr, x_lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION, BLOCK_C, BLOCK_S,
-                       x_scale)
+        _channels_last(x_ptr, x_hi_ptr, x_lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION, BLOCK_C, BLOCK_S)
     else:
-        _k_major(w_ptr, w_hi_ptr, w_lo_ptr, pid - X_PROGRAMS, C, C_OUT, KDH, KW, PRECISION, BLOCK_C, BLOCK_S,
-                 w_scale)
+        _k_major(w_ptr, w_hi_ptr, w_lo_ptr, pid - X_PROGRAMS, C, C_OUT, KDH, KW, PRECISION, BLOCK_C, BLOCK_S)
 
 
 @triton.jit
@@ -161,7 +150,6 @@ def tiled_kernel(
         else:
             a, a_lo = _load(x_ptr, x_lo_ptr, a_offs, a_ok, PRECISION)
             acc = mma(acc, a, a_lo, tl.trans(b), tl.trans(b_lo), PRECISION, INTERPRETED)
-    acc = unscale(acc, w_lo_ptr, PRECISION)
     if SWAP:
         if HAS_BIAS:
             acc += tl.load(b_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[:, None]
@@ -212,16 +200,12 @@ def configs():
 
 def _operands(input, weight, precision):
     """(x, x_lo, w, w_lo) laid out by the operand pass: the input channels-last (N, D, H, W, C_in) and the weight
-    K-major (KD, KH, C_out, KW, C_in), TF32-rounded, split or scaled FP16 for float32 (x_lo, w_lo are x, w where
-    unused; under FP16 w_lo is the scales)."""
+    K-major (KD, KH, C_out, KW, C_in), TF32-rounded or split for float32 (x_lo, w_lo are x, w where unused)."""
     c_in, c_out, kd, kh, kw = weight.shape
     operands = operand_buffers(input, (kd, kh, c_out, kw, c_in), precision)
     flat, flat_strides = flat_input(input)
-    weight = weight.contiguous()
-    if precision == FP16:
-        operand_max(tuple(input.shape), weight.numel(), flat_strides, 32, 64)((flat, weight, operands[3]))
     _operand_pass(tuple(input.shape), tuple(weight.shape), flat_strides, precision)(
-        (flat, *operands[:2], weight, *operands[2:]))
+        (flat, *operands[:2], weight.contiguous(), *operands[2:]))
     return operands
 
 
@@ -236,8 +220,7 @@ def _operand_pass(input_shape, weight_shape, flat_strides, precision: int):
     w_programs = cdiv(c_in, block_c) * cdiv(c_out * kd * kh * kw, block_s)
     return _prepare.bind(
         (x_programs + w_programs,), (c, d * h * w, s_blocks, x_programs, *flat_strides, c_out, kd * kh, kw),
-        (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s), ("MAX_PROGRAMS", MAX_PROGRAMS),
-         ("SCALE_HEAD", SCALE_HEAD)))
+        (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -296,7 +279,7 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     out, finished = allocate_output(input, weight, bias, plan)
     if finished:
         return out
-    precision = forward_precision(input.dtype) if precision is None else precision
+    precision = precision_for(input.dtype) if precision is None else precision
     strides = None if input.dtype == torch.float32 else (*input.stride(), *weight.stride())
     key = (plan.key, input.dtype, precision, input.device, strides, out.stride(), bias is not None)
     main = _chosen.get(key) if config is None else None
