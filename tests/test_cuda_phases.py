@@ -329,6 +329,24 @@ def test_operands_pass_pads_transposes_and_rounds():
         assert torch.equal(w_hi, scaled.half().double()) and torch.equal(w_lo, (scaled - w_hi).half().double())
 
 
+def test_fp16_window_scales_ignore_inf_and_nan():
+    """The FP16 splits scale the window by its blocks' largest finite magnitudes: an inf or NaN counted there would
+    scale every other value of its tile to zero in FP16, where they pass through the MMAs as they are."""
+    from convt3d.backends.triton.window import correlation_operands
+
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    source = torch.randn(1, 32, 2, 3, 4, generator=gen)
+    source[0, 5, 1, 2, 3] = float("inf")
+    source[0, 7, 0, 1, 1] = float("nan")
+    source = source.to(DEVICE)
+    weight = torch.randn(32, 32, 1, 1, 1, generator=gen).to(DEVICE)
+    window, _, (block_max, _, _) = correlation_operands(source, 0, source.shape, source.stride(), (0, 0, 0),
+                                                        (2, 3, 4), weight, grad_input_orientation=False, split=3)
+    finite = torch.where(window.isfinite(), window.abs(), 0)
+    assert torch.equal(block_max, finite.amax((3, 4)).unsqueeze(-1))
+    assert window.isinf().sum() == 1 and window.isnan().sum() == 1  # the window itself as it was
+
+
 def test_3xfp16_weight_scales_span_float32():
     """3xFP16's per-channel weight scales: channels of 1e-30 and 1e30 (FP16 spans 2^-24 to 65504) split to float32's
     accuracy, and an all-zero channel into zeros with a finite inverse scale."""

@@ -46,8 +46,11 @@ def _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, O
     value = tl.load(source_ptr + at, mask=ok, other=0.0)
     if SPLIT == 0:  # (3xTF32, 3xFP16: the kernel splits the window's values itself)
         value = _round_to_tf32(value)
-    if SPLIT == 2:  # the block's largest magnitude, from which the kernel scales its planes
-        tl.store(block_max_ptr + program, tl.max(tl.max(tl.abs(value), 1), 0))
+    if SPLIT == 2:  # the block's largest finite magnitude, from which the kernel scales its planes
+        # (inf and NaN pass through the scaled MMAs as they are: counted here, an inf would scale its neighbours to 0)
+        magnitude = tl.abs(value)
+        tl.store(block_max_ptr + program, tl.max(tl.max(tl.where(magnitude <= 3.4028234663852886e38, magnitude, 0.0),
+                                                        1), 0))
     out = row.to(tl.int64) * XW * C + (c * C)[:, None] + ch[None, :]
     tl.store(window_ptr + out, value, mask=(c < XW)[:, None] & (ch < C)[None, :])
 
