@@ -281,9 +281,10 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     const int p = 16 * warp + a_row;
     const unsigned a_lane = smem_addr(halo + ((p / BW) * HW + p % BW) * CPA + a_k);
     const unsigned ring_addr = smem_addr(ring);
-    float d[SLABS][COB / 2];                          // with SPLIT: the sum of the partials added so far
-    unsigned a[3][SLABS][A_REGS];                     // 3xTF32: the hi parts; FP16: hi, then lo
-    // SPLIT's arrays: one element without it, so that its code, indexed [SPLIT ? i : 0], compiles and drops out.
+    float d[SLABS][COB / 2];                          // with PARTIALS: the sum of the partials added so far
+    unsigned a[3][SLABS][A_REGS];                     // 3xTF32: the hi parts; 3xFP16: hi, then lo; FP16: hi
+    // The splits' arrays: one element without them, so that their code, indexed [PARTIALS ? i : 0] (3xTF32's lo parts:
+    // [SPLIT == 1 ? i : 0]), compiles and drops out.
     unsigned a_lo[3][SLABS][SPLIT == 1 ? 4 : 1];
     float partial[PARTIALS ? SLABS : 1][PARTIALS ? COB / 2 : 1];
     #pragma unroll
@@ -296,7 +297,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     // FP16: the window plane's scale (3xFP16) or the program's (FP16) and its inverse, and the inverse that the
     // partial sums' MMAs were scaled by.
     float a_scale = 1.f, a_inverse = 1.f, partial_inverse = 0.f;
-    // With SPLIT: the partial sums into the sums (FP16: times the inverse scale of the plane they came from).
+    // With PARTIALS: the partial sums into the sums (3xFP16: times the inverse scale of the plane they came from).
     auto add_partial = [&]() {
         #pragma unroll
         for (int s = 0; s < SLABS; s++)
