@@ -12,7 +12,7 @@ with --system-site-packages and `pip install triton==3.6.0`); builds differ (six
     python3 scripts/compile_sm90.py forward [BLOCK_M BLOCK_CO BLOCK_CI num_warps num_stages precision diag maxnreg]
     python3 scripts/compile_sm90.py grad_weight [BLOCK_CO BLOCK_N warps stages precision copies lattice_cl BLOCK_P
                                                  g_rounded] [--layouts]
-    python3 scripts/compile_sm90.py window [channels BLOCK_P]
+    python3 scripts/compile_sm90.py window [channels BLOCK_P split]
     python3 scripts/compile_sm90.py tap_columns [layer diag] [--layouts]
 """
 
@@ -62,11 +62,14 @@ def grad_weight(block_co=64, block_n=256, warps=8, stages=3, precision=1, copy_p
     return _compile(phase_grad_weight_kernel, constexprs, divisible, dict(num_warps=warps, num_stages=stages))
 
 
-def window(channels=32, block_p=64):
-    """The CUDA phase correlation's operand pass, reading an NCDHW source (its w stride 1)."""
-    constexprs = dict(C=channels, BLOCK_C=channels, BLOCK_P=block_p, BLOCK_T=1024, SW=1)
+def window(channels=32, block_p=64, split=0):
+    """The CUDA phase correlation's operand pass, reading an NCDHW source (its w stride 1), for split 0 (TF32), 1
+    (3xTF32) or 2 (3xFP16 and FP16: the weight's halves)."""
+    constexprs = dict(C=channels, BLOCK_C=channels, BLOCK_P=block_p, BLOCK_T=1024, SW=1, SPLIT=split,
+                      BLOCK_I=channels, BLOCK_TAPS=2048 // channels)
     divisible = [n for n in correlation_operands_kernel.arg_names if n.endswith("_ptr")]
-    return _compile(correlation_operands_kernel, constexprs, divisible, dict(num_warps=4))
+    return _compile(correlation_operands_kernel, constexprs, divisible, dict(num_warps=4),
+                    ("taps_ptr",) if split == 2 else ())
 
 
 def tap_columns(layer="video_k3s2p1op1", diag=0):
@@ -88,8 +91,9 @@ def tap_columns(layer="video_k3s2p1op1", diag=0):
     return _compile(fn, constexprs, divisible, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
 
 
-def _compile(fn, constexprs, divisible, options):
+def _compile(fn, constexprs, divisible, options, half_pointers=()):
     sig = {name: "*fp32" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+    sig.update({name: "*fp16" for name in half_pointers})
     sig.update({name: "constexpr" for name in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in divisible}
     return triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=options)
