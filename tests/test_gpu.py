@@ -263,7 +263,7 @@ def test_cuda_phase_correlation_kernel_with_tf32_off(layer, split, tile_rule, mo
 def test_cuda_phase_correlation_in_fp16_scales_out_of_fp16_range(layer, x_scale, w_scale, split, monkeypatch):
     """3xFP16 (TF32 off) and FP16 (TF32 mode) scale the window and the weight by powers of two into FP16's range
     (2^-24 to 65504): operands far outside it on either side keep float32's accuracy (3xFP16) or TF32's (FP16: 11
-    significant bits, as TF32's, about 3e-4 against float64 on these layers; 1e-3 as the TF32 tests above)."""
+    significant bits, as TF32's; 1e-3 against float64, as the TF32 tests above allow)."""
     tf32 = split == 3
     monkeypatch.setattr(cuda, "TF32_SPLIT" if tf32 else "SPLIT", split)
     x, w, b, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31, tf32_exact=False)
