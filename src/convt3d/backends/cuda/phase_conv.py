@@ -165,23 +165,23 @@ __device__ __forceinline__ void load_a(unsigned (&r)[SLABS][A_REGS], unsigned a_
                                                   + 8 * h));
 }
 
-// 3xFP16 (SPLIT 2): x and y times scale as hi + lo, each a pair of halves (x in the low half): hi = f16(x s),
-// lo = f16(x s - hi), rounding to nearest.
-__device__ __forceinline__ void split_half2(float x, float y, float scale, unsigned& hi, unsigned& lo) {
-    x *= scale;
-    y *= scale;
-    float hx, hy;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(hi) : "f"(y), "f"(x));
-    asm("{\n.reg .f16 l, u;\nmov.b32 {l, u}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, u;\n}\n"
-        : "=f"(hx), "=f"(hy) : "r"(hi));
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(lo) : "f"(y - hy), "f"(x - hx));
-}
-
 // FP16 (SPLIT 3): x and y times scale as a pair of halves (x in the low half), rounding to nearest.
 __device__ __forceinline__ unsigned to_half2(float x, float y, float scale) {
     unsigned h;
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(y * scale), "f"(x * scale));
     return h;
+}
+
+// 3xFP16 (SPLIT 2): x and y times scale as hi + lo, each a pair of halves (x in the low half): hi = f16(x s),
+// lo = f16(x s - hi), rounding to nearest.
+__device__ __forceinline__ void split_half2(float x, float y, float scale, unsigned& hi, unsigned& lo) {
+    x *= scale;
+    y *= scale;
+    hi = to_half2(x, y, 1.f);  // (x and y scaled already)
+    float hx, hy;
+    asm("{\n.reg .f16 l, u;\nmov.b32 {l, u}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, u;\n}\n"
+        : "=f"(hx), "=f"(hy) : "r"(hi));
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(lo) : "f"(y - hy), "f"(x - hx));
 }
 
 // FP16 with PRESPLIT: the plane's float32 channels, in place, as their parts split_half2 makes (times scale): each 16
@@ -365,31 +365,22 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                         // for every register write in flight, does not wait for ldmatrix.
                         const int g = ((kh * KW + kw) * U + unit) * KS + ks, buf = g % 3;
                         if (g == 0) load_a(a[0], a_lane, 0);
-                        // FP16 in registers: channels (t, t + 4, t + 8, t + 12) as k (2t, 2t + 1, 2t + 8, 2t + 9)
-                        if (SPLIT == 3 && !PRESPLIT) {
+                        // FP16 in registers: channels (t, t + 4, t + 8, t + 12) as k (2t, 2t + 1, 2t + 8, 2t + 9); the
+                        // hi halves in r[0..3], 3xFP16's lo halves in r[4..7]
+                        if (HALF && !PRESPLIT) {
                             #pragma unroll
                             for (int s = 0; s < SLABS; s++) {
                                 unsigned* r = a[buf][s];
                                 float v[8];
                                 #pragma unroll
                                 for (int e = 0; e < 8; e++) v[e] = __uint_as_float(r[e]);
-                                r[0] = to_half2(v[0], v[2], a_scale);
-                                r[1] = to_half2(v[1], v[3], a_scale);
-                                r[2] = to_half2(v[4], v[6], a_scale);
-                                r[3] = to_half2(v[5], v[7], a_scale);
-                            }
-                        }
-                        if (SPLIT == 2 && !PRESPLIT) {
-                            #pragma unroll
-                            for (int s = 0; s < SLABS; s++) {
-                                unsigned* r = a[buf][s];
-                                float v[8];
+                                // Register pair j holds (v[e], v[e + 2]): (0, 2), (1, 3), (4, 6), (5, 7).
                                 #pragma unroll
-                                for (int e = 0; e < 8; e++) v[e] = __uint_as_float(r[e]);
-                                split_half2(v[0], v[2], a_scale, r[0], r[4]);
-                                split_half2(v[1], v[3], a_scale, r[1], r[5]);
-                                split_half2(v[4], v[6], a_scale, r[2], r[6]);
-                                split_half2(v[5], v[7], a_scale, r[3], r[7]);
+                                for (int j = 0; j < 4; j++) {
+                                    const int e = j / 2 * 4 + j % 2;
+                                    if (SPLIT == 2) split_half2(v[e], v[e + 2], a_scale, r[j], r[A_REGS / 2 + j]);
+                                    else r[j] = to_half2(v[e], v[e + 2], a_scale);
+                                }
                             }
                         }
                         if (SPLIT == 1) {
