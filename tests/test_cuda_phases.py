@@ -370,6 +370,30 @@ def test_3xfp16_weight_scales_span_float32():
         assert error <= 1e-6, (o, error.item())
 
 
+def test_fp16_weight_scales_ignore_inf_and_nan():
+    """The weight's per-channel scales too come from its largest finite magnitude: an inf counted there would scale
+    the rest of its channel to zero in FP16 (eager's outputs that its inf tap does not reach stay finite)."""
+    from convt3d.backends.triton.window import correlation_operands
+
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    source = torch.randn(1, 32, 2, 3, 4, generator=gen).to(DEVICE)
+    weight = torch.randn(32, 8, 2, 2, 1, generator=gen)
+    weight[5, 3, 1, 0, 0] = float("inf")
+    weight[7, 4, 0, 1, 0] = float("nan")
+    finite = weight.isfinite().permute(2, 3, 4, 1, 0)
+    weight = weight.to(DEVICE)
+    _, taps, (_, _, inverse) = correlation_operands(source, 0, source.shape, source.stride(), (0, 0, 0), (2, 3, 4),
+                                                    weight, grad_input_orientation=False, split=2)
+    w_hi, w_lo = fp16_parts(taps)
+    rebuilt = (w_hi + w_lo) * inverse.double().view(-1, 1)
+    expected = weight.permute(2, 3, 4, 1, 0).double()
+    assert torch.isfinite(inverse).all()
+    for o in range(8):
+        error = (rebuilt[..., o, :] - expected[..., o, :])[finite[..., o, :]].norm() / expected[..., o, :][
+            finite[..., o, :]].norm()
+        assert error <= 1e-6, (o, error.item())
+
+
 def test_unsupported_reasons_name_the_cause(monkeypatch):
     cpu = torch.device("cpu")
     assert "sm_90" in cuda.phase_conv_unsupported(cpu, torch.float32, 32, 64, 1, (3, 3, 3), (1, 1, 1))
