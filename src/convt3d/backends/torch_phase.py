@@ -208,7 +208,9 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     # empty regions (strided writes that share memory sectors with the phases' writes): on the H200,
     # problem 77 took 1.30 ms with region fills. On the CPU the region fills were the faster. Triton kernels
     # that wrote the output in one pass, or the lattice rows whole after the fill, measured slower than the
-    # fill + strided copy (0.256-1.31 and 0.259-0.262 against 0.234 ms; benchmarks/RESULTS.md, sixth session).
+    # fill + strided copy (0.256-1.31 and 0.259-0.262 against 0.234 ms; benchmarks/RESULTS.md, sixth session); with the
+    # CUDA correlation, a CUDA pass writing the output once from its compact result made the forward no faster (0.317
+    # against 0.315 ms: the pass took 0.176 against the fill's 0.125; thirty-second session, diag_expand.py).
     fill_all = FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
     if fill_all:
         _fill(out, bias)
