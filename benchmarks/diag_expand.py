@@ -54,7 +54,7 @@ def source(out_sizes, lattice_starts, strides, counts, channels: int, has_bias: 
     return f"""
 typedef {index} Index;
 
-// Row `row` of the output (its n, c, d, h): whether it lies on the lattice, its compact row's first element, its channel.
+// An output row (its n, c, d, h): whether it lies on the lattice, its compact row's first element, its channel.
 struct Row {{ bool on; Index base; unsigned c; }};
 
 __device__ __forceinline__ Row row_of(Index nc, unsigned d, unsigned h)
@@ -114,8 +114,8 @@ COMPACT = (16, 64, 16, 32, 32)
 
 
 def expander(vec: int, has_bias: bool):
-    kernel = cuda._Kernel(source(OUT_SHAPE[2:], (1, 1, 1), (2, 2, 2), COMPACT[2:], OUT_SHAPE[1], has_bias,
-                                        False, vec), "expand_phase", 0, THREADS)
+    kernel = cuda._Kernel(source(OUT_SHAPE[2:], (1, 1, 1), (2, 2, 2), COMPACT[2:], OUT_SHAPE[1], has_bias, False, vec),
+                          "expand_phase", 0, THREADS)
     total = torch.Size(OUT_SHAPE).numel()
     blocks = -(-total // (vec * THREADS))
 
