@@ -25,7 +25,8 @@ from .launch import Launcher
 
 @triton.jit
 def _finite_magnitude(value):
-    """|value| where finite, else 0 (inf and NaN, which pass through the scaled MMAs as they are)."""
+    """|value| where finite, else 0: the FP16 splits' scales come from these maxima, and inf and NaN pass through the
+    scaled MMAs as they are (counted in a maximum, an inf would scale the rest of its tile or channel to zero)."""
     magnitude = tl.abs(value)
     return tl.where(magnitude <= 3.4028234663852886e38, magnitude, 0.0)
 
@@ -54,7 +55,6 @@ def _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, O
     if SPLIT == 0:  # (3xTF32, 3xFP16: the kernel splits the window's values itself)
         value = _round_to_tf32(value)
     if SPLIT == 2:  # the block's largest finite magnitude, from which the kernel scales its planes
-        # (inf and NaN pass through the scaled MMAs as they are: counted here, an inf would scale its neighbours to 0)
         tl.store(block_max_ptr + program, tl.max(tl.max(_finite_magnitude(value), 1), 0))
     out = row.to(tl.int64) * XW * C + (c * C)[:, None] + ch[None, :]
     tl.store(window_ptr + out, value, mask=(c < XW)[:, None] & (ch < C)[None, :])
@@ -99,7 +99,7 @@ def _weight_halves(weight_ptr, halves_ptr, inverse_ptr, o, TAPS, O, I, WO, WI, W
     amax = tl.zeros([BLOCK_TAPS, BLOCK_I], dtype=tl.float32)
     for first in range(0, TAPS, BLOCK_TAPS):
         _, _, value = _tap_block(weight_ptr, o, first, TAPS, I, WO, WI, WD, WH, WW, KH, KW, BLOCK_I, BLOCK_TAPS)
-        amax = tl.maximum(amax, _finite_magnitude(value))  # (as the window's blocks: an inf would zero the rest)
+        amax = tl.maximum(amax, _finite_magnitude(value))
     amax = tl.max(tl.max(amax, 1), 0)
     exponent = tl.minimum(tl.maximum(268 - ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF), 1), 253)
     scale = (exponent << 23).to(tl.float32, bitcast=True)
