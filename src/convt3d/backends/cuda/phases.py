@@ -90,6 +90,70 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
         correlate_phases(window, weight_taps, bias, out, strides, grid, counts, dilation, fields, scales, split)
 
 
+# Whether write_whole_planes starts its fill before the operand pass (True) or after the correlation's launch.
+FILL_FIRST = True
+
+
+def write_whole_planes(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, phase_list: tuple,
+                       out: torch.Tensor, lattice_geometry, whole) -> None:
+    """The whole output (contiguous) where phase_list holds one phase (whole_planes(...) gives whole): the correlation
+    writes the phase's lattice planes whole (phase_conv's WHOLE), and plane_fill every other plane on a second stream
+    at the same time. Writing each element once, instead of the fill then the lattice, and the fill beside the
+    correlation rather than before it: see benchmarks/RESULTS.md (thirty-third session)."""
+    split = _split(cudnn_allow_tf32())
+    start, extent, ((counts, dilation, grid, strides, fields),) = _forward_launches(plan, phase_list, split,
+                                                                                   out.stride(), lattice_geometry)
+    correlation, fill = whole
+    main = torch.cuda.current_stream()
+    side = _side_stream(out.device.index or 0) if fill is not None else None
+    if side is not None and FILL_FIRST:
+        side.wait_stream(main)  # the output's memory, free once main's earlier work is done
+        cuda.fill_planes(out, bias, *fill, side.cuda_stream)
+    window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
+                                                       grad_input_orientation=False, split=split)
+    if side is not None and not FILL_FIRST:
+        side.wait_stream(main)
+    correlate_phases(window, weight_taps, bias, out, strides, grid, counts, dilation, fields, scales, split,
+                     correlation)
+    if side is not None:
+        if not FILL_FIRST:
+            cuda.fill_planes(out, bias, *fill, side.cuda_stream)
+        main.wait_stream(side)
+
+
+@functools.lru_cache(maxsize=None)
+def _side_stream(device_index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device_index)
+
+
+def whole_planes_for(plan: Plan, phase_list: tuple, out: torch.Tensor):
+    """whole_planes(...) for this output where cuda.WHOLE_PLANES is on and the output contiguous, else None."""
+    if not cuda.WHOLE_PLANES or not out.is_contiguous():
+        return None
+    return whole_planes(plan, phase_list, out.device.index or 0)
+
+
+@functools.lru_cache(maxsize=256)
+def whole_planes(plan: Plan, phase_list: tuple, device_index: int):
+    """(the correlation's whole argument (cuda.correlate_phases), plane_fill's (first, step, count, programs) or None
+    where the lattice covers every plane) where write_whole_planes serves this layer, else None: one phase some tap
+    reaches (every other output element is bias or zero), and each program's band of columns narrow enough
+    (phase_conv.WHOLE_SLOTS)."""
+    if len(phase_list) != 1:
+        return None
+    (pd, ph, pw), (ad, ah, aw) = phase_list[0], plan.axes
+    qw = pw.out_count
+    blocks = [(0 if b == 0 else pw.out_start + aw.stride * b,
+               aw.out_size if b + cuda.TILE_COLUMNS >= qw else pw.out_start + aw.stride * (b + cuda.TILE_COLUMNS))
+              for b in range(0, qw, cuda.TILE_COLUMNS)]
+    if max(hi - lo for lo, hi in blocks) > 32 * cuda.phase_conv.WHOLE_SLOTS:
+        return None
+    correlation = (ah.out_size, aw.out_size, ph.out_start, pw.out_start, ah.stride, aw.stride)
+    if ad.stride == 1 and pd.out_count == ad.out_size:
+        return correlation, None
+    return correlation, (pd.out_start, ad.stride, pd.out_count, _sm_count(device_index))
+
+
 @functools.lru_cache(maxsize=256)
 def _forward_launches(plan: Plan, phase_list: tuple, split: int, out_strides, lattice_geometry):
     """_forward_geometry's window start and extent, and per launch (taps, dilation, grid, the lattices' strides, the
