@@ -1,7 +1,11 @@
 """Problem 77's forward by whole planes (backends/cuda/phases.write_whole_planes) against the fill of the whole output
 followed by the correlation into the lattice, in one process, in both precision modes.
 
-    PYTHONPATH=src python3 benchmarks/diag_whole_planes.py [--iters 50]
+    PYTHONPATH=<b85b1f0's src> python3 benchmarks/diag_whole_planes.py [--iters 50]
+
+It needs the library of commit b85b1f0 (the experiment, reverted in the next commit). Thirty-third session, call 3
+(benchmarks/RESULTS.md): the correlation writing its planes whole took 0.267 ms alone against 0.167 into the lattice,
+and the forward 0.466 (fill first) / 0.746 (fill after) against 0.329 with the fill then the lattice.
 
 The whole-planes forward: the correlation's programs write their lattice planes whole (phase_conv's WHOLE epilogue),
 and plane_fill writes the other planes on a second stream at the same time, started before the operand pass

@@ -411,32 +411,6 @@ def test_tile_rows_spread_small_layers_over_the_gpu():
     assert cuda.tile_rows(64, 64, (3, 3, 3), (1, 1, 1), False, 1, (1, 1, 1)) == 2  # never fewer than 2
 
 
-def _phase_list(plan):
-    return tuple(phases for _, phases in _regions(plan, True) if phases is not None)
-
-
-def test_whole_planes_geometry(monkeypatch):
-    """The whole-planes forward's arguments: problem 77's (rows and columns of 65, lattice from 1 by 2; plane_fill
-    over the 17 even planes of 33, one program per multiprocessor); none where several phases are reached or a
-    program's band of columns is wider than the epilogue's lanes cover."""
-    monkeypatch.setattr(cuda_phases, "_sm_count", lambda device_index: 132)
-    cuda_phases.whole_planes.cache_clear()
-    p77 = make_plan((16, 32, 16, 32, 32), (32, 64, 3, 3, 3), (2, 2, 2), (1, 1, 1), (0, 0, 0), 1, (2, 2, 2))
-    assert cuda_phases.whole_planes(p77, _phase_list(p77), 0) == ((65, 65, 1, 1, 2, 2), (1, 2, 16, 132))
-    # Stride 1 in depth: every plane is a lattice plane, so no fill.
-    depth_1 = make_plan((2, 32, 3, 4, 5), (32, 8, 3, 3, 3), (1, 2, 1), (1, 0, 1), (0, 0, 0), 1, (2, 2, 2))
-    assert cuda_phases.whole_planes(depth_1, _phase_list(depth_1), 0)[1] is None
-    k3s2 = make_plan((2, 32, 4, 4, 4), (32, 16, 3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), 1, (1, 1, 1))
-    assert len(_phase_list(k3s2)) == 8 and cuda_phases.whole_planes(k3s2, _phase_list(k3s2), 0) is None
-    # Stride 4, kernel 1: one phase, but a band of 32 lattice columns spans 128 output columns (the lanes cover 96).
-    k1s4 = make_plan((2, 32, 4, 4, 40), (32, 16, 1, 1, 1), (4, 4, 4), (0, 0, 0), (0, 0, 0), 1, (1, 1, 1))
-    assert len(_phase_list(k1s4)) == 1 and cuda_phases.whole_planes(k1s4, _phase_list(k1s4), 0) is None
-    # The same with 24 columns: one block, the whole row of 93 columns.
-    narrow = make_plan((2, 32, 4, 4, 24), (32, 16, 1, 1, 1), (4, 4, 4), (0, 0, 0), (0, 0, 0), 1, (1, 1, 1))
-    assert cuda_phases.whole_planes(narrow, _phase_list(narrow), 0) == ((13, 93, 0, 0, 4, 4), (0, 4, 4, 132))
-    cuda_phases.whole_planes.cache_clear()
-
-
 def test_only_the_weight_gradient_needs_tf32(monkeypatch):
     """With TF32 off the phase correlation serves (in 3xTF32) and the weight gradient does not; checked on a
     pretended sm_90 device up to the first check that needs one."""
@@ -503,7 +477,7 @@ def test_correlate_phases_launches_at_most_max_phases_at_once(monkeypatch):
 
     class FakeKernel:
         def launch(self, grid, pointers, ints, longs, stream, table=()):
-            launches.append((grid, ints[-5], table))  # the phase count, before the four whole-planes ints
+            launches.append((grid, ints[-1], table))
 
     monkeypatch.setattr(cuda, "_kernel", lambda *args: FakeKernel())
     monkeypatch.setattr(cuda, "_current_stream", lambda device: 0)

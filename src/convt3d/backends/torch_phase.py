@@ -212,16 +212,10 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     # CUDA correlation, a CUDA pass writing the output once from its compact result made the forward no faster (0.317
     # against 0.315 ms: the pass took 0.176 against the fill's 0.125; thirty-second session, diag_expand.py).
     fill_all = FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
-    regions = _regions(plan, fill_all)
-    cuda_phases = _cuda_phases(input, plan, regions) if input.is_cuda else None
-    if cuda_phases is not None and fill_all:
-        phases = _cuda_module()
-        whole = phases.whole_planes_for(plan, cuda_phases, out)
-        if whole is not None:  # one phase: its correlation and a fill beside it write each element once
-            phases.write_whole_planes(input, weight, bias, plan, cuda_phases, out, _lattice_geometry, whole)
-            return out
     if fill_all:
         _fill(out, bias)
+    regions = _regions(plan, fill_all)
+    cuda_phases = _cuda_phases(input, plan, regions) if input.is_cuda else None
     if cuda_phases is not None:
         _cuda_module().write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry)
     for index, phases in regions:

@@ -24,13 +24,9 @@ import torch
 
 from ..triton import cdiv  # (these two import no Triton)
 from ..triton.launch import _current_stream
-from . import grad_weight, phase_conv, plane_fill
+from . import grad_weight, phase_conv
 
 ENABLED = os.environ.get("CONVT3D_CUDA_KERNELS", "1") != "0"
-# Where a layer has one phase some tap reaches: its correlation writes the lattice planes whole and plane_fill the
-# others beside it (phases.write_whole_planes), rather than a fill of the whole output first. CONVT3D_WHOLE_PLANES=0
-# (or cuda.WHOLE_PLANES = False) keeps the fill first.
-WHOLE_PLANES = os.environ.get("CONVT3D_WHOLE_PLANES", "1") != "0"
 # The phase correlation's precision with TF32 off (phase_conv.py's SPLIT): 1 (3xTF32) or 2 (3xFP16).
 SPLIT = int(os.environ.get("CONVT3D_SPLIT", "2"))
 # Its precision in TF32 mode: 3 (FP16 on operands scaled by powers of two: TF32's 11 significant bits at twice its
@@ -165,12 +161,6 @@ class _Kernel:
         self._arrays = {}
         self._lock = threading.Lock()
 
-    def prefer_shared_memory(self) -> None:
-        """Ask for a multiprocessor's largest shared-memory carveout whenever this kernel's programs run. A
-        multiprocessor sets its L1/shared split as it starts a program, and programs that need another split wait
-        until it has drained: kernels meant to share multiprocessors at the same time should ask for the same one."""
-        _check(_driver().cuFuncSetAttribute(self.function, CARVEOUT_ATTRIBUTE, 100))
-
     def launch(self, grid: int, pointers, ints, longs, stream: int, table=()) -> None:
         """pointers: device addresses (ints), then the int and the long long arguments, in the kernel's order, then
         (where given) table: long longs that the kernel takes by value as one array (a struct) after them."""
@@ -200,12 +190,7 @@ def _driver():
                                    ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
                                    ctypes.c_void_p]
     lib.cuLaunchKernel.restype = ctypes.c_int
-    lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    lib.cuFuncSetAttribute.restype = ctypes.c_int
     return lib
-
-
-CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (percent of the most)
 
 
 def _check(result: int) -> None:
@@ -217,32 +202,12 @@ def _check(result: int) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: int,
-            rows: int, whole_steps=None) -> _Kernel:
+            rows: int) -> _Kernel:
     _, cob, _, unit = config(c_in, c_out, taps, dilation, split)
     smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, unit)
     with torch.cuda.device(device_index):
-        kernel = _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit, whole_steps),
-                         "phase_conv", smem, 128)
-    if whole_steps is not None:  # beside plane_fill's programs
-        kernel.prefer_shared_memory()
-    return kernel
-
-
-@functools.lru_cache(maxsize=16)
-def _plane_fill_kernel(device_index: int, has_bias: bool) -> _Kernel:
-    with torch.cuda.device(device_index):
-        kernel = _Kernel(plane_fill.source(has_bias), "plane_fill", 0, plane_fill.THREADS)
-    kernel.prefer_shared_memory()
-    return kernel
-
-
-def fill_planes(out: torch.Tensor, bias, first: int, step: int, count: int, programs: int, stream: int) -> None:
-    """Every depth plane of out (contiguous, float32) but first + step q (q < count) set to its channel's bias (or
-    zero), by plane_fill's programs on stream."""
-    n, c, d = out.shape[:3]
-    kernel = _plane_fill_kernel(out.device.index or 0, bias is not None)
-    kernel.launch(programs, (0 if bias is None else bias.data_ptr(), out.data_ptr()),
-                  (n * c * d, d, c, first, step, count), (out.shape[3] * out.shape[4],), stream)
+        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit), "phase_conv",
+                       smem, 128)
 
 
 def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: int = 0,
@@ -270,13 +235,10 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
 
 
 def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_strides, grid,
-                     taps, dilation, phases, scales=None, split=None, whole=None) -> None:
+                     taps, dilation, phases, scales=None, split=None) -> None:
     """correlate for several correlations of the same grid, tap counts and dilation (phases of one layer), each
     (window offsets, first taps, tap steps: three each, then its element offset in out): one launch per
-    phase_conv.MAX_PHASES of them. Their window extent: window_extent's with batch N x len(phases). whole: for one
-    phase in a contiguous output, (the output's rows and columns, the lattice's first row and column and its steps
-    along both), where the programs write the lattice's planes whole (phase_conv's WHOLE: whole_planes_unsupported
-    says where), else None."""
+    phase_conv.MAX_PHASES of them. Their window extent: window_extent's with batch N x len(phases)."""
     n, xd, xh, xw, c_in = window.shape
     if split is None:
         split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
@@ -284,9 +246,7 @@ def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out:
     device = window.device.index or 0
     cob = config(c_in, c_out, tuple(taps), tuple(dilation), split)[1]
     rows = tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n * len(phases), tuple(grid))
-    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split, rows,
-                     None if whole is None else whole[4:])
-    whole_ints = (0, 0, 0, 0) if whole is None else whole[:4]
+    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split, rows)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
     programs = _programs(n, grid, rows, c_out, cob)
@@ -303,7 +263,7 @@ def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out:
     stream = _current_stream(device)
     for first in range(0, len(phases), phase_conv.MAX_PHASES):
         chunk = phases[first:first + phase_conv.MAX_PHASES]
-        ints = (xd, xh, xw, khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, *scale_ints, len(chunk), *whole_ints)
+        ints = (xd, xh, xw, khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, *scale_ints, len(chunk))
         table = _phase_table(tuple(chunk))
         kernel.launch(programs * len(chunk), pointers, ints, tuple(out_strides), stream, table)
 

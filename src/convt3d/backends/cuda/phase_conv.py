@@ -242,7 +242,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
            const float* __restrict__ bias, const float* __restrict__ block_max, const float* __restrict__ w_inverse,
            float* __restrict__ y, int XD, int XH, int XW, int KHF, int KWF,
            int QD, int QH, int QW, int qh_blocks, int qw_blocks, int max_block, int max_blocks, int phase_count,
-           int OH, int OW, int LOH, int LOW, long long syn, long long syc, long long syd, long long syh, long long syw, const Phases phases)
+           long long syn, long long syc, long long syd, long long syh, long long syw, const Phases phases)
 {
     extern __shared__ __align__(1024) float4 smem4[];
     float* ring = (float*)smem4;                      // [STAGES][KB][COB][32], swizzled
@@ -453,40 +453,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             }
     }
     __syncthreads();
-#if WHOLE
-    // The program's band of its lattice plane, every element: rows band_h0..band_h1 - 1 and columns band_w0..band_w1
-    // - 1 of the output plane, from its first lattice row and column (the band's first: from the plane's start) to
-    // the next band's (the last band's: to the plane's end); the tile's values on the lattice, bias or zero
-    // elsewhere. The output is contiguous (rows OW floats apart), its lattice starts at row LOH and column LOW and
-    // steps by LSH and LSW; y points at the lattice's first element. A warp writes one channel's rows in turn, lane l
-    // at columns band_w0 + l + 32 i (i < WHOLE_SLOTS: the host checks that the bands are that narrow).
-    const int band_h0 = qh0 == 0 ? 0 : LOH + LSH * qh0, band_h1 = qh0 + BH >= QH ? OH : LOH + LSH * (qh0 + BH);
-    const int band_w0 = qw0 == 0 ? 0 : LOW + LSW * qw0, band_w1 = qw0 + BW >= QW ? OW : LOW + LSW * (qw0 + BW);
-    int column[WHOLE_SLOTS];  // the staged column at band_w0 + lane + 32 i; -1: off the lattice; -2: past the band
-    #pragma unroll
-    for (int i = 0; i < WHOLE_SLOTS; i++) {
-        const int rw = band_w0 + lane + 32 * i - LOW;
-        column[i] = band_w0 + lane + 32 * i >= band_w1 ? -2
-                    : rw >= 0 && rw % LSW == 0 && rw / LSW < QW ? rw / LSW - qw0 : -1;
-    }
-    float* const plane = y + n * syn + (long long)(ob * COB) * syc + qd * syd - ((long long)LOH * OW + LOW)
-                         + band_w0;
-    #pragma unroll 1
-    for (int c = warp; c < COB; c += THREADS / 32) {
-        const float b = HAS_BIAS ? bias[ob * COB + c] : 0.f;
-        const float* src = staged + c * OCS;
-        #pragma unroll 1
-        for (int h = band_h0; h < band_h1; h++) {
-            const int rh = h - LOH;
-            const int r = rh >= 0 && rh % LSH == 0 && rh / LSH < QH ? rh / LSH - qh0 : -1;
-            float* out = plane + c * syc + (long long)h * OW + lane;
-            #pragma unroll
-            for (int i = 0; i < WHOLE_SLOTS; i++)
-                if (column[i] != -2) out[32 * i] = r >= 0 && column[i] >= 0 ? src[r * BW + column[i]] : b;
-        }
-    }
-    return;
-#endif
     const int qw = qw0 + lane;
     float* y_tile = y + n * syn + (long long)(ob * COB) * syc + qd * syd + (long long)qw * syw;
     #pragma unroll 1
@@ -512,8 +478,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
 # 0.249 / 0.248 / 0.246 ms with 2 / 3 / 4 / 6 / 9, 2.3e-7 / 2.7e-7 / 3.1e-7 / 4.2e-7 / 5.5e-7 off float64, the
 # whole forward within noise of 0.41 (benchmarks/RESULTS.md, twenty-fifth session).
 PROMOTE = 2
-# With WHOLE: a program's band of lattice columns spans at most 32 x WHOLE_SLOTS columns.
-WHOLE_SLOTS = 3
 # Phases per launch, and the values that describe each (the kernel's struct Phases).
 MAX_PHASES = 8
 PHASE_FIELDS = 10
@@ -542,18 +506,14 @@ def wgmma_asm(n: int, half: bool = False) -> str:
 
 
 def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: int = 0,
-           unit: int | None = None, whole_steps=None) -> str:
+           unit: int | None = None) -> str:
     """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 0 (TF32), 1
-    (3xTF32) or 2 (3xFP16); unit: the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in);
-    whole_steps: the lattice's steps (rows, columns) where each program writes its band of the lattice plane whole
-    (WHOLE, above), else None."""
+    (3xTF32) or 2 (3xFP16); unit: the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in)."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
-    lsh, lsw = whole_steps or (1, 1)
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
                    UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE,
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS,
-                   PRESPLIT=int(split >= 2 and kh * kw >= PRESPLIT_TAPS), WHOLE=int(whole_steps is not None),
-                   LSH=lsh, LSW=lsw, WHOLE_SLOTS=WHOLE_SLOTS)
+                   PRESPLIT=int(split >= 2 and kh * kw >= PRESPLIT_TAPS))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob, split >= 2))
 
