@@ -210,7 +210,10 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     # that wrote the output in one pass, or the lattice rows whole after the fill, measured slower than the
     # fill + strided copy (0.256-1.31 and 0.259-0.262 against 0.234 ms; benchmarks/RESULTS.md, sixth session); with the
     # CUDA correlation, a CUDA pass writing the output once from its compact result made the forward no faster (0.317
-    # against 0.315 ms: the pass took 0.176 against the fill's 0.125; thirty-second session, diag_expand.py).
+    # against 0.315 ms: the pass took 0.176 against the fill's 0.125; thirty-second session, diag_expand.py). Nor did
+    # a fill on a second stream beside the correlation, of the planes or rows it does not write (0.44-0.64 ms against
+    # 0.316-0.320), or with the correlation writing its lattice planes whole (0.47 against 0.329; thirty-third
+    # session, diag_overlap.py and diag_whole_planes.py).
     fill_all = FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
     if fill_all:
         _fill(out, bias)
