@@ -136,6 +136,31 @@ def test_backward_that_is_recorded_avoids_the_cuda_phase_path(monkeypatch):
         assert_close_rel(a, b.detach(), 1e-12)
 
 
+@pytest.mark.parametrize("eager_autograd", [False, True])
+def test_eager_kernel_is_recorded_by_pytorch_where_its_backward_is_atens(eager_autograd, monkeypatch):
+    """A forward by eager's kernel ("eager", or what "auto" chose) goes to PyTorch's own autograd where
+    ops._eager_autograd_serves (on CUDA: no backward by phases); elsewhere to convt3d's node. Here on the CPU with that
+    choice forced either way: the same output and gradients as F.conv_transpose3d, through the expected node."""
+    from convt3d import ops
+
+    monkeypatch.setattr(ops, "_eager_autograd_serves", lambda input, plan: eager_autograd)
+    torch.manual_seed(random.randrange(2**31))
+    x = torch.randn(2, 4, 3, 4, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 3, 3, 2, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    args = dict(stride=2, padding=1, output_padding=1, dilation=(1, 2, 1))
+    expected = F.conv_transpose3d(x, w, b, **args)
+    grad = torch.randn(expected.shape, dtype=torch.float64)
+    for backend in ("eager", "auto"):
+        monkeypatch.setattr(convt3d.functional, "choose_backend", lambda *a: "eager")
+        y = convt3d.conv_transpose3d(x, w, b, backend=backend, **args)
+        assert (type(y.grad_fn) is type(expected.grad_fn)) == eager_autograd, type(y.grad_fn)
+        assert torch.equal(y, expected)
+        for a, e in zip(torch.autograd.grad(y, (x, w, b), grad), torch.autograd.grad(expected, (x, w, b), grad,
+                                                                                     retain_graph=True)):
+            assert_close_rel(a, e, 1e-12)
+
+
 def test_float32_gradients_match_eager():
     torch.manual_seed(0)
     x = torch.randn(2, 4, 5, 4, 6, requires_grad=True)

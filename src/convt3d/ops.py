@@ -10,8 +10,9 @@ strided convolution_backward;
 off CUDA, aten ops only; where the backward is itself differentiated (create_graph=True, torch.func), the
 differentiable aten path everywhere. Eager calls that need autograd run the forward with grad mode off, then
 record a plain autograd.Function's node with the same gradients (under torch.func's transforms, a setup_context
-twin that computes in its forward): the op's Python dispatch is for torch.compile. CUDA tensors on another GPU than
-the current one run under that GPU (Triton launches on the current device).
+twin that computes in its forward), except on CUDA where eager's kernel runs the forward and aten's own backward
+would serve: PyTorch's autograd records that call itself. The op's Python dispatch is for torch.compile. CUDA tensors
+on another GPU than the current one run under that GPU (Triton launches on the current device).
 """
 
 from __future__ import annotations
@@ -256,10 +257,26 @@ def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     # As inside an autograd.Function's forward: no graph for the backend's own operations.
     torch._C._set_grad_enabled(False)
     try:
-        out = _forward(input, weight, bias, plan, backend)
+        if backend == "auto" and not _off_current_device(input):  # (off it, _forward chooses under that GPU)
+            backend = functional.choose_backend(input, weight, bias, plan)
+        out = None if backend == "eager" and _eager_autograd_serves(input, plan) else _forward(
+            input, weight, bias, plan, backend)
     finally:
         torch._C._set_grad_enabled(True)
+    if out is None:  # PyTorch's own kernel, recorded by PyTorch's own autograd
+        return torch.nn.functional.conv_transpose3d(
+            input, weight, bias, plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation)
     return _EagerConvTranspose3d.apply(input, weight, bias, out, plan)
+
+
+def _eager_autograd_serves(input: torch.Tensor, plan: Plan) -> bool:
+    """Whether PyTorch's own autograd gives the gradients _gradients would, for a forward by eager's kernel: on CUDA
+    where the backward by phases does not serve, _gradients is aten's convolution_backward, as eager's autograd. It
+    records its node without the Python autograd.Function, whose host time made a layer that "auto" runs by eager's
+    kernel 2.6x slower than eager on the H200 (batch1_small_k3s2 in the thirty-third session's sweep: 0.087 ms against
+    0.034, 0.091 ms of host time per call against 0.051; benchmarks/RESULTS.md). On the CPU _gradients takes the
+    phase decomposition, faster than aten's there."""
+    return input.is_cuda and not _cuda_phase_backward_serves(input, plan)
 
 
 # Last: functional imports this module (apply, cached_plan), and _forward looks its functions up at call time (an
