@@ -272,10 +272,12 @@ def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
 def _eager_autograd_serves(input: torch.Tensor, plan: Plan) -> bool:
     """Whether PyTorch's own autograd gives the gradients _gradients would, for a forward by eager's kernel: on CUDA
     where the backward by phases does not serve, _gradients is aten's convolution_backward, as eager's autograd. It
-    records its node without the Python autograd.Function, whose host time made a layer that "auto" runs by eager's
-    kernel 2.6x slower than eager on the H200 (batch1_small_k3s2 in the thirty-third session's sweep: 0.087 ms against
-    0.034, 0.091 ms of host time per call against 0.051; benchmarks/RESULTS.md). On the CPU _gradients takes the
-    phase decomposition, faster than aten's there."""
+    records its node without the Python autograd.Function, whose host time, with convt3d's checks and dispatch, left
+    a layer that "auto" runs by eager's kernel 2.6x slower than eager on the H200 (batch1_small_k3s2 in the
+    thirty-third session's sweep: 0.087 ms against 0.034, 0.091 ms of host time per call against 0.051); on the
+    2-core CPU a tiny layer's module call took 26.7 us that way and 17.1 this way, eager's 14.3
+    (benchmarks/cpu_eager_autograd.py). On the CPU _gradients takes the phase decomposition, faster than aten's
+    there."""
     return input.is_cuda and not _cuda_phase_backward_serves(input, plan)
 
 
