@@ -292,7 +292,9 @@ def main():
             row(mode, f"the compact correlation, then plane_fill ({sms}, carveout) on a second stream",
                 lambda: forked(into_compact, lambda: fill("plane_fill", out, None, sms, True)))
 
-        def split_rows(g, fork=True):
+        def split(fill_name, expand_name, g, carveout=False, fork=True):
+            """The forward with the output split between fill_name (g programs) and expand_name (from the compact
+            correlation), the fill on a second stream (fork) or first on the same one."""
             def forward():
                 y = torch.empty(OUT_SHAPE, device="cuda")
                 result = torch.empty(COMPACT, device="cuda")
@@ -300,28 +302,11 @@ def main():
                 def main_work():
                     window, taps, scales = operands()
                     correlate(window, taps, scales, result, 0, result.stride())
-                    expand("expand_rows", result, None, y)
+                    expand(expand_name, result, None, y)
                 if fork:
-                    forked(lambda: fill("gap_fill", y, None, g), main_work)
+                    forked(lambda: fill(fill_name, y, None, g, carveout), main_work)
                 else:
-                    fill("gap_fill", y, None, g)
-                    main_work()
-                return y
-            return forward
-
-        def split_planes(g, carveout, fork=True):
-            def forward():
-                y = torch.empty(OUT_SHAPE, device="cuda")
-                result = torch.empty(COMPACT, device="cuda")
-
-                def main_work():
-                    window, taps, scales = operands()
-                    correlate(window, taps, scales, result, 0, result.stride())
-                    expand("expand_planes", result, None, y)
-                if fork:
-                    forked(lambda: fill("plane_fill", y, None, g, carveout), main_work)
-                else:
-                    fill("plane_fill", y, None, g, carveout)
+                    fill(fill_name, y, None, g, carveout)
                     main_work()
                 return y
             return forward
@@ -343,14 +328,17 @@ def main():
         forms = [("library: fill, correlation into the lattice", library)]
         if "rows" in parts:
             for g in (sms, 2 * sms):
-                forms.append((f"split rows, gap_fill ({g}) on a second stream", split_rows(g)))
-            forms.append((f"split rows, one stream ({2 * sms})", split_rows(2 * sms, fork=False)))
+                forms.append((f"split rows, gap_fill ({g}) on a second stream", split("gap_fill", "expand_rows", g)))
+            forms.append((f"split rows, one stream ({2 * sms})", split("gap_fill", "expand_rows", 2 * sms,
+                                                                        fork=False)))
             for g in (sms, 2 * sms):
                 forms.append((f"complement fill ({g}) on a second stream, correlation into the lattice",
                               complement(g)))
         if "planes" in parts:
-            forms.append((f"split planes, plane_fill ({sms}, carveout) on a second stream", split_planes(sms, True)))
-            forms.append((f"split planes, one stream ({planes})", split_planes(planes, False, fork=False)))
+            forms.append((f"split planes, plane_fill ({sms}, carveout) on a second stream",
+                          split("plane_fill", "expand_planes", sms, carveout=True)))
+            forms.append((f"split planes, one stream ({planes})",
+                          split("plane_fill", "expand_planes", planes, fork=False)))
         for name, forward in forms:
             torch.cuda.empty_cache()
             poisoned = torch.full(OUT_SHAPE, float("nan"), device="cuda")
@@ -367,7 +355,7 @@ def main():
             prefer_shared(cuda._kernel(0, 32, 64, counts, dilation, False, split, rows_per_tile).function)
             row(mode, f"plane_fill ({sms}) beside the compact correlation, both carveouts at the most",
                 lambda: forked(lambda: fill("plane_fill", out, None, sms, True), into_compact))
-            forward = split_planes(sms, True)
+            forward = split("plane_fill", "expand_planes", sms, carveout=True)
             y = forward()
             torch.cuda.synchronize()
             row(mode, "split planes on two streams, both carveouts at the most", forward,
