@@ -151,8 +151,8 @@ def test_eager_kernel_is_recorded_by_pytorch_where_its_backward_is_atens(eager_a
     args = dict(stride=2, padding=1, output_padding=1, dilation=(1, 2, 1))
     expected = F.conv_transpose3d(x, w, b, **args)
     grad = torch.randn(expected.shape, dtype=torch.float64)
+    monkeypatch.setattr(convt3d.functional, "choose_backend", lambda *a: "eager")
     for backend in ("eager", "auto"):
-        monkeypatch.setattr(convt3d.functional, "choose_backend", lambda *a: "eager")
         y = convt3d.conv_transpose3d(x, w, b, backend=backend, **args)
         assert (type(y.grad_fn) is type(expected.grad_fn)) == eager_autograd, type(y.grad_fn)
         assert torch.equal(y, expected)
