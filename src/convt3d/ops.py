@@ -264,8 +264,7 @@ def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     finally:
         torch._C._set_grad_enabled(True)
     if out is None:  # PyTorch's own kernel, recorded by PyTorch's own autograd
-        return torch.nn.functional.conv_transpose3d(
-            input, weight, bias, plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation)
+        return functional.run_backend("eager", input, weight, bias, plan)
     return _EagerConvTranspose3d.apply(input, weight, bias, out, plan)
 
 
