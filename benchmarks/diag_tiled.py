@@ -1,12 +1,10 @@
 """The tiled GEMM (backends/triton/tiled.py) on the sweep's k2 s2 layers (GPU): each tile config, the autotuned
-kernel (with its operand pass for float32), the operand pass alone and eager, in both precision modes; for float32
-also every config and the autotuned call with the operands read as given and rounded or split in registers (one
-launch). (Sixteenth session's runs of its earlier forms read both operands as given too: commit f7e1679.)
+kernel (with its operand pass for float32), the operand pass alone and eager, in both precision modes. (Sixteenth
+session's runs of its earlier forms also read the operands as given, rounding them in registers: commit f7e1679.)
 
     PYTHONPATH=src python3 benchmarks/diag_tiled.py [--iters 50] [--layers unet3d_k2s2,...]
 
-Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), and for whole calls the
-median host time per call. Each variant's output is
+Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call). Each variant's output is
 NaN-poisoned before its first call, then checked: KernelBench's check against eager in the same mode and the
 relative error against float64.
 """
@@ -20,7 +18,7 @@ import torch.nn.functional as F
 
 from convt3d.backends.triton import tiled
 from convt3d.backends.triton.forward import precision_for
-from convt3d.bench.protocol import host_time_cuda, kernelbench_check, relative_error, time_cuda
+from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.plan import make_plan
 
@@ -77,19 +75,12 @@ def main():
                 "tiled, autotuned": (lambda: tiled.conv_transpose3d_tiled(x, w, b, plan), None),
                 "tiled operand pass alone": (lambda: tiled._operands(x, w, precision), "unchecked"),
             }
-            # float32 read as given too, rounded or split in registers: one launch, no operand pass.
-            forms = [("", operands, strides)]
-            if dtype == torch.float32:
-                variants["tiled, autotuned, as given"] = (
-                    lambda: tiled.conv_transpose3d_tiled(x, w, b, plan, operand_pass=False), None)
-                forms.append((", as given", (x, x, w, w), (*x.stride(), *w.stride())))
-            for form, form_operands, form_strides in forms:
-                for cfg in tiled.configs():
-                    label = ("tiled kernel {BLOCK_M}x{BLOCK_N}x{BLOCK_K} swap {SWAP} w{num_warps} s{num_stages}"
-                             .format(**cfg)) + form
-                    out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
-                    variants[label] = ((lambda cfg=cfg, out=out, o=form_operands, s=form_strides: tiled._launch(
-                        cfg, plan, *o, b, out, precision, s)), out)
+            for cfg in tiled.configs():
+                label = ("tiled kernel {BLOCK_M}x{BLOCK_N}x{BLOCK_K} swap {SWAP} w{num_warps} s{num_stages}"
+                         .format(**cfg))
+                out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
+                variants[label] = ((lambda cfg=cfg, out=out: tiled._launch(cfg, plan, *operands, b, out, precision,
+                                                                            strides)), out)
             for label, (fn, out) in variants.items():
                 try:
                     with torch.no_grad():
@@ -102,16 +93,14 @@ def main():
                             fn()
                             note = check(out)
                         t = time_cuda(fn, iters=args.iters)
-                        host = host_time_cuda(fn, calls=args.iters) if out is None else float("nan")
                 except Exception as error:  # a config that does not fit: say so and go on
-                    rows.append((name, mode, label, float("nan"), float("nan"), float("nan"), repr(error)[:80]))
+                    rows.append((name, mode, label, float("nan"), float("nan"), repr(error)[:80]))
                     continue
-                rows.append((name, mode, label, t.mean_ms, t.min_ms, host, note))
+                rows.append((name, mode, label, t.mean_ms, t.min_ms, note))
                 print(rows[-1], flush=True)
             del operands, variants
     torch.backends.cudnn.allow_tf32 = True
-    print(markdown_table(["layer", "mode", "variant", "mean ms", "min ms", "host ms", "check, rel. err. vs float64"],
-                         rows))
+    print(markdown_table(["layer", "mode", "variant", "mean ms", "min ms", "check, rel. err. vs float64"], rows))
 
 
 if __name__ == "__main__":

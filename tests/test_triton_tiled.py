@@ -36,14 +36,13 @@ CASES = [
 _next_config = itertools.cycle(tiled.configs())
 
 
-def run(x, w, b, cfg, precision, config=None, operand_pass=None):
+def run(x, w, b, cfg, precision, config=None):
     """The layer through config, or else the next config in turn that fits."""
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
     assert tiled.unsupported_reason(plan) is None
     for _ in tiled.configs():
         try:
-            y = tiled.conv_transpose3d_tiled(x, w, b, plan, precision=precision, config=config or next(_next_config),
-                                             operand_pass=operand_pass)
+            y = tiled.conv_transpose3d_tiled(x, w, b, plan, precision=precision, config=config or next(_next_config))
             break
         except triton.runtime.errors.OutOfResources:  # e.g. the largest tiles with 3xTF32's doubled operands
             continue
@@ -60,28 +59,21 @@ FIRST_TWO = [0, 1]
 assert {tiled.configs()[i]["SWAP"] for i in FIRST_TWO} == {0, 1}
 
 
-# float32 operands through the operand pass, or read as given and rounded or split in registers.
-OPERAND_PASS = pytest.mark.parametrize("operand_pass", [True, False], ids=["pass", "as_given"])
-
-
-@OPERAND_PASS
 @pytest.mark.parametrize("config", FIRST_TWO)
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
-def test_tf32_rounds_operands_to_nearest(cfg, config, operand_pass):
+def test_tf32_rounds_operands_to_nearest(cfg, config):
     x, w, b = tensors(cfg, torch.float32)
-    y = run(x, w, b, cfg, TF32, tiled.configs()[config], operand_pass)
+    y = run(x, w, b, cfg, TF32, tiled.configs()[config])
     # Exactly the products of the TF32-rounded operands, summed in float32.
     assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
     assert_close_rel(y, reference(x, w, b, cfg), 2e-3)  # TF32 keeps 11 significant bits
 
 
-@OPERAND_PASS
 @pytest.mark.parametrize("config", FIRST_TWO)
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
-def test_tf32x3_is_float32_accurate(cfg, config, operand_pass):
+def test_tf32x3_is_float32_accurate(cfg, config):
     x, w, b = tensors(cfg, torch.float32)
-    assert_close_rel(run(x, w, b, cfg, TF32X3, tiled.configs()[config], operand_pass), reference(x, w, b, cfg),
-                     1e-6)
+    assert_close_rel(run(x, w, b, cfg, TF32X3, tiled.configs()[config]), reference(x, w, b, cfg), 1e-6)
 
 
 # float16 keeps 11 significant bits, bfloat16 8: the output's own rounding dominates.
@@ -101,10 +93,9 @@ def test_every_element_written_and_inputs_untouched(nan_poisoned_allocator):
     x, w, b = tensors(cfg, torch.float32)
     w = torch.randn_like(w)
     x_before, w_before = x.clone(), w.clone()
-    for operand_pass in (True, False):
-        y = run(x, w, b, cfg, TF32X3, operand_pass=operand_pass)
-        assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
-        assert torch.equal(x, x_before) and torch.equal(w, w_before)
+    y = run(x, w, b, cfg, TF32X3)
+    assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
+    assert torch.equal(x, x_before) and torch.equal(w, w_before)
 
 
 def test_strided_and_channels_last_operands_keep_pytorchs_memory_format():

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from . import cdiv, interpreted, next_power_of_2
-from .forward import (_as_operand, _channels_last, _store_operand, allocate_output, flat_input, mma, operand_buffers,
+from .forward import (_channels_last, _store_operand, allocate_output, flat_input, mma, operand_buffers,
                       pick_config, precision_for)
 from .launch import Launcher
 
@@ -75,13 +75,10 @@ def prepare_operands_kernel(
 
 
 @triton.jit
-def _load(ptr, lo_ptr, offs, mask, PRECISION: tl.constexpr, AS_GIVEN: tl.constexpr):
-    """An operand tile and its low part under 3xTF32 (PRECISION 2; else the tile again): as the operand pass left them,
-    or read from the tensor as given (AS_GIVEN) and rounded or split here."""
+def _load(ptr, lo_ptr, offs, mask, PRECISION: tl.constexpr):
+    """An operand tile as the operand pass left it, and its low part under 3xTF32 (PRECISION 2; else the tile)."""
     hi = tl.load(ptr + offs, mask=mask, other=0.0)
-    if AS_GIVEN:
-        hi, lo = _as_operand(hi, PRECISION)
-    elif PRECISION == 2:
+    if PRECISION == 2:
         lo = tl.load(lo_ptr + offs, mask=mask, other=0.0)
     else:
         lo = hi
@@ -98,7 +95,6 @@ def tiled_kernel(
     KW: tl.constexpr, KW_P2: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SWAP: tl.constexpr,
-    AS_GIVEN: tl.constexpr,
 ):
     """x (N, C_in, D, H, W) and the weight (C_in, C_out, KD, KH, KW) through strides of those shapes: as the operand
     pass laid them out (float32), or as given (half precision)."""
@@ -147,12 +143,12 @@ def tiled_kernel(
             b_ok = n_ok[:, None] & (k0 + k < C_IN)[None, :]
         a_offs = a_rows[:, None] + ((k0 + k) * sxc)[None, :]
         b_offs = b_rows[:, None] + ((k0 + k) * swi)[None, :]
-        b, b_lo = _load(w_ptr, w_lo_ptr, b_offs, b_ok, PRECISION, AS_GIVEN)
+        b, b_lo = _load(w_ptr, w_lo_ptr, b_offs, b_ok, PRECISION)
         if SWAP:  # [N, K] x [K, M]: the MMA's M and N exchanged (faster with some tiles)
-            a, a_lo = _load(x_ptr, x_lo_ptr, tl.trans(a_offs), tl.trans(a_ok), PRECISION, AS_GIVEN)
+            a, a_lo = _load(x_ptr, x_lo_ptr, tl.trans(a_offs), tl.trans(a_ok), PRECISION)
             acc = mma(acc, b, b_lo, a, a_lo, PRECISION, INTERPRETED)
         else:
-            a, a_lo = _load(x_ptr, x_lo_ptr, a_offs, a_ok, PRECISION, AS_GIVEN)
+            a, a_lo = _load(x_ptr, x_lo_ptr, a_offs, a_ok, PRECISION)
             acc = mma(acc, a, a_lo, tl.trans(b), tl.trans(b_lo), PRECISION, INTERPRETED)
     if SWAP:
         if HAS_BIAS:
@@ -262,7 +258,7 @@ def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, strides, out_s
     return _tiled.bind(
         grid, (*sizes, *(prepared if strides is None else strides), *out_strides, *blocks),
         (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _tiled.interpreted),
-         ("SWAP", cfg["SWAP"]), ("AS_GIVEN", strides is not None), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
+         ("SWAP", cfg["SWAP"]), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
 
 
 _prepare = Launcher(prepare_operands_kernel)
@@ -273,7 +269,7 @@ _chosen: dict = {}
 
 
 def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | None = None,
-                           config: dict | None = None, operand_pass: bool | None = None):
+                           config: dict | None = None):
     """The layer by the tiled GEMM; input (N, C_in, D, H, W) and weight validated, any strides, unsupported_reason
     None. Float32 goes through the operand pass, half precision is read as it is. On the H200 (benchmarks/RESULTS.md,
     sixteenth session) float32 read as given, rounded in registers, made the kernel 2.5-5x slower (TF32 tensor-core
@@ -284,9 +280,7 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     if finished:
         return out
     precision = precision_for(input.dtype) if precision is None else precision
-    if operand_pass is None:
-        operand_pass = input.dtype == torch.float32
-    strides = None if operand_pass else (*input.stride(), *weight.stride())
+    strides = None if input.dtype == torch.float32 else (*input.stride(), *weight.stride())
     key = (plan.key, input.dtype, precision, input.device, strides, out.stride(), bias is not None)
     main = _chosen.get(key) if config is None else None
     operands = _operands(input, weight, precision) if strides is None else (input, input, weight, weight)
