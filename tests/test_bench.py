@@ -175,6 +175,29 @@ def test_rows_carry_the_choices_convt3d_made(monkeypatch):
     assert not logging.getLogger("convt3d").handlers and logging.getLogger("convt3d").propagate
 
 
+def test_every_implementation_is_checked_before_any_is_timed_with_the_host_left_idle_between(monkeypatch):
+    # The checks' first calls compile and autotune; the GPU machine's host then ran slower for seconds, so the
+    # runner checks all, sleeps settle_s once, then times all.
+    from convt3d.bench import runner
+    from convt3d.bench.workloads import Layer
+
+    events = []
+    real_correctness = runner._correctness
+    monkeypatch.setattr(runner, "_correctness", lambda *a: events.append("check") or real_correctness(*a))
+    monkeypatch.setattr(runner, "_time", lambda fn, on_gpu, iters: events.append("time") or Timing.of([1.0, 1.0]))
+    monkeypatch.setattr(runner.time, "sleep", lambda seconds: events.append(("sleep", seconds)))
+    layer = Layer(name="tiny", in_channels=2, out_channels=2, kernel_size=2, stride=2, padding=0, dilation=1,
+                  bias=True, input_shape=[1, 2, 2, 3, 3]).validate()
+    rows = runner.run_layer(layer, torch.device("cpu"), compile=False, iters=2, settle_s=0.25)
+    assert events == ["check", "check", ("sleep", 0.25), "time", "time"]
+    assert [r["implementation"] for r in rows] == ["PyTorch eager", "convt3d"]
+    assert all(r["kernelbench_check"] for r in rows)
+    events.clear()
+    runner.run_layer(layer, torch.device("cpu"), compile=False, iters=2)  # on the CPU no pause by default
+    assert events == ["check", "check", "time", "time"]
+    assert main(["bench", "--device", "cpu", "--config", TINY, "--settle", "-1"]) == 2
+
+
 def test_kernel_case_is_the_seeded_module_and_its_float64_result():
     from convt3d.bench.workloads import Layer
 

@@ -109,6 +109,31 @@ def test_gradients_match_eager_on_gpu():
         assert_close_rel(a, e, 1e-5)
 
 
+@pytest.mark.parametrize("backend", ["eager", "auto"])
+def test_eager_kernel_under_autograd_on_gpu(backend, monkeypatch):
+    """A forward by eager's kernel (named, or chosen by "auto") with inputs that require grad: recorded by PyTorch's
+    own node where the backward would be aten's (ops._eager_autograd_serves), by convt3d's where the backward by
+    phases serves (a dilated layer); output and gradients as nn.ConvTranspose3d's either way."""
+    monkeypatch.setattr(convt3d.functional, "choose_backend", lambda *a: "eager")
+    for dilation, atens_node in ((1, True), (2, False)):
+        torch.manual_seed(dilation)
+        layer = torch.nn.ConvTranspose3d(8, 6, 3, stride=2, padding=1, dilation=dilation).cuda()
+        ours = convt3d.convert(torch.nn.ConvTranspose3d(8, 6, 3, stride=2, padding=1, dilation=dilation).cuda(),
+                               backend=backend)
+        ours.load_state_dict(layer.state_dict())
+        x = torch.randn(2, 8, 4, 5, 6, device="cuda", requires_grad=True)
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            expected, y = layer(x), ours(x)
+            assert (type(y.grad_fn) is type(expected.grad_fn)) == atens_node, (dilation, type(y.grad_fn))
+            # (Not bitwise: cuDNN's transposed convolution may sum with atomics, two calls differing in the last bit.)
+            assert_close_rel(y, expected, 1e-6)
+            grad = torch.randn_like(y)
+            actual = torch.autograd.grad(y, (x, ours.weight, ours.bias), grad)
+            wanted = torch.autograd.grad(expected, (x, layer.weight, layer.bias), grad)
+        for a, e in zip(actual, wanted):
+            assert_close_rel(a, e, 1e-5)
+
+
 def test_cuda_graph_capture_and_replay():
     layer = convt3d.ConvTranspose3d(8, 4, 3, stride=2, padding=1).cuda()
     x = torch.randn(2, 8, 4, 5, 6, device="cuda")

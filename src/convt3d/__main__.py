@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--iters", type=int, default=None, help="timed calls (default 100 on CUDA, 5 on the CPU)")
     bench.add_argument("--cpu-batch", type=int, default=CPU_BATCH,
                        help=f"batch size used on the CPU (default {CPU_BATCH})")
+    bench.add_argument("--settle", type=float, default=None, metavar="SECONDS",
+                       help="seconds the host is left idle between a layer's checks (compiling, autotuning) and its "
+                            "timings (default 3 on CUDA, 0 on the CPU)")
     bench.add_argument("--json", metavar="PATH", help="write environment and rows as JSON")
     bench.add_argument("--plot", metavar="PATH", help="write a PNG chart of the latencies")
     return parser
@@ -42,6 +45,8 @@ def main(argv=None) -> int:
             parse_config(args.config) if args.config else PROBLEM_77]
         if args.iters is not None and args.iters < 2:
             raise ValueError(f"--iters must be at least 2, got {args.iters}")
+        if args.settle is not None and args.settle < 0:
+            raise ValueError(f"--settle must be 0 or more seconds, got {args.settle}")
         if args.cpu_batch < 1:
             raise ValueError(f"--cpu-batch must be at least 1, got {args.cpu_batch}")
     except (ValueError, TypeError) as error:
@@ -61,7 +66,8 @@ def main(argv=None) -> int:
     for i, layer in enumerate(layers, 1):
         print(f"[{i}/{len(layers)}] {layer.describe()}", file=sys.stderr, flush=True)
         layer_rows = run_layer(layer, device, backward=args.backward, compile=not args.no_compile, iters=args.iters,
-                               log=lambda msg: print(f"    {msg}", file=sys.stderr, flush=True))
+                               log=lambda msg: print(f"    {msg}", file=sys.stderr, flush=True),
+                               settle_s=args.settle)
         if len(layers) > 1:
             for r in layer_rows:
                 r["layer"] = layer.name

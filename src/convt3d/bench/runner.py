@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import time
 from contextlib import nullcontext
 from typing import Callable
 
@@ -41,9 +42,18 @@ def _row(name: str, timing: Timing | None, **extra) -> dict:
     return row
 
 
+# Seconds the GPU machine's host is left idle between a layer's checks and its timings. Its Python and C++ ran up to
+# twice as slow for a few seconds after the checks' compiling and autotuning (benchmarks/diag_slow_host.py, thirty-
+# fourth session: a pure-Python probe 1.1 -> 2.1 us, eager's module call 50 -> 84 us, back to 1.3 and 53 after 3 s
+# idle), which fell on whichever implementation was timed next, most often convt3d's right after its own first call.
+SETTLE_S = 3.0
+
+
 def run_layer(layer: Layer, device: torch.device, backward: bool = False, compile: bool = True,
-              iters: int | None = None, log=lambda msg: None) -> list[dict]:
-    """All rows for one layer. On the CPU: eager and convt3d only, wall-clock timing."""
+              iters: int | None = None, log=lambda msg: None, settle_s: float | None = None) -> list[dict]:
+    """All rows for one layer. On the CPU: eager and convt3d only, wall-clock timing. Every implementation is
+    checked first (its first calls compile and autotune), then, after settle_s seconds idle (SETTLE_S on CUDA,
+    none on the CPU by default), each is timed."""
     dtype = DTYPES[layer.dtype]
     on_gpu = device.type == "cuda"
     torch.manual_seed(0)
@@ -68,18 +78,24 @@ def run_layer(layer: Layer, device: torch.device, backward: bool = False, compil
 
     rows = []
     with torch.no_grad():
+        checked = []
         for name, fn, tf32 in impls:
             with _decisions() as decisions:
                 log(f"{name}: checking")
-                check, err = _correctness(layer, fn, eager, dtype, device, tf32 if on_gpu else None)
-                log(f"{name}: timing")
-                x = torch.rand(layer.input_shape, device=device, dtype=dtype)
-                with _tf32(tf32) if on_gpu else nullcontext():
-                    timing = _time(lambda: fn(x), on_gpu, iters)
-                    # The host's share: a timed call starts on an idle GPU after the L2 flush, and once its host
-                    # time exceeds the flush's GPU time the GPU waits for it. Measured here, beside the timing, so
-                    # that a slow host can be told apart from slow code.
-                    host = host_time_cuda(lambda: fn(x), calls=iters or 100) if on_gpu else None
+                checked.append((*_correctness(layer, fn, eager, dtype, device, tf32 if on_gpu else None), decisions))
+        settle_s = (SETTLE_S if on_gpu else 0.0) if settle_s is None else settle_s
+        if settle_s > 0:
+            log(f"leaving the host idle for {settle_s:g} s")
+            time.sleep(settle_s)
+        for (name, fn, tf32), (check, err, decisions) in zip(impls, checked):
+            log(f"{name}: timing")
+            x = torch.rand(layer.input_shape, device=device, dtype=dtype)
+            with _tf32(tf32) if on_gpu else nullcontext():
+                timing = _time(lambda: fn(x), on_gpu, iters)
+                # The host's share: a timed call starts on an idle GPU after the L2 flush, and once its host time
+                # exceeds the flush's GPU time the GPU waits for it. Measured here, beside the timing, so that a
+                # slow host can be told apart from slow code.
+                host = host_time_cuda(lambda: fn(x), calls=iters or 100) if on_gpu else None
             extra = dict(decisions=decisions) if decisions else {}
             if host is not None:
                 extra["host_ms"] = host
