@@ -177,6 +177,7 @@ def test_auto_tries_triton_at_float32_accuracy_where_its_tf32_result_disagrees(m
     # already computes at float32 accuracy: nothing to retry.
     import logging
 
+    import convt3d.backends.triton as triton_backend
     from convt3d import functional
     from convt3d.backends.triton import forward
 
@@ -195,6 +196,7 @@ def test_auto_tries_triton_at_float32_accuracy_where_its_tf32_result_disagrees(m
 
     monkeypatch.setattr(functional, "run_backend", run)
     monkeypatch.setattr(forward, "conv_transpose3d_triton", spy)
+    monkeypatch.setattr(triton_backend, "_prepared", {})  # each precision's first call reaches the spy
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", allow_tf32)
     caplog.set_level(logging.DEBUG, logger="convt3d")
     x, w = torch.rand(1, 4, 3, 4, 4, device=DEVICE), torch.randn(4, 3, 3, 3, 3, device=DEVICE)
@@ -204,9 +206,9 @@ def test_auto_tries_triton_at_float32_accuracy_where_its_tf32_result_disagrees(m
     if allow_tf32:
         assert "auto skips triton for" in caplog.text
         assert "'triton_float32'" in timed and TF32X3 in precisions
-    else:
+    else:  # (the flags' precision, TF32X3 here, is what the backend's entry hands the kernel module)
         assert "auto skips" not in caplog.text and "triton_float32" not in caplog.text
-        assert "'triton'" in timed and TF32X3 not in precisions
+        assert "'triton'" in timed and set(precisions) == {TF32X3}
 
 
 def test_the_float32_candidate_is_float32_accurate():
@@ -272,3 +274,42 @@ def test_the_chosen_configs_launch_serves_later_calls(monkeypatch, kernel):
                                        plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation)
         assert_close_rel(y, reference, 1e-6)
     assert len(picks) == 1 and len(module._chosen) == 1
+
+
+@pytest.mark.parametrize("kernel, dtype, precision", [
+    ("forward", torch.float32, TF32X3), ("forward", torch.bfloat16, NATIVE), ("tiled", torch.float32, TF32X3),
+    ("tiled", torch.float16, NATIVE)])
+def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allocator, kernel, dtype, precision):
+    """After a layer's first call with contiguous operands, backends.triton.conv_transpose3d keeps that call bound
+    (the kernel module's prepare()) and serves later calls with it: fresh inputs, bias or none, into NaN-poisoned
+    memory, against float64. A non-contiguous input goes the whole way again. The config choice is stood in for as
+    in the test above (the interpreter never remembers one)."""
+    import convt3d.backends.triton as triton_backend
+    from convt3d.backends.triton import forward, tiled
+
+    module = forward if kernel == "forward" else tiled
+    run_layer = "conv_transpose3d_triton" if kernel == "forward" else "conv_transpose3d_tiled"
+    whole_calls = []
+    real = getattr(module, run_layer)
+    monkeypatch.setattr(module, run_layer, lambda *a, **k: whole_calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(module, "pick_config", lambda cache, key, candidates, launch, device: cache.setdefault(
+        key, candidates[0]))
+    monkeypatch.setattr(module, "_best_config", {})
+    monkeypatch.setattr(module, "_chosen", {})
+    monkeypatch.setattr(triton_backend, "_prepared", {})
+    cfg = CASES[0] if kernel == "forward" else CASES[3]
+    rel = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}[dtype]
+    for with_bias in (True, False, True):
+        x, w, b = tensors(dict(cfg, bias=with_bias), dtype)
+        plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+        for _ in range(2):  # the first call of each (bias or not) the whole way, the second prepared
+            y = triton_backend.conv_transpose3d(x, w, b, plan, precision)
+            reference = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None,
+                                           plan.stride, plan.padding, plan.output_padding, plan.groups,
+                                           plan.dilation)
+            assert y.dtype == dtype and y.is_contiguous()
+            assert_close_rel(y, reference, rel)
+    assert len(whole_calls) == 2 and len(triton_backend._prepared) == 2
+    x_strided = x.transpose(3, 4).contiguous().transpose(3, 4)
+    assert_close_rel(triton_backend.conv_transpose3d(x_strided, w, b, plan, precision), reference, rel)
+    assert len(whole_calls) == 3

@@ -9,6 +9,7 @@ import os
 import torch
 
 from ...plan import Plan
+from .. import cudnn_allow_tf32
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The GEMMs' precision modes: the operands' own type (half precision), TF32, and 3xTF32 (float32 accuracy).
@@ -65,16 +66,44 @@ def _too_large(plan: Plan):
     return None
 
 
+def precision_for(dtype: torch.dtype) -> int:
+    """PyTorch's rule for convolutions: TF32 when torch.backends.cudnn.allow_tf32, else full float32."""
+    if dtype != torch.float32:
+        return NATIVE
+    return TF32 if cudnn_allow_tf32() else TF32X3
+
+
+# Per layer, dtype, device, precision and bias or not: the call with contiguous input and weight as the kernel module
+# bound it after its first such call (its prepare()), so that later calls skip the checks, lookups and layout
+# arithmetic between the entry and the launches: host time, which the GPU waits through on small layers.
+_prepared: dict = {}
+
+
 def conv_transpose3d(input, weight, bias, plan: Plan, precision: int | None = None):
     """The layer by the tiled GEMM where it applies, else by the general fused kernel. precision None follows
-    PyTorch's flags (forward.precision_for); TF32X3 asks for float32 accuracy whatever they say."""
+    PyTorch's flags (precision_for); TF32X3 asks for float32 accuracy whatever they say."""
+    precision = precision_for(input.dtype) if precision is None else precision
+    contiguous = input.is_contiguous() and weight.is_contiguous()
+    if contiguous:
+        key = (plan, input.dtype, input.device, precision, bias is not None)
+        call = _prepared.get(key)
+        if call is not None:
+            return call(input, weight, bias)
     reason = unsupported_reason(input, plan)
     if reason is not None:
         raise RuntimeError(f"convt3d: backend='triton' cannot run this call: {reason}")
     forward, tiled = _kernel_modules()
     if tiled.unsupported_reason(plan) is None:  # kernel == stride: one GEMM, no phases
-        return tiled.conv_transpose3d_tiled(input, weight, bias, plan, precision)
-    return forward.conv_transpose3d_triton(input, weight, bias, plan, precision)
+        module, out = tiled, tiled.conv_transpose3d_tiled(input, weight, bias, plan, precision)
+    else:
+        module, out = forward, forward.conv_transpose3d_triton(input, weight, bias, plan, precision)
+    if contiguous and out.numel() and plan.in_channels:
+        call = module.prepare(input, weight, bias, plan, precision, out)
+        if call is not None:
+            if len(_prepared) >= 256:  # many layers: start over rather than grow without bound
+                _prepared.clear()
+            _prepared[key] = call
+    return out
 
 
 @functools.lru_cache(maxsize=1)

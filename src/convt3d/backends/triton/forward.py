@@ -32,8 +32,9 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from .. import cudnn_allow_tf32, output_memory_format
-from . import NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2, power_of_2_at_most
+from .. import output_memory_format
+# (NATIVE and TF32 unused here: the tests, benchmarks and backward.py read the precisions from this module.)
+from . import NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2, power_of_2_at_most, precision_for
 from .launch import Launcher
 
 logger = logging.getLogger("convt3d")
@@ -444,13 +445,6 @@ def _configs():
     ]
 
 
-def precision_for(dtype: torch.dtype) -> int:
-    """PyTorch's rule for convolutions: TF32 when torch.backends.cudnn.allow_tf32, else full float32."""
-    if dtype != torch.float32:
-        return NATIVE
-    return TF32 if cudnn_allow_tf32() else TF32X3
-
-
 def _operands(input, weight, groups, precision):
     """(x, w, w_lo) as the GEMM reads them, by the operand pass: the input channels-last, (N, D, H, W, C_in), and the
     weight tap-major and K-major, (taps, groups, C_out/g, C_in/g); for float32 both TF32-rounded, or under 3xTF32 the
@@ -481,9 +475,14 @@ def operand_buffers(input, weight_operand_shape, precision, split_input: bool = 
     were made per call; a view took about 2.5 us under the profiler (benchmarks/diag_host_steps.py, twenty-second
     session; the separate saving was not measured)."""
     n, c, d, h, w = input.shape
-    total, x_view, x_lo_view, w_view, w_lo_view = _operand_layout((n, d, h, w, c), tuple(weight_operand_shape),
-                                                                  precision == TF32X3, split_input)
-    buffer = torch.empty(total, dtype=input.dtype, device=input.device)
+    layout = _operand_layout((n, d, h, w, c), tuple(weight_operand_shape), precision == TF32X3, split_input)
+    return allocate_operands(layout, input.dtype, input.device)
+
+
+def allocate_operands(layout, dtype, device):
+    """(x, x_lo, w, w_lo) of an _operand_layout: views of one new allocation (x, w again where a low part is unused)."""
+    total, x_view, x_lo_view, w_view, w_lo_view = layout
+    buffer = torch.empty(total, dtype=dtype, device=device)
     x = buffer.as_strided(*x_view)
     weight_operand = buffer.as_strided(*w_view)
     return (x, buffer.as_strided(*x_lo_view) if x_lo_view else x, weight_operand,
@@ -597,6 +596,31 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
             _chosen[key] = main
     main(pointers)
     return out
+
+
+def prepare(input, weight, bias, plan: Plan, precision: int, out):
+    """After a call of conv_transpose3d_triton with contiguous input and weight that returned out: the same call for
+    this layer as a function of (input, weight, bias), its launches and layouts bound, or None where there is none to
+    bind (no GEMM, or no tile config chosen yet)."""
+    main = _chosen.get((plan.key, input.dtype, precision, input.device, out.stride(), bias is not None))
+    if main is None:
+        return None
+    c_in, c_out_g, kd, kh, kw = weight.shape
+    n, c, d, h, w = input.shape
+    layout = _operand_layout((n, d, h, w, c), (kd * kh * kw, plan.groups, c_out_g, c_in // plan.groups),
+                             precision == TF32X3, False)
+    operand_pass = _operand_pass(tuple(input.shape), tuple(weight.shape), plan.groups, flat_input(input)[1],
+                                 precision)
+    shape, dtype, device = plan.output_shape, input.dtype, input.device
+
+    def call(input, weight, bias):
+        out = torch.empty(shape, dtype=dtype, device=device)
+        x, _, w, w_lo = allocate_operands(layout, dtype, device)
+        operand_pass((input, x, weight, w, w_lo))
+        main((x, w, w_lo, w if bias is None else bias, out))
+        return out
+
+    return call
 
 
 @functools.lru_cache(maxsize=256)

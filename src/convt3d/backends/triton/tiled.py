@@ -26,9 +26,9 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from . import cdiv, interpreted, next_power_of_2
-from .forward import (_channels_last, _store_operand, allocate_output, flat_input, mma, operand_buffers,
-                      pick_config, precision_for)
+from . import TF32X3, cdiv, interpreted, next_power_of_2, precision_for
+from .forward import (_channels_last, _operand_layout, _store_operand, allocate_operands, allocate_output, flat_input,
+                      mma, operand_buffers, pick_config)
 from .launch import Launcher
 
 
@@ -295,3 +295,35 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
             _chosen[key] = main
     main(pointers)
     return out
+
+
+def prepare(input, weight, bias, plan: Plan, precision: int, out):
+    """After a call of conv_transpose3d_tiled with contiguous input and weight that returned out: the same call for
+    this layer as a function of (input, weight, bias), its launches and layouts bound, or None where no tile config
+    is chosen yet."""
+    float32 = input.dtype == torch.float32
+    strides = None if float32 else (*input.stride(), *weight.stride())
+    main = _chosen.get((plan.key, input.dtype, precision, input.device, strides, out.stride(), bias is not None))
+    if main is None:
+        return None
+    shape, dtype, device = plan.output_shape, input.dtype, input.device
+    if not float32:  # half precision: the operands as given, one launch
+        def call(input, weight, bias):
+            out = torch.empty(shape, dtype=dtype, device=device)
+            main((input, input, weight, weight, weight if bias is None else bias, out))
+            return out
+
+        return call
+    c_in, c_out, kd, kh, kw = weight.shape
+    n, c, d, h, w = input.shape
+    layout = _operand_layout((n, d, h, w, c), (kd, kh, c_out, kw, c_in), precision == TF32X3, True)
+    operand_pass = _operand_pass(tuple(input.shape), tuple(weight.shape), flat_input(input)[1], precision)
+
+    def call(input, weight, bias):
+        out = torch.empty(shape, dtype=dtype, device=device)
+        x, x_lo, w, w_lo = allocate_operands(layout, dtype, device)
+        operand_pass((input, x, x_lo, weight, w, w_lo))
+        main((x, x_lo, w, w_lo, w if bias is None else bias, out))
+        return out
+
+    return call
