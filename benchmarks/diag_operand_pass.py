@@ -35,7 +35,9 @@ def main():
         expected = tf._operands(x, w, plan.groups, precision)
         moved = 2 * (x.numel() + w.numel()) * x.element_size()
         for block_c, block_s, warps in TILES:
-            x_op, _, w_op, w_lo = tf.operand_buffers(x, expected[1].shape, precision, split_input=False)
+            x_op, _, w_op, w_lo = tf.allocate_operands(
+                tf._operand_steps(tuple(x.shape), tuple(w.shape), plan.groups, flat.stride(), precision)[0], x.dtype,
+                x.device)
             ops = (x_op, w_op, w_lo)
             for t in ops:
                 t.fill_(float("nan"))

@@ -449,13 +449,22 @@ def _operands(input, weight, groups, precision):
     """(x, w, w_lo) as the GEMM reads them, by the operand pass: the input channels-last, (N, D, H, W, C_in), and the
     weight tap-major and K-major, (taps, groups, C_out/g, C_in/g); for float32 both TF32-rounded, or under 3xTF32 the
     weight split into high and low parts and the input as it is (w_lo is w where unused)."""
-    c_in, c_out_g, kd, kh, kw = weight.shape
-    x, _, w, w_lo = operand_buffers(input, (kd * kh * kw, groups, c_out_g, c_in // groups), precision,
-                                    split_input=False)
     flat, flat_strides = flat_input(input)
-    _operand_pass(tuple(input.shape), tuple(weight.shape), groups, flat_strides, precision)(
-        (flat, x, weight.contiguous(), w, w_lo))
+    layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), groups, flat_strides, precision)
+    x, _, w, w_lo = allocate_operands(layout, input.dtype, input.device)
+    operand_pass((flat, x, weight.contiguous(), w, w_lo))
     return x, w, w_lo
+
+
+@functools.lru_cache(maxsize=256)
+def _operand_steps(input_shape, weight_shape, groups: int, flat_strides, precision: int):
+    """(the operands' _operand_layout, the bound operand pass) of a layer, for an input with these strides (as (N, C,
+    D*H*W)): what _operands uses on every call and a prepared call keeps."""
+    n, c, d, h, w = input_shape
+    c_in, c_out_g, kd, kh, kw = weight_shape
+    layout = _operand_layout((n, d, h, w, c), (kd * kh * kw, groups, c_out_g, c_in // groups), precision == TF32X3,
+                             False)
+    return layout, _operand_pass(input_shape, weight_shape, groups, flat_strides, precision)
 
 
 def flat_input(input):
@@ -468,19 +477,11 @@ def flat_input(input):
     return flat, flat.stride()
 
 
-def operand_buffers(input, weight_operand_shape, precision, split_input: bool = True):
-    """Uninitialised (x, x_lo, w, w_lo) for an operand pass: the input's (N, D, H, W, C) and the weight's in the
-    shape given, a low part of the weight for 3xTF32 and of the input too where split_input (else x, w again). All
-    are views of one allocation: a torch.empty took 6.7 us of the H200 machine's host time, and two to four of them
-    were made per call; a view took about 2.5 us under the profiler (benchmarks/diag_host_steps.py, twenty-second
-    session; the separate saving was not measured)."""
-    n, c, d, h, w = input.shape
-    layout = _operand_layout((n, d, h, w, c), tuple(weight_operand_shape), precision == TF32X3, split_input)
-    return allocate_operands(layout, input.dtype, input.device)
-
-
 def allocate_operands(layout, dtype, device):
-    """(x, x_lo, w, w_lo) of an _operand_layout: views of one new allocation (x, w again where a low part is unused)."""
+    """Uninitialised (x, x_lo, w, w_lo) for an operand pass, as an _operand_layout lays them out (x, w again where a
+    low part is unused). All are views of one allocation: a torch.empty took 6.7 us of the H200 machine's host time,
+    and two to four of them were made per call; a view took about 2.5 us under the profiler
+    (benchmarks/diag_host_steps.py, twenty-second session; the separate saving was not measured)."""
     total, x_view, x_lo_view, w_view, w_lo_view = layout
     buffer = torch.empty(total, dtype=dtype, device=device)
     x = buffer.as_strided(*x_view)
@@ -581,7 +582,7 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
     if finished:
         return out
     precision = precision_for(input.dtype) if precision is None else precision
-    key = (plan.key, input.dtype, precision, input.device, out.stride(), bias is not None)
+    key = _chosen_key(input, plan, precision, out, bias)
     main = _chosen.get(key) if config is None else None
     x, w, w_lo = _operands(input, weight, plan.groups, precision)
     pointers = (x, w, w_lo, bias if bias is not None else w, out)
@@ -598,19 +599,20 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
     return out
 
 
+def _chosen_key(input, plan: Plan, precision: int, out, bias):
+    """The key of _best_config and _chosen for a call."""
+    return plan.key, input.dtype, precision, input.device, out.stride(), bias is not None
+
+
 def prepare(input, weight, bias, plan: Plan, precision: int, out):
     """After a call of conv_transpose3d_triton with contiguous input and weight that returned out: the same call for
     this layer as a function of (input, weight, bias), its launches and layouts bound, or None where there is none to
     bind (no GEMM, or no tile config chosen yet)."""
-    main = _chosen.get((plan.key, input.dtype, precision, input.device, out.stride(), bias is not None))
+    main = _chosen.get(_chosen_key(input, plan, precision, out, bias))
     if main is None:
         return None
-    c_in, c_out_g, kd, kh, kw = weight.shape
-    n, c, d, h, w = input.shape
-    layout = _operand_layout((n, d, h, w, c), (kd * kh * kw, plan.groups, c_out_g, c_in // plan.groups),
-                             precision == TF32X3, False)
-    operand_pass = _operand_pass(tuple(input.shape), tuple(weight.shape), plan.groups, flat_input(input)[1],
-                                 precision)
+    layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), plan.groups, flat_input(input)[1],
+                                          precision)
     shape, dtype, device = plan.output_shape, input.dtype, input.device
 
     def call(input, weight, bias):

@@ -28,7 +28,7 @@ import triton.language as tl
 from ...plan import Plan
 from . import TF32X3, cdiv, interpreted, next_power_of_2, precision_for
 from .forward import (_channels_last, _operand_layout, _store_operand, allocate_operands, allocate_output, flat_input,
-                      mma, operand_buffers, pick_config)
+                      mma, pick_config)
 from .launch import Launcher
 
 
@@ -201,12 +201,21 @@ def configs():
 def _operands(input, weight, precision):
     """(x, x_lo, w, w_lo) laid out by the operand pass: the input channels-last (N, D, H, W, C_in) and the weight
     K-major (KD, KH, C_out, KW, C_in), TF32-rounded or split for float32 (x_lo, w_lo are x, w where unused)."""
-    c_in, c_out, kd, kh, kw = weight.shape
-    operands = operand_buffers(input, (kd, kh, c_out, kw, c_in), precision)
     flat, flat_strides = flat_input(input)
-    _operand_pass(tuple(input.shape), tuple(weight.shape), flat_strides, precision)(
-        (flat, *operands[:2], weight.contiguous(), *operands[2:]))
+    layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), flat_strides, precision)
+    operands = allocate_operands(layout, input.dtype, input.device)
+    operand_pass((flat, *operands[:2], weight.contiguous(), *operands[2:]))
     return operands
+
+
+@functools.lru_cache(maxsize=256)
+def _operand_steps(input_shape, weight_shape, flat_strides, precision: int):
+    """(the operands' _operand_layout, the bound operand pass) of a layer, for an input with these strides (as (N, C,
+    D*H*W)): what _operands uses on every call and a prepared call keeps."""
+    n, c, d, h, w = input_shape
+    c_in, c_out, kd, kh, kw = weight_shape
+    layout = _operand_layout((n, d, h, w, c), (kd, kh, c_out, kw, c_in), precision == TF32X3, True)
+    return layout, _operand_pass(input_shape, weight_shape, flat_strides, precision)
 
 
 @functools.lru_cache(maxsize=256)
@@ -280,8 +289,8 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     if finished:
         return out
     precision = precision_for(input.dtype) if precision is None else precision
-    strides = None if input.dtype == torch.float32 else (*input.stride(), *weight.stride())
-    key = (plan.key, input.dtype, precision, input.device, strides, out.stride(), bias is not None)
+    strides = _strides_as_given(input, weight)
+    key = _chosen_key(input, plan, precision, strides, out, bias)
     main = _chosen.get(key) if config is None else None
     operands = _operands(input, weight, precision) if strides is None else (input, input, weight, weight)
     pointers = (*operands, bias if bias is not None else operands[2], out)
@@ -297,27 +306,34 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     return out
 
 
+def _strides_as_given(input, weight):
+    """None for float32, whose operands the operand pass lays out; else the strides of input and weight, through
+    which half precision is read as it is."""
+    return None if input.dtype == torch.float32 else (*input.stride(), *weight.stride())
+
+
+def _chosen_key(input, plan: Plan, precision: int, strides, out, bias):
+    """The key of _best_config and _chosen for a call."""
+    return plan.key, input.dtype, precision, input.device, strides, out.stride(), bias is not None
+
+
 def prepare(input, weight, bias, plan: Plan, precision: int, out):
     """After a call of conv_transpose3d_tiled with contiguous input and weight that returned out: the same call for
     this layer as a function of (input, weight, bias), its launches and layouts bound, or None where no tile config
     is chosen yet."""
-    float32 = input.dtype == torch.float32
-    strides = None if float32 else (*input.stride(), *weight.stride())
-    main = _chosen.get((plan.key, input.dtype, precision, input.device, strides, out.stride(), bias is not None))
+    strides = _strides_as_given(input, weight)
+    main = _chosen.get(_chosen_key(input, plan, precision, strides, out, bias))
     if main is None:
         return None
     shape, dtype, device = plan.output_shape, input.dtype, input.device
-    if not float32:  # half precision: the operands as given, one launch
+    if strides is not None:  # half precision: the operands as given, one launch
         def call(input, weight, bias):
             out = torch.empty(shape, dtype=dtype, device=device)
             main((input, input, weight, weight, weight if bias is None else bias, out))
             return out
 
         return call
-    c_in, c_out, kd, kh, kw = weight.shape
-    n, c, d, h, w = input.shape
-    layout = _operand_layout((n, d, h, w, c), (kd, kh, c_out, kw, c_in), precision == TF32X3, True)
-    operand_pass = _operand_pass(tuple(input.shape), tuple(weight.shape), flat_input(input)[1], precision)
+    layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), flat_input(input)[1], precision)
 
     def call(input, weight, bias):
         out = torch.empty(shape, dtype=dtype, device=device)
