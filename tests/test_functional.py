@@ -46,6 +46,23 @@ def test_non_contiguous_input():
     assert_close_rel(convt3d.conv_transpose3d(x, w, None, (2, 1, 3), 1, (1, 0, 2)), expected, 1e-12)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton", "auto"])
+@pytest.mark.parametrize("kernel_size", [3, 2], ids=["phases", "tiled"])  # k == stride: the tiled Triton GEMM
+def test_strided_weight_and_bias_views(backend, kernel_size, monkeypatch):
+    """A bias sliced with a step and a weight transposed into place: kernels that index either as contiguous read
+    other elements (the Triton kernels and the CUDA correlation did so with the bias until the thirty-fifth
+    session). TF32 off on a GPU, so that float32 accuracy is the tolerance's."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    k = kernel_size
+    x = torch.randn(2, 4, 3, 4, 3, device=device)
+    w = torch.randn(6, 4, k, k, k, device=device).transpose(0, 1)
+    b = torch.randn(12, device=device)[::2]
+    assert not w.is_contiguous() and not b.is_contiguous()
+    expected = F.conv_transpose3d(x.double(), w.double(), b.double(), stride=2, padding=1)
+    assert_close_rel(convt3d.conv_transpose3d(x, w, b, stride=2, padding=1, backend=backend), expected, 1e-5)
+
+
 def _args():
     return torch.randn(1, 4, 3, 3, 3), torch.randn(4, 2, 3, 3, 3), torch.randn(2)
 

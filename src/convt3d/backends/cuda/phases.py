@@ -83,6 +83,8 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
     """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
     element offset, shape and strides), bias added; split (_split) where torch.backends.cudnn.allow_tf32 is off."""
     split = _split(cudnn_allow_tf32())
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()  # the correlation reads bias[c] at c elements from its start
     start, extent, launches = _forward_launches(plan, phase_list, split, out.stride(), lattice_geometry)
     window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
                                                        grad_input_orientation=False, split=split)

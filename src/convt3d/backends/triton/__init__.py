@@ -83,6 +83,8 @@ def conv_transpose3d(input, weight, bias, plan: Plan, precision: int | None = No
     """The layer by the tiled GEMM where it applies, else by the general fused kernel. precision None follows
     PyTorch's flags (precision_for); TF32X3 asks for float32 accuracy whatever they say."""
     precision = precision_for(input.dtype) if precision is None else precision
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()  # the kernels read bias[c] at c elements from its start
     contiguous = input.is_contiguous() and weight.is_contiguous()
     if contiguous:
         key = (plan, input.dtype, input.device, precision, bias is not None)
