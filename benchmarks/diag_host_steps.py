@@ -2,11 +2,13 @@
 
     PYTHONPATH=src python3 benchmarks/diag_host_steps.py [--calls 300] [--layers k3s1p1,...] [--profile-top 15]
 
-Per layer: the median host time (from a synchronisation to the return) of the whole module call, eager's module
-and functional call beside it, and of the Triton forward's steps called one by one on the same tensors (output
-allocation, operand pass, kernel launch, and a bare torch.empty); the main kernel's launch through each layer of
-Triton's launcher, from its JIT launcher down to the object around its C launch function (`launch_layers`); then
-Python's profiler over the module's calls, functions by own time per call (the profiler inflates small functions).
+Per layer: the median host time (from a synchronisation to the return) of the whole module call, under grad mode
+as KernelBench times it and under no_grad, and eager's module and functional call beside it; then the steps of the
+prepared call (backends.triton._prepared, what a layer's later calls take) one by one on the same tensors: the
+output's and operands' allocations, a view, the operand pass's and the main kernel's launches; the main kernel's
+launch through each layer of Triton's launcher, from its JIT launcher down to the object around its C launch
+function (`launch_layers`), with tensors and with addresses; then Python's profiler over the module's calls,
+functions by own time per call (the profiler inflates small functions).
 """
 
 import argparse
@@ -17,7 +19,8 @@ import torch
 
 from convt3d import convert, functional
 from convt3d.backends import current_cuda_device as _current_device
-from convt3d.backends.triton import forward, interpreted, tiled
+import convt3d.backends.triton as triton_backend
+from convt3d.backends.triton import forward, tiled
 from convt3d.bench.protocol import host_time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import sweep_layers
@@ -32,9 +35,11 @@ def steps(layer, calls):
     ours = convert(module, backend="triton")
     as_eager = convert(module, backend="eager")  # both share module's parameters; module stays PyTorch's
     plan = layer.plan()
+    precision = triton_backend.precision_for(x.dtype)
     with torch.no_grad():
-        ours(x)  # compile and autotune
-        precision = forward.precision_for(x.dtype)
+        ours(x)  # compile and autotune; the second call makes the prepared call
+        ours(x)
+        prepared = triton_backend._prepared[(plan, x.dtype, x.device, precision, b is not None)]
         pieces = {
             "convt3d module": lambda: ours(x),
             "eager module": lambda: module(x),
@@ -42,27 +47,37 @@ def steps(layer, calls):
             "validate": lambda: functional.validate(x, w, b, ours.stride, ours.padding, ours.output_padding,
                                                     ours.groups, ours.dilation),
             "backends.triton.conv_transpose3d": lambda: functional.run_backend("triton", x, w, b, plan),
+            "the prepared call": lambda: prepared(x, w, b),
             "torch.empty (output)": lambda: torch.empty(plan.output_shape, device="cuda", dtype=x.dtype),
-            "interpreted()": interpreted,
         }
+        buffer = torch.empty(1 << 16, device="cuda", dtype=x.dtype)
+        pieces["as_strided (an operand's view)"] = lambda: buffer.as_strided((64, 64), (64, 1), 64)
         if tiled.unsupported_reason(plan) is not None:
             out = forward.allocate_output(x, w, b, plan)[0]
-            config = forward._best_config[(plan.key, x.dtype, precision, x.device, out.stride(), b is not None)]
-            operands = forward._operands(x, w, plan.groups, precision)
+            key = forward._chosen_key(x, plan, precision, out, b)
+            main = forward._chosen[key]
+            layout, operand_pass = forward._operand_steps(tuple(x.shape), tuple(w.shape), plan.groups,
+                                                          forward.flat_input(x)[1], precision)
+            operands = forward.allocate_operands(layout, x.dtype, x.device)
+            x_op, _, w_op, w_lo = operands
+            pass_pointers = (x, x_op, w, w_op, w_lo)
+            main_pointers = (x_op, w_op, w_lo, b if b is not None else w_op, out)
             pieces.update({
-                "allocate_output": lambda: forward.allocate_output(x, w, b, plan),
-                "_operands (3-5 allocations, pass launch)": lambda: forward._operands(x, w, plan.groups, precision),
-                "_launch (main kernel)": lambda: forward._launch(config, plan, *operands, b, out, precision),
+                "allocate_operands (one torch.empty, 2-3 views)": lambda: forward.allocate_operands(
+                    layout, x.dtype, x.device),
+                "operand pass launch (BoundLaunch)": lambda: operand_pass(pass_pointers),
+                "main kernel launch (BoundLaunch)": lambda: main(main_pointers),
             })
-            pieces.update(launch_layers(forward._main_launch(config, plan, precision, b is not None, out.stride(),
-                                                             out.device.index or 0),
-                                        (*operands, b if b is not None else operands[1], out)))
-        return {name: host_us(fn, calls) for name, fn in pieces.items()}, ours, x
+            pieces.update(launch_layers(main, main_pointers))
+        times = {name: host_us(fn, calls) for name, fn in pieces.items()}
+    # As KernelBench times a module: grad mode on, the parameters requiring grad.
+    grad_mode = {"convt3d module, grad mode": lambda: ours(x), "eager module, grad mode": lambda: module(x)}
+    return {**{name: host_us(fn, calls) for name, fn in grad_mode.items()}, **times}, ours, x
 
 
 def launch_layers(bound, pointers):
     """One launch of a bound kernel (launch.BoundLaunch) through each layer of Triton's launcher: its JIT launcher
-    (kernel[grid](...)), the BoundLaunch, the compiled kernel's runner (compiled[grid]) and the launcher object
+    (kernel[grid](...)), the compiled kernel's runner (compiled[grid]) and the launcher object
     under it (compiled.run: Python around Triton's C launch function, whose arguments differ between versions)."""
     args = (*pointers, *bound.scalars, *bound.constexprs)
     compiled = bound.kernel[bound.grid](*pointers, *bound.scalars, **bound.options)
@@ -71,19 +86,22 @@ def launch_layers(bound, pointers):
     stream = torch.cuda.current_stream().cuda_stream
     layers = {
         "launch: Triton's JIT launcher": lambda: bound.kernel[bound.grid](*pointers, *bound.scalars, **bound.options),
-        "launch: BoundLaunch": lambda: bound(pointers),
         "launch: compiled[grid] runner": lambda: runner(*args, stream=stream),
         "launch: its key (device, dtypes, alignments)": lambda: (
             _current_device(), *[(t.dtype, t.data_ptr() % 16 == 0) for t in pointers]),
     }
     run = compiled.run
-    layers["launch: compiled.run"] = lambda: run(*grid, stream, compiled.function, compiled.packed_metadata, None,
-                                                 None, None, *args)
+    addresses = [t.data_ptr() for t in pointers]
+    layers["launch: compiled.run, tensors"] = lambda: run(*grid, stream, compiled.function, compiled.packed_metadata,
+                                                          None, None, None, *args)
+    layers["launch: compiled.run, addresses"] = lambda: run(*grid, stream, compiled.function,
+                                                            compiled.packed_metadata, None, None, None, *addresses,
+                                                            *bound.scalars, *bound.constexprs)
     try:
-        layers["launch: compiled.run"]()
+        layers["launch: compiled.run, tensors"]()
     except Exception as error:  # another version's arguments
         print("compiled.run not timed:", repr(error)[:200])
-        del layers["launch: compiled.run"]
+        del layers["launch: compiled.run, tensors"], layers["launch: compiled.run, addresses"]
     return layers
 
 

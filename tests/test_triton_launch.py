@@ -74,7 +74,8 @@ def test_the_same_arguments_reuse_the_compiled_kernel(compiled_mode):
 
 @pytest.mark.parametrize("hooks", [False, True])
 def test_without_launch_hooks_it_calls_the_launcher_under_the_runner(compiled_mode, monkeypatch, hooks):
-    """What the runner would do, less its launch metadata and hook calls; with a hook registered, the runner."""
+    """What the runner would do, less its launch metadata and hook calls, the tensors passed as their addresses; with
+    a hook registered, the runner, with the tensors."""
     from convt3d.backends.triton import launch as launch_module
 
     monkeypatch.setattr(launch_module, "_no_launch_hooks", lambda: not hooks)
@@ -88,7 +89,7 @@ def test_without_launch_hooks_it_calls_the_launcher_under_the_runner(compiled_mo
         assert not kernel.direct_launches
     else:
         assert kernel.direct_launches == [
-            (1, (7, 2, 1, 1000, "function", "packed metadata", None, None, None, y, 100, 5, 64, True))]
+            (1, (7, 2, 1, 1000, "function", "packed metadata", None, None, None, y.data_ptr(), 100, 5, 64, True))]
         assert not kernel.compiled_launches
 
 

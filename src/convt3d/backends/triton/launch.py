@@ -117,7 +117,8 @@ class BoundLaunch:
         if self.interpreted:
             return self.kernel[self.grid](*pointers, *self.scalars, **self.options)
         device = _current_device()
-        key = (device, *[(t.dtype, t.data_ptr() % 16 == 0) for t in pointers])
+        addresses = [t.data_ptr() for t in pointers]
+        key = (device, *[(t.dtype, address % 16 == 0) for t, address in zip(pointers, addresses)])
         compiled = self._compiled.get(key)
         if compiled is None:
             if len(pointers) != self.pointers:
@@ -129,8 +130,10 @@ class BoundLaunch:
         stream = _current_stream(device)
         if direct is not None and _no_launch_hooks():
             run, function, metadata = direct
-            # The runner's own call, with no launch metadata and no hooks to call.
-            run(*self.grid3, stream, function, metadata, None, None, None, *pointers, *self.scalars,
+            # The runner's own call, with no launch metadata and no hooks to call, and the pointers as addresses:
+            # Triton's C launcher takes an int as the address itself, where for a tensor it calls data_ptr() and
+            # asks the driver whether the address is device memory (cuPointerGetAttribute), per pointer and call.
+            run(*self.grid3, stream, function, metadata, None, None, None, *addresses, *self.scalars,
                 *self.constexprs)
         else:
             runner(*pointers, *self.scalars, *self.constexprs, stream=stream)
