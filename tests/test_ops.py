@@ -198,6 +198,29 @@ def test_output_behaves_as_eager_under_autograd_and_in_place_use(backend):
     assert torch.equal(x.detach(), x_before)
 
 
+def test_node_is_recorded_through_the_cpp_apply_or_function_apply(monkeypatch):
+    """ops records its node through autograd.Function's C++ apply, skipping the Python wrapper; a torch without it
+    gets Function.apply. A tensor that a finished torch.func transform left wrapped goes in as PyTorch's own
+    layer takes it: the same output and weight gradient."""
+    from convt3d import ops
+
+    record = ops._c_apply(ops._EagerConvTranspose3d)
+    assert record is not ops._EagerConvTranspose3d.apply and record.__self__ is ops._EagerConvTranspose3d
+    monkeypatch.setattr(torch._C, "_FunctionBase", type("WithoutApply", (), {}))
+    assert ops._c_apply(ops._EagerConvTranspose3d) == ops._EagerConvTranspose3d.apply
+    monkeypatch.undo()
+
+    leaked = []
+    torch.func.grad(lambda t: leaked.append(t) or t.sum())(torch.randn(1, 2, 3, 3, 3, dtype=torch.float64))
+    x = leaked[0]
+    w = torch.randn(2, 3, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    y, expected = (f(x, w, None, stride=2) for f in (convt3d.conv_transpose3d, F.conv_transpose3d))
+    assert type(y.grad_fn).__name__ == "_EagerConvTranspose3dBackward"
+    assert_close_rel(y, expected, 1e-12)
+    grad = torch.randn(y.shape, dtype=torch.float64)
+    assert_close_rel(torch.autograd.grad(y, w, grad)[0], torch.autograd.grad(expected, w, grad)[0], 1e-12)
+
+
 @pytest.mark.parametrize("backend", ["torch", "auto"])
 def test_deterministic_mode_runs_and_repeats_bitwise(backend):
     """Under torch.use_deterministic_algorithms(True) forward and backward run (no op of ours is refused) and
