@@ -25,15 +25,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def nan_poisoned_allocator(monkeypatch):
-    """Every torch.empty hands out NaN-filled memory, so an element a kernel skips shows up. (Integer buffers, such
-    as autotuning's, stay as they are.)"""
-    real_empty = torch.empty
+    """Every torch.empty and Tensor.new_empty hands out NaN-filled memory, so an element a kernel skips shows up.
+    (Integer buffers, such as autotuning's, stay as they are.)"""
+    def poisoning(allocate):
+        def poisoned(*args, **kwargs):
+            t = allocate(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        return poisoned
 
-    def poisoned(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", poisoned)
+    monkeypatch.setattr(torch, "empty", poisoning(torch.empty))
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoning(torch.Tensor.new_empty))
 
 
 def random_config(rng: random.Random, max_size: int = 5) -> dict:

@@ -1,5 +1,6 @@
 """The fused Triton forward, under TRITON_INTERPRET=1 on the CPU (and natively on a GPU)."""
 
+import ctypes
 import itertools
 import random
 
@@ -276,20 +277,41 @@ def test_the_chosen_configs_launch_serves_later_calls(monkeypatch, kernel):
     assert len(picks) == 1 and len(module._chosen) == 1
 
 
+def tensor_at(address: int, dtype) -> torch.Tensor:
+    """A CPU tensor over the memory at address. The interpreter reads and writes a kernel's pointers by address
+    (masks decide which; the tensor's claimed size does not), so a launch at addresses can be run in it."""
+    return torch.frombuffer((ctypes.c_char * 16).from_address(address), dtype=dtype)
+
+
+def interpreted_at_addresses(launched: list):
+    """launch.BoundLaunch.at_addresses for the interpreter, which compiles nothing: the launch it returns records
+    its addresses and runs the kernel on CPU tensors over them."""
+    def at_addresses(bound, device, dtype):
+        def launch(stream, *addresses):
+            launched.append(addresses)
+            bound.kernel[bound.grid](*[tensor_at(a, dtype) for a in addresses], *bound.scalars, **bound.options)
+        return launch
+    return at_addresses
+
+
+@pytest.mark.parametrize("launched_by", ["tensors", "addresses"])
 @pytest.mark.parametrize("kernel, dtype, precision", [
     ("forward", torch.float32, TF32X3), ("forward", torch.bfloat16, NATIVE), ("tiled", torch.float32, TF32X3),
     ("tiled", torch.float16, NATIVE)])
-def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allocator, kernel, dtype, precision):
+def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allocator, kernel, dtype, precision,
+                                                  launched_by):
     """After a layer's first call with contiguous operands, backends.triton.conv_transpose3d keeps that call bound
     (the kernel module's prepare()) and serves later calls with it: fresh inputs, bias or none, into NaN-poisoned
-    memory, against float64. A non-contiguous input goes the whole way again. The config choice is stood in for as
-    in the test above (the interpreter never remembers one)."""
+    memory, against float64; its launches take the operands as tensors, or as addresses (natively on a GPU; in the
+    interpreter through tensors over those addresses). A misaligned input then goes through the tensors, a
+    non-contiguous input the whole way again. The config choice is stood in for as in the test above (the
+    interpreter never remembers one)."""
     import convt3d.backends.triton as triton_backend
-    from convt3d.backends.triton import forward, tiled
+    from convt3d.backends.triton import forward, launch, tiled
 
     module = forward if kernel == "forward" else tiled
     run_layer = "conv_transpose3d_triton" if kernel == "forward" else "conv_transpose3d_tiled"
-    whole_calls = []
+    whole_calls, launched, prepared_at_addresses = [], [], []
     real = getattr(module, run_layer)
     monkeypatch.setattr(module, run_layer, lambda *a, **k: whole_calls.append(1) or real(*a, **k))
     monkeypatch.setattr(module, "pick_config", lambda cache, key, candidates, launch, device: cache.setdefault(
@@ -297,19 +319,38 @@ def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allo
     monkeypatch.setattr(module, "_best_config", {})
     monkeypatch.setattr(module, "_chosen", {})
     monkeypatch.setattr(triton_backend, "_prepared", {})
+    if launched_by == "tensors":
+        monkeypatch.setattr(module, "launches_at_addresses", lambda input, *bounds: None)
+    else:
+        real_launches = module.launches_at_addresses
+        monkeypatch.setattr(module, "launches_at_addresses", lambda input, *bounds: prepared_at_addresses.append(
+            1) or real_launches(input, *bounds))
+        if DEVICE == "cpu":
+            monkeypatch.setattr(launch.BoundLaunch, "at_addresses", interpreted_at_addresses(launched))
+            monkeypatch.setattr(module, "ready_stream", lambda device: 0)
     cfg = CASES[0] if kernel == "forward" else CASES[3]
     rel = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}[dtype]
+
+    def check(x, w, b, plan):
+        y = triton_backend.conv_transpose3d(x, w, b, plan, precision)
+        reference = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None,
+                                       plan.stride, plan.padding, plan.output_padding, plan.groups, plan.dilation)
+        assert y.dtype == dtype and y.is_contiguous()
+        assert_close_rel(y, reference, rel)
+
     for with_bias in (True, False, True):
         x, w, b = tensors(dict(cfg, bias=with_bias), dtype)
         plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
         for _ in range(2):  # the first call of each (bias or not) the whole way, the second prepared
-            y = triton_backend.conv_transpose3d(x, w, b, plan, precision)
-            reference = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None,
-                                           plan.stride, plan.padding, plan.output_padding, plan.groups,
-                                           plan.dilation)
-            assert y.dtype == dtype and y.is_contiguous()
-            assert_close_rel(y, reference, rel)
+            check(x, w, b, plan)
     assert len(whole_calls) == 2 and len(triton_backend._prepared) == 2
-    x_strided = x.transpose(3, 4).contiguous().transpose(3, 4)
-    assert_close_rel(triton_backend.conv_transpose3d(x_strided, w, b, plan, precision), reference, rel)
+    if launched_by == "addresses":
+        assert len(prepared_at_addresses) == 2
+        launches_per_call = 2 if kernel == "forward" or dtype == torch.float32 else 1  # operand pass, main kernel
+        assert len(launched) == (0 if DEVICE == "cuda" else 4 * launches_per_call)  # 4 prepared calls
+        misaligned = torch.empty(x.numel() + 1, dtype=dtype, device=DEVICE)[1:].view(x.shape).copy_(x)
+        launched.clear()
+        check(misaligned, w, b, plan)
+        assert not launched and len(whole_calls) == 2
+    check(x.transpose(3, 4).contiguous().transpose(3, 4), w, b, plan)
     assert len(whole_calls) == 3

@@ -189,3 +189,35 @@ def test_the_interpreter_always_runs_the_kernel(monkeypatch):
     for _ in range(3):
         launch.launch((1,), (torch.empty(4),), (100, 5), OPTIONS)
     assert len(kernel.jit_launches) == 3 and not kernel.compiled_launches
+
+
+def test_a_launch_at_addresses_takes_the_kernel_that_aligned_tensors_compiled(compiled_mode):
+    """at_addresses serves a prepared call: the compiled kernel of aligned pointers of one dtype on a device, as
+    the direct launch would run it; nothing before such a launch, for another dtype or device, or a kernel compiled
+    only for unaligned pointers."""
+    kernel = FakeKernel(DirectCompiled)
+    bound = Launcher(kernel).bind((7, 2), (100, 5), OPTIONS)
+    x = torch.empty(64)
+    bound((x[1:],))  # unaligned: compiled, but not for the aligned key
+    assert bound.at_addresses(0, torch.float32) is None
+    bound((x,))
+    assert bound.at_addresses(0, torch.float64) is None and bound.at_addresses(1, torch.float32) is None
+    bound.at_addresses(0, torch.float32)(1234, 4096)
+    assert kernel.direct_launches == [
+        (2, (7, 2, 1, 1234, "function", "packed metadata", None, None, None, 4096, 100, 5, 64, True))]
+
+
+def test_launches_at_addresses_wait_for_the_device_and_no_hooks(compiled_mode, monkeypatch):
+    from convt3d.backends.triton import launch as launch_module
+
+    monkeypatch.setattr(launch_module, "_no_launch_hooks", lambda: True)
+    assert launch_module.ready_stream(0) == 1000 and launch_module.ready_stream(1) is None  # current device: 0
+    monkeypatch.setattr(launch_module, "_no_launch_hooks", lambda: False)
+    assert launch_module.ready_stream(0) is None
+
+
+def test_no_launch_at_addresses_in_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    bound = Launcher(FakeKernel()).bind((1,), (100, 5), OPTIONS)
+    bound((torch.empty(4),))
+    assert bound.at_addresses(None, torch.float32) is None

@@ -35,7 +35,7 @@ from ...plan import Plan
 from .. import output_memory_format
 # (NATIVE and TF32 unused here: the tests, benchmarks and backward.py read the precisions from this module.)
 from . import NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2, power_of_2_at_most, precision_for
-from .launch import Launcher
+from .launch import Launcher, ready_stream
 
 logger = logging.getLogger("convt3d")
 
@@ -616,13 +616,50 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
     shape, dtype, device = plan.output_shape, input.dtype, input.device
 
     def call(input, weight, bias):
-        out = torch.empty(shape, dtype=dtype, device=device)
+        out = input.new_empty(shape)
         x, _, w, w_lo = allocate_operands(layout, dtype, device)
         operand_pass((input, x, weight, w, w_lo))
         main((x, w, w_lo, w if bias is None else bias, out))
         return out
 
-    return call
+    at_addresses = launches_at_addresses(input, operand_pass, main)
+    if at_addresses is None:
+        return call
+    device_index, (pass_at, main_at) = at_addresses
+    x_at, _, w_at, w_lo_at = operand_offsets(layout, input.element_size())
+    total = layout[0]
+
+    def call_at_addresses(input, weight, bias):
+        stream = ready_stream(device_index)
+        x_in, w_in, b_in = input.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr()
+        if stream is None or (x_in | w_in | b_in) % 16:
+            return call(input, weight, bias)
+        out = input.new_empty(shape)
+        operands = input.new_empty(total)  # (kept until both launches are queued)
+        base = operands.data_ptr()
+        pass_at(stream, x_in, base + x_at, w_in, base + w_at, base + w_lo_at)
+        main_at(stream, base + x_at, base + w_at, base + w_lo_at, b_in or base + w_at, out.data_ptr())
+        return out
+
+    return call_at_addresses
+
+
+def launches_at_addresses(input, *bounds):
+    """For a prepared call: (the device, each bound launch as a function of (stream, *addresses)) for pointers all of
+    input's dtype and 16-byte aligned; None where a launch has none. Launched so, a prepared call makes no views of
+    its operands' buffer and no key per launch: on the H200 machine a view took 3.3-3.6 us of host time and a launch
+    through its BoundLaunch 12-14 us, against 9.2-9.3 for Triton's launcher with addresses
+    (benchmarks/diag_host_steps.py, thirty-fifth session)."""
+    device = input.device.index
+    launches = tuple(bound.at_addresses(device, input.dtype) for bound in bounds)
+    return None if None in launches else (device, launches)
+
+
+def operand_offsets(layout, item_size: int) -> tuple[int, int, int, int]:
+    """The byte offsets of x, x_lo, w, w_lo in the operands' buffer as layout (an _operand_layout) places them, x's
+    and w's where a low part is unused (as allocate_operands gives x and w for them)."""
+    x, x_lo, w, w_lo = (None if view is None else view[2] * item_size for view in layout[1:])
+    return x, x if x_lo is None else x_lo, w, w if w_lo is None else w_lo
 
 
 @functools.lru_cache(maxsize=256)

@@ -137,3 +137,27 @@ class BoundLaunch:
                 *self.constexprs)
         else:
             runner(*pointers, *self.scalars, *self.constexprs, stream=stream)
+
+    def at_addresses(self, device: int, dtype):
+        """This launch as a function of (stream, *addresses), through the compiled kernel that an earlier call with
+        16-byte aligned pointers, all of dtype, on device made; None where there is none, in the interpreter, or
+        where this Triton's compiled kernel lacks the direct launch. What __call__ checks per call is the caller's
+        to check: the pointers' alignment, and the device and hooks (ready_stream)."""
+        compiled = None if self.interpreted else self._compiled.get((device, *[(dtype, True)] * self.pointers))
+        if compiled is None or compiled[1] is None:
+            return None
+        run, function, metadata = compiled[1]
+        grid, tail = self.grid3, (*self.scalars, *self.constexprs)
+
+        def launch(stream, *addresses):
+            run(*grid, stream, function, metadata, None, None, None, *addresses, *tail)
+
+        return launch
+
+
+def ready_stream(device: int):
+    """The current stream, where launches at addresses (BoundLaunch.at_addresses) on device may go now: it is the
+    current device and no launch hook is registered. Else None."""
+    if _current_device() != device or not _no_launch_hooks():
+        return None
+    return _current_stream(device)

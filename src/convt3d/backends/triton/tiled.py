@@ -28,8 +28,8 @@ import triton.language as tl
 from ...plan import Plan
 from . import TF32X3, cdiv, interpreted, next_power_of_2, precision_for
 from .forward import (_channels_last, _operand_layout, _store_operand, allocate_operands, allocate_output, flat_input,
-                      mma, pick_config)
-from .launch import Launcher
+                      launches_at_addresses, mma, operand_offsets, pick_config)
+from .launch import Launcher, ready_stream
 
 
 @functools.lru_cache(maxsize=256)
@@ -320,7 +320,7 @@ def _chosen_key(input, plan: Plan, precision: int, strides, out, bias):
 def prepare(input, weight, bias, plan: Plan, precision: int, out):
     """After a call of conv_transpose3d_tiled with contiguous input and weight that returned out: the same call for
     this layer as a function of (input, weight, bias), its launches and layouts bound, or None where no tile config
-    is chosen yet."""
+    is chosen yet. Launched at addresses where it can be (forward.launches_at_addresses)."""
     strides = _strides_as_given(input, weight)
     main = _chosen.get(_chosen_key(input, plan, precision, strides, out, bias))
     if main is None:
@@ -328,18 +328,52 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
     shape, dtype, device = plan.output_shape, input.dtype, input.device
     if strides is not None:  # half precision: the operands as given, one launch
         def call(input, weight, bias):
-            out = torch.empty(shape, dtype=dtype, device=device)
+            out = input.new_empty(shape)
             main((input, input, weight, weight, weight if bias is None else bias, out))
             return out
 
-        return call
+        at_addresses = launches_at_addresses(input, main)
+        if at_addresses is None:
+            return call
+        device_index, (main_at,) = at_addresses
+
+        def call_at_addresses(input, weight, bias):
+            stream = ready_stream(device_index)
+            x_in, w_in, b_in = input.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr()
+            if stream is None or (x_in | w_in | b_in) % 16:
+                return call(input, weight, bias)
+            out = input.new_empty(shape)
+            main_at(stream, x_in, x_in, w_in, w_in, b_in or w_in, out.data_ptr())
+            return out
+
+        return call_at_addresses
     layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), flat_input(input)[1], precision)
 
     def call(input, weight, bias):
-        out = torch.empty(shape, dtype=dtype, device=device)
+        out = input.new_empty(shape)
         x, x_lo, w, w_lo = allocate_operands(layout, dtype, device)
         operand_pass((input, x, x_lo, weight, w, w_lo))
         main((x, x_lo, w, w_lo, w if bias is None else bias, out))
         return out
 
-    return call
+    at_addresses = launches_at_addresses(input, operand_pass, main)
+    if at_addresses is None:
+        return call
+    device_index, (pass_at, main_at) = at_addresses
+    x_at, x_lo_at, w_at, w_lo_at = operand_offsets(layout, input.element_size())
+    total = layout[0]
+
+    def call_at_addresses(input, weight, bias):
+        stream = ready_stream(device_index)
+        x_in, w_in, b_in = input.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr()
+        if stream is None or (x_in | w_in | b_in) % 16:
+            return call(input, weight, bias)
+        out = input.new_empty(shape)
+        operands = input.new_empty(total)  # (kept until both launches are queued)
+        base = operands.data_ptr()
+        x, x_lo, w, w_lo = base + x_at, base + x_lo_at, base + w_at, base + w_lo_at
+        pass_at(stream, x_in, x, x_lo, w_in, w, w_lo)
+        main_at(stream, x, x_lo, w, w_lo, b_in or w, out.data_ptr())
+        return out
+
+    return call_at_addresses
