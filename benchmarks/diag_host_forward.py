@@ -1,7 +1,8 @@
-"""Forward calls on sweep layers (GPU): the host's time against the GPU's, as the bench calls them (no_grad).
+"""Forward calls on sweep layers (GPU): the host's time against the GPU's, under no_grad, or with --grad as the bench
+and KernelBench call them (grad mode on, the parameters requiring grad).
 
     PYTHONPATH=src python3 benchmarks/diag_host_forward.py [--iters 50] [--layers unet3d_k2s2,...] [--gc freeze]
-        [--pin 0]
+        [--pin 0] [--grad]
 
 Per implementation: the bench's cold-L2 mean and minimum (a synchronisation before each call, so the GPU waits
 whenever the host is late), the same calls queued back to back (no synchronisation: the GPU's own time), and the
@@ -30,6 +31,7 @@ def main():
     parser.add_argument("--tf32", choices=("on", "off"), default="on")
     parser.add_argument("--gc", choices=("on", "freeze", "off"), default="on")
     parser.add_argument("--pin", type=int, default=None, help="run on this one CPU")
+    parser.add_argument("--grad", action="store_true", help="grad mode on, as the bench times modules")
     args = parser.parse_args()
     if args.pin is not None:
         os.sched_setaffinity(0, {args.pin})
@@ -45,7 +47,7 @@ def main():
         impls = {"eager": eager, "triton": convert(copy.deepcopy(eager), backend="triton"),
                  "auto": convert(copy.deepcopy(eager))}
         x = torch.rand(layer.input_shape, device="cuda", dtype=dtype)
-        with torch.no_grad():
+        with torch.set_grad_enabled(args.grad):
             for label, module in impls.items():
                 if args.gc == "freeze":
                     module(x)  # its first call: autotuning, caches
