@@ -294,16 +294,15 @@ def interpreted_at_addresses(launched: list):
     return at_addresses
 
 
-@pytest.mark.parametrize("launched_by", ["tensors", "addresses"])
 @pytest.mark.parametrize("kernel, dtype, precision", [
     ("forward", torch.float32, TF32X3), ("forward", torch.bfloat16, NATIVE), ("tiled", torch.float32, TF32X3),
     ("tiled", torch.float16, NATIVE)])
-def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allocator, kernel, dtype, precision,
-                                                  launched_by):
+def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allocator, kernel, dtype, precision):
     """After a layer's first call with contiguous operands, backends.triton.conv_transpose3d keeps that call bound
     (the kernel module's prepare()) and serves later calls with it: fresh inputs, bias or none, into NaN-poisoned
-    memory, against float64; its launches take the operands as tensors, or as addresses (natively on a GPU; in the
-    interpreter through tensors over those addresses). A misaligned input then goes through the tensors, a
+    memory, against float64, its launches taking the operands' addresses (natively on a GPU; in the interpreter
+    through tensors over those addresses). A misaligned input then goes through the prepared call's launches with
+    tensors (what serves where no launch at addresses does: in the interpreter, every other test's later calls), a
     non-contiguous input the whole way again. The config choice is stood in for as in the test above (the
     interpreter never remembers one)."""
     import convt3d.backends.triton as triton_backend
@@ -319,15 +318,12 @@ def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allo
     monkeypatch.setattr(module, "_best_config", {})
     monkeypatch.setattr(module, "_chosen", {})
     monkeypatch.setattr(triton_backend, "_prepared", {})
-    if launched_by == "tensors":
-        monkeypatch.setattr(module, "launches_at_addresses", lambda input, *bounds: None)
-    else:
-        real_launches = module.launches_at_addresses
-        monkeypatch.setattr(module, "launches_at_addresses", lambda input, *bounds: prepared_at_addresses.append(
-            1) or real_launches(input, *bounds))
-        if DEVICE == "cpu":
-            monkeypatch.setattr(launch.BoundLaunch, "at_addresses", interpreted_at_addresses(launched))
-            monkeypatch.setattr(module, "ready_stream", lambda device: 0)
+    real_launches = module.launches_at_addresses
+    monkeypatch.setattr(module, "launches_at_addresses", lambda input, *bounds: prepared_at_addresses.append(
+        1) or real_launches(input, *bounds))
+    if DEVICE == "cpu":
+        monkeypatch.setattr(launch.BoundLaunch, "at_addresses", interpreted_at_addresses(launched))
+        monkeypatch.setattr(forward, "ready_stream", lambda device: 0)  # (forward.at_addresses_else asks it)
     cfg = CASES[0] if kernel == "forward" else CASES[3]
     rel = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.5e-2}[dtype]
 
@@ -344,13 +340,12 @@ def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allo
         for _ in range(2):  # the first call of each (bias or not) the whole way, the second prepared
             check(x, w, b, plan)
     assert len(whole_calls) == 2 and len(triton_backend._prepared) == 2
-    if launched_by == "addresses":
-        assert len(prepared_at_addresses) == 2
-        launches_per_call = 2 if kernel == "forward" or dtype == torch.float32 else 1  # operand pass, main kernel
-        assert len(launched) == (0 if DEVICE == "cuda" else 4 * launches_per_call)  # 4 prepared calls
-        misaligned = torch.empty(x.numel() + 1, dtype=dtype, device=DEVICE)[1:].view(x.shape).copy_(x)
-        launched.clear()
-        check(misaligned, w, b, plan)
-        assert not launched and len(whole_calls) == 2
+    assert len(prepared_at_addresses) == 2
+    launches_per_call = 2 if kernel == "forward" or dtype == torch.float32 else 1  # operand pass, main kernel
+    assert len(launched) == (0 if DEVICE == "cuda" else 4 * launches_per_call)  # 4 prepared calls
+    misaligned = torch.empty(x.numel() + 1, dtype=dtype, device=DEVICE)[1:].view(x.shape).copy_(x)
+    launched.clear()
+    check(misaligned, w, b, plan)
+    assert not launched and len(whole_calls) == 2
     check(x.transpose(3, 4).contiguous().transpose(3, 4), w, b, plan)
     assert len(whole_calls) == 3

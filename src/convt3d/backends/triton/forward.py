@@ -627,21 +627,13 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
         return call
     device_index, (pass_at, main_at) = at_addresses
     x_at, _, w_at, w_lo_at = operand_offsets(layout, input.element_size())
-    total = layout[0]
 
-    def call_at_addresses(input, weight, bias):
-        stream = ready_stream(device_index)
-        x_in, w_in, b_in = input.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr()
-        if stream is None or (x_in | w_in | b_in) % 16:
-            return call(input, weight, bias)
-        out = input.new_empty(shape)
-        operands = input.new_empty(total)  # (kept until both launches are queued)
-        base = operands.data_ptr()
-        pass_at(stream, x_in, base + x_at, w_in, base + w_at, base + w_lo_at)
-        main_at(stream, base + x_at, base + w_at, base + w_lo_at, b_in or base + w_at, out.data_ptr())
-        return out
+    def launch(stream, x_in, w_in, b_in, operands, out):
+        x, w, w_lo = operands + x_at, operands + w_at, operands + w_lo_at
+        pass_at(stream, x_in, x, w_in, w, w_lo)
+        main_at(stream, x, w, w_lo, b_in or w, out)
 
-    return call_at_addresses
+    return at_addresses_else(call, shape, layout[0], device_index, launch)
 
 
 def launches_at_addresses(input, *bounds):
@@ -653,6 +645,24 @@ def launches_at_addresses(input, *bounds):
     device = input.device.index
     launches = tuple(bound.at_addresses(device, input.dtype) for bound in bounds)
     return None if None in launches else (device, launches)
+
+
+def at_addresses_else(call, shape, operands_size: int, device: int, launch):
+    """A prepared call that allocates the output (of shape) and operands_size elements for the operands (none where 0)
+    and hands launch (stream, the addresses of input, weight, bias (0 for none), the operands and the output), where
+    it may launch at addresses now: on device's current stream (ready_stream), input, weight and bias 16-byte
+    aligned. Else it is call, which launches through tensors."""
+    def call_at_addresses(input, weight, bias):
+        stream = ready_stream(device)
+        x, w, b = input.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr()
+        if stream is None or (x | w | b) % 16:
+            return call(input, weight, bias)
+        out = input.new_empty(shape)
+        operands = input.new_empty(operands_size) if operands_size else None  # (kept until the launches are queued)
+        launch(stream, x, w, b, 0 if operands is None else operands.data_ptr(), out.data_ptr())
+        return out
+
+    return call_at_addresses
 
 
 def operand_offsets(layout, item_size: int) -> tuple[int, int, int, int]:

@@ -28,8 +28,8 @@ import triton.language as tl
 from ...plan import Plan
 from . import TF32X3, cdiv, interpreted, next_power_of_2, precision_for
 from .forward import (_channels_last, _operand_layout, _store_operand, allocate_operands, allocate_output, flat_input,
-                      launches_at_addresses, mma, operand_offsets, pick_config)
-from .launch import Launcher, ready_stream
+                      at_addresses_else, launches_at_addresses, mma, operand_offsets, pick_config)
+from .launch import Launcher
 
 
 @functools.lru_cache(maxsize=256)
@@ -337,16 +337,10 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
             return call
         device_index, (main_at,) = at_addresses
 
-        def call_at_addresses(input, weight, bias):
-            stream = ready_stream(device_index)
-            x_in, w_in, b_in = input.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr()
-            if stream is None or (x_in | w_in | b_in) % 16:
-                return call(input, weight, bias)
-            out = input.new_empty(shape)
-            main_at(stream, x_in, x_in, w_in, w_in, b_in or w_in, out.data_ptr())
-            return out
+        def launch_as_given(stream, x_in, w_in, b_in, operands, out):
+            main_at(stream, x_in, x_in, w_in, w_in, b_in or w_in, out)
 
-        return call_at_addresses
+        return at_addresses_else(call, shape, 0, device_index, launch_as_given)
     layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), flat_input(input)[1], precision)
 
     def call(input, weight, bias):
@@ -361,19 +355,10 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
         return call
     device_index, (pass_at, main_at) = at_addresses
     x_at, x_lo_at, w_at, w_lo_at = operand_offsets(layout, input.element_size())
-    total = layout[0]
 
-    def call_at_addresses(input, weight, bias):
-        stream = ready_stream(device_index)
-        x_in, w_in, b_in = input.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr()
-        if stream is None or (x_in | w_in | b_in) % 16:
-            return call(input, weight, bias)
-        out = input.new_empty(shape)
-        operands = input.new_empty(total)  # (kept until both launches are queued)
-        base = operands.data_ptr()
-        x, x_lo, w, w_lo = base + x_at, base + x_lo_at, base + w_at, base + w_lo_at
+    def launch(stream, x_in, w_in, b_in, operands, out):
+        x, x_lo, w, w_lo = operands + x_at, operands + x_lo_at, operands + w_at, operands + w_lo_at
         pass_at(stream, x_in, x, x_lo, w_in, w, w_lo)
-        main_at(stream, x, x_lo, w, w_lo, b_in or w, out.data_ptr())
-        return out
+        main_at(stream, x, x_lo, w, w_lo, b_in or w, out)
 
-    return call_at_addresses
+    return at_addresses_else(call, shape, layout[0], device_index, launch)
