@@ -1,8 +1,9 @@
 """Host time (2-core CPU) of the Triton forward's Python around its launches: a module call through the prepared
 call (backends.triton._prepared, what later calls of a layer take) against the whole path (checks, lookups, layout
 arithmetic: what every call took before), interleaved in one process. No GPU here: the kernels are neither compiled
-nor run. Each launch stops at Triton's C launcher (compiled.run, replaced by a no-op), so the launcher's Python
-above it (launch.BoundLaunch) counts; the current device and stream are stood in for.
+nor run. Each launch stops where it would call Triton's launcher (the direct launch that launch._direct makes
+around compiled.run, replaced by a no-op), so the launcher's Python above it (launch.BoundLaunch) counts; the current
+device and stream are stood in for.
 
     PYTHONPATH=src python3 benchmarks/cpu_triton_host.py
 """
@@ -25,7 +26,7 @@ def fake_launches():
 
     def call(bound, pointers):
         key = (0, *[(t.dtype, t.data_ptr() % 16 == 0) for t in pointers])
-        bound._compiled.setdefault(key, (None, (lambda *args: None, None, None)))
+        bound._compiled.setdefault(key, (None, lambda *args: None))
         return real_call(bound, pointers)
 
     launch.BoundLaunch.__call__ = call

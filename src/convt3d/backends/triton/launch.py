@@ -51,13 +51,21 @@ def _no_launch_hooks() -> bool:
             and not getattr(_runtime_knobs.launch_exit_hook, "calls", True))
 
 
-def _direct(compiled):
-    """(compiled.run, its function, its packed metadata): what compiled[grid]'s runner hands to compiled.run besides
-    the grid, stream and arguments; None where this compiled kernel lacks them."""
+def _direct(compiled, grid3, tail):
+    """The compiled kernel's launch as a function of (stream, *pointers' addresses): compiled.run given what
+    compiled[grid3]'s runner would hand it (the kernel's function and packed metadata), no launch metadata and no
+    hooks, tail (the other arguments) after the addresses; None where this compiled kernel lacks them. Triton's C
+    launcher takes an int as the address itself, where for a tensor it calls data_ptr() and asks the driver whether
+    the address is device memory (cuPointerGetAttribute), per pointer and call."""
     try:
-        return compiled.run, compiled.function, compiled.packed_metadata
+        run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
     except AttributeError:
         return None
+
+    def launch(stream, *addresses):
+        run(*grid3, stream, function, metadata, None, None, None, *addresses, *tail)
+
+    return launch
 
 
 class Launcher:
@@ -124,17 +132,12 @@ class BoundLaunch:
             if len(pointers) != self.pointers:
                 raise TypeError(f"{self.kernel.__name__}: {self.pointers} pointers, then ints")
             kernel = self.kernel[self.grid](*pointers, *self.scalars, **self.options)
-            self._compiled[key] = (kernel[self.grid3], _direct(kernel))
+            self._compiled[key] = (kernel[self.grid3], _direct(kernel, self.grid3, (*self.scalars, *self.constexprs)))
             return
         runner, direct = compiled
         stream = _current_stream(device)
         if direct is not None and _no_launch_hooks():
-            run, function, metadata = direct
-            # The runner's own call, with no launch metadata and no hooks to call, and the pointers as addresses:
-            # Triton's C launcher takes an int as the address itself, where for a tensor it calls data_ptr() and
-            # asks the driver whether the address is device memory (cuPointerGetAttribute), per pointer and call.
-            run(*self.grid3, stream, function, metadata, None, None, None, *addresses, *self.scalars,
-                *self.constexprs)
+            direct(stream, *addresses)
         else:
             runner(*pointers, *self.scalars, *self.constexprs, stream=stream)
 
@@ -144,15 +147,7 @@ class BoundLaunch:
         where this Triton's compiled kernel lacks the direct launch. What __call__ checks per call is the caller's
         to check: the pointers' alignment, and the device and hooks (ready_stream)."""
         compiled = None if self.interpreted else self._compiled.get((device, *[(dtype, True)] * self.pointers))
-        if compiled is None or compiled[1] is None:
-            return None
-        run, function, metadata = compiled[1]
-        grid, tail = self.grid3, (*self.scalars, *self.constexprs)
-
-        def launch(stream, *addresses):
-            run(*grid, stream, function, metadata, None, None, None, *addresses, *tail)
-
-        return launch
+        return None if compiled is None else compiled[1]
 
 
 def ready_stream(device: int):
