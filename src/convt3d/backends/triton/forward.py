@@ -622,36 +622,32 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
         main((x, w, w_lo, w if bias is None else bias, out))
         return out
 
-    at_addresses = launches_at_addresses(input, operand_pass, main)
-    if at_addresses is None:
-        return call
-    device_index, (pass_at, main_at) = at_addresses
     x_at, _, w_at, w_lo_at = operand_offsets(layout, input.element_size())
 
-    def launch(stream, x_in, w_in, b_in, operands, out):
+    def launch(launches, stream, x_in, w_in, b_in, operands, out):
+        pass_at, main_at = launches
         x, w, w_lo = operands + x_at, operands + w_at, operands + w_lo_at
         pass_at(stream, x_in, x, w_in, w, w_lo)
         main_at(stream, x, w, w_lo, b_in or w, out)
 
-    return at_addresses_else(call, shape, layout[0], device_index, launch)
+    return at_addresses_else(call, input, shape, layout[0], (operand_pass, main), launch)
 
 
-def launches_at_addresses(input, *bounds):
-    """For a prepared call: (the device, each bound launch as a function of (stream, *addresses)) for pointers all of
-    input's dtype and 16-byte aligned; None where a launch has none. Launched so, a prepared call makes no views of
-    its operands' buffer and no key per launch: on the H200 machine a view took 3.3-3.6 us of host time and a launch
-    through its BoundLaunch 12-14 us, against 9.2-9.3 for Triton's launcher with addresses
-    (benchmarks/diag_host_steps.py, thirty-fifth session)."""
+def at_addresses_else(call, input, shape, operands_size: int, bounds, launch):
+    """A prepared call whose bound launches (bounds) go at addresses (BoundLaunch.at_addresses, for pointers all of
+    input's dtype and 16-byte aligned): it allocates the output (of shape) and operands_size elements for the
+    operands (none where 0) and hands launch (those launches, the stream, the addresses of input, weight, bias (0
+    for none), the operands and the output), where it may now: on input's device, its current stream
+    (ready_stream), input, weight and bias 16-byte aligned. Else, and where a bound has no launch at addresses,
+    call, which launches through tensors. Launched so, a prepared call makes no views of its operands' buffer and
+    no key per launch: on the H200 machine a view took 3.3-3.6 us of host time and a launch through its BoundLaunch
+    12-14 us, against 9.2-9.3 for Triton's launcher with addresses (benchmarks/diag_host_steps.py, thirty-fifth
+    session)."""
     device = input.device.index
     launches = tuple(bound.at_addresses(device, input.dtype) for bound in bounds)
-    return None if None in launches else (device, launches)
+    if None in launches:
+        return call
 
-
-def at_addresses_else(call, shape, operands_size: int, device: int, launch):
-    """A prepared call that allocates the output (of shape) and operands_size elements for the operands (none where 0)
-    and hands launch (stream, the addresses of input, weight, bias (0 for none), the operands and the output), where
-    it may launch at addresses now: on device's current stream (ready_stream), input, weight and bias 16-byte
-    aligned. Else it is call, which launches through tensors."""
     def call_at_addresses(input, weight, bias):
         stream = ready_stream(device)
         x, w, b = input.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr()
@@ -659,7 +655,7 @@ def at_addresses_else(call, shape, operands_size: int, device: int, launch):
             return call(input, weight, bias)
         out = input.new_empty(shape)
         operands = input.new_empty(operands_size) if operands_size else None  # (kept until the launches are queued)
-        launch(stream, x, w, b, 0 if operands is None else operands.data_ptr(), out.data_ptr())
+        launch(launches, stream, x, w, b, 0 if operands is None else operands.data_ptr(), out.data_ptr())
         return out
 
     return call_at_addresses

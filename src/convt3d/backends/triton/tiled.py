@@ -28,7 +28,7 @@ import triton.language as tl
 from ...plan import Plan
 from . import TF32X3, cdiv, interpreted, next_power_of_2, precision_for
 from .forward import (_channels_last, _operand_layout, _store_operand, allocate_operands, allocate_output, flat_input,
-                      at_addresses_else, launches_at_addresses, mma, operand_offsets, pick_config)
+                      at_addresses_else, mma, operand_offsets, pick_config)
 from .launch import Launcher
 
 
@@ -320,7 +320,7 @@ def _chosen_key(input, plan: Plan, precision: int, strides, out, bias):
 def prepare(input, weight, bias, plan: Plan, precision: int, out):
     """After a call of conv_transpose3d_tiled with contiguous input and weight that returned out: the same call for
     this layer as a function of (input, weight, bias), its launches and layouts bound, or None where no tile config
-    is chosen yet. Launched at addresses where it can be (forward.launches_at_addresses)."""
+    is chosen yet. Launched at addresses where it can be (forward.at_addresses_else)."""
     strides = _strides_as_given(input, weight)
     main = _chosen.get(_chosen_key(input, plan, precision, strides, out, bias))
     if main is None:
@@ -332,15 +332,10 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
             main((input, input, weight, weight, weight if bias is None else bias, out))
             return out
 
-        at_addresses = launches_at_addresses(input, main)
-        if at_addresses is None:
-            return call
-        device_index, (main_at,) = at_addresses
+        def launch_as_given(launches, stream, x_in, w_in, b_in, operands, out):
+            launches[0](stream, x_in, x_in, w_in, w_in, b_in or w_in, out)
 
-        def launch_as_given(stream, x_in, w_in, b_in, operands, out):
-            main_at(stream, x_in, x_in, w_in, w_in, b_in or w_in, out)
-
-        return at_addresses_else(call, shape, 0, device_index, launch_as_given)
+        return at_addresses_else(call, input, shape, 0, (main,), launch_as_given)
     layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), flat_input(input)[1], precision)
 
     def call(input, weight, bias):
@@ -350,15 +345,12 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
         main((x, x_lo, w, w_lo, w if bias is None else bias, out))
         return out
 
-    at_addresses = launches_at_addresses(input, operand_pass, main)
-    if at_addresses is None:
-        return call
-    device_index, (pass_at, main_at) = at_addresses
     x_at, x_lo_at, w_at, w_lo_at = operand_offsets(layout, input.element_size())
 
-    def launch(stream, x_in, w_in, b_in, operands, out):
+    def launch(launches, stream, x_in, w_in, b_in, operands, out):
+        pass_at, main_at = launches
         x, x_lo, w, w_lo = operands + x_at, operands + x_lo_at, operands + w_at, operands + w_lo_at
         pass_at(stream, x_in, x, x_lo, w_in, w, w_lo)
         main_at(stream, x, x_lo, w, w_lo, b_in or w, out)
 
-    return at_addresses_else(call, shape, layout[0], device_index, launch)
+    return at_addresses_else(call, input, shape, layout[0], (operand_pass, main), launch)
