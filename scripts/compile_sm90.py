@@ -44,9 +44,10 @@ def forward(block_m=128, block_co=64, block_ci=32, warps=4, stages=3, precision=
     constexprs = dict(S_D=2, S_H=2, S_W=2, P_D=1, P_H=1, P_W=1, DIL_D=2, DIL_H=2, DIL_W=2, STEP_D=1, STEP_H=1,
                       STEP_W=1, HAS_BIAS=False, PRECISION=precision, INTERPRETED=False, BLOCK_R=block_m // block_q,
                       BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci, FILL_W=2 * block_q,
-                      CI_BLOCKS=cdiv(32, block_ci), EVEN_CI=32 % block_ci == 0, DIAG=diag, sxc=1, syw=1)
+                      CI_BLOCKS=cdiv(32, block_ci), EVEN_CI=32 % block_ci == 0, DIAG=diag, sxc=1, syw=1,
+                      PDL=True)  # launched as the operand pass's dependent, as on the H200
     divisible = [n for n in conv_transpose3d_kernel.arg_names if n not in constexprs and n not in FORWARD_RUNTIME]
-    options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    options = dict(num_warps=warps, num_stages=stages, launch_pdl=True, **({"maxnreg": maxnreg} if maxnreg else {}))
     return _compile(conv_transpose3d_kernel, constexprs, divisible, options)
 
 
@@ -81,14 +82,17 @@ def tap_columns(layer="video_k3s2p1op1", diag=0):
     cfg = dict(KERNEL="tap_columns", BLOCK_M=64, BLOCK_N=128, BLOCK_CI=32, num_warps=4, num_stages=3, DIAG=int(diag))
     od, oh, ow = plan.output_spatial
     out_strides = (plan.out_channels * od * oh * ow, od * oh * ow, oh * ow, ow, 1)
-    bound = tap_columns_module.bind(cfg, plan, 1, True, out_strides)
+    # Launched as the operand pass's dependent, as on the H200 (here no GPU to ask).
+    tap_columns_module.dependent_options = lambda device_index: (("PDL", True), ("launch_pdl", True))
+    bound = tap_columns_module.bind(cfg, plan, 1, True, out_strides, 0)
     fn = tap_columns_module.tap_columns_kernel
     scalars = dict(zip(fn.arg_names[bound.pointers:], bound.scalars))
     constexprs = {name: value for name, value in bound.options.items() if name in fn.arg_names}
     constexprs.update({name: value for name, value in scalars.items() if value == 1})
     divisible = [name for name in fn.arg_names if name.endswith("_ptr") or (
         name in scalars and name not in constexprs and scalars[name] % 16 == 0)]
-    return _compile(fn, constexprs, divisible, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+    return _compile(fn, constexprs, divisible, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                                                    launch_pdl=True))
 
 
 def _compile(fn, constexprs, divisible, options, half_pointers=()):

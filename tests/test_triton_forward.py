@@ -161,6 +161,31 @@ def test_every_element_written(nan_poisoned_allocator):
     assert_close_rel(y, ref, 1e-6)
 
 
+@pytest.mark.parametrize("mode", ["off", "wait", "early"])
+@pytest.mark.parametrize("kernel", ["forward", "tiled"])
+def test_main_kernel_launched_as_the_passs_dependent(monkeypatch, nan_poisoned_allocator, mode, kernel):
+    """On Hopper and later the main kernel may be launched as the operand pass's dependent (dependent_launch_mode):
+    it then starts before the pass ends and must wait for the pass's writes. Each mode's result against float64,
+    into poisoned memory, and, on such a GPU, each launch's attribute as the mode says (in the interpreter every
+    mode launches as "off")."""
+    import convt3d.backends.triton as triton_backend
+    from convt3d.backends.triton import forward, tiled
+
+    monkeypatch.setattr(triton_backend, "dependent_launch_mode", mode)
+    cfg = CASES[5] if kernel == "forward" else CASES[3]
+    x, w, b = tensors(cfg, torch.float32)
+    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
+    if kernel == "forward":
+        y = conv_transpose3d_triton(x, w, b, plan, precision=TF32X3, config=_configs()[0])
+    else:
+        y = tiled.conv_transpose3d_tiled(x, w, b, plan, precision=TF32X3, config=tiled.configs()[0])
+    assert_close_rel(y, F.conv_transpose3d(x.double(), w.double(), b.double(), **layer_args(cfg)), 1e-6)
+    hopper = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 9
+    assert forward.dependent_options(0) == ((("PDL", True), ("launch_pdl", True)) if hopper and mode != "off"
+                                            else (("PDL", False),))
+    assert triton_backend.pass_lets_main_start(x.device) == (hopper and mode == "early")
+
+
 def test_unsupported_reason_names_samples_past_32_bit_offsets():
     from convt3d.backends.triton import unsupported_reason
 

@@ -66,6 +66,37 @@ def _too_large(plan: Plan):
     return None
 
 
+# How a main kernel follows its operand pass on Hopper and later: "early" (launched as the pass's dependent, which
+# lets it start as soon as the pass's last programs run), "wait" (launched as its dependent, starting as the pass
+# ends), "off" (an ordinary launch). benchmarks/diag_dependent_launch.py sets it to compare them.
+dependent_launch_mode = "early"
+
+
+def dependent_launch(device_index: int) -> bool:
+    """Whether a main kernel on this CUDA device is launched as the operand pass's dependent (programmatic dependent
+    launch): it may start while the pass still runs, and waits for the pass's writes (forward.wait_for_previous)
+    before it reads or writes memory, so that only its launch and setup overlap the pass."""
+    return dependent_launch_mode != "off" and _can_launch_dependents(device_index)
+
+
+def pass_lets_main_start(device) -> bool:
+    """Whether the operand pass on this device lets the main kernel start as its last programs run
+    (forward.let_next_start)."""
+    return device.type == "cuda" and dependent_launch_mode == "early" and _can_launch_dependents(device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _can_launch_dependents(device_index: int) -> bool:
+    # Grid dependency control is Hopper's (sm_90) and later; the interpreter runs no PTX.
+    if interpreted():
+        return False
+    try:
+        from triton.language.extra.cuda import gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 def precision_for(dtype: torch.dtype) -> int:
     """PyTorch's rule for convolutions: TF32 when torch.backends.cudnn.allow_tf32, else full float32."""
     if dtype != torch.float32:

@@ -34,7 +34,8 @@ import triton.language as tl
 from ...plan import Plan
 from .. import output_memory_format
 # (NATIVE and TF32 unused here: the tests, benchmarks and backward.py read the precisions from this module.)
-from . import NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2, power_of_2_at_most, precision_for
+from . import (NATIVE, TF32, TF32X3, cdiv, dependent_launch, interpreted, next_power_of_2, pass_lets_main_start,
+               power_of_2_at_most, precision_for)
 from .launch import Launcher, ready_stream
 
 logger = logging.getLogger("convt3d")
@@ -80,6 +81,7 @@ def prepare_operands_kernel(
     x_ptr, x_op_ptr, w_ptr, w_hi_ptr, w_lo_ptr,
     C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs, C_IN, CIN_G, C_OUT_G, TAPS,
     PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr,
+    LET_NEXT_START: tl.constexpr,
 ):
     """Both GEMM operands as the main kernel reads them, in one launch (a launch costs more host time than this
     work takes on the GPU for a small layer). Programs [0, X_PROGRAMS) lay the input out channels-last,
@@ -91,6 +93,8 @@ def prepare_operands_kernel(
     kernels split A as they load it, which moves half the bytes that loading both parts did (the tap_columns kernel
     took 14-22% less time on four of seven sweep layers and no more on the others: benchmarks/RESULTS.md,
     twenty-first session)."""
+    if LET_NEXT_START:
+        let_next_start()
     pid = tl.program_id(0)
     if pid < X_PROGRAMS:
         if PRECISION == 2:
@@ -100,6 +104,21 @@ def prepare_operands_kernel(
                            BLOCK_S)
     else:
         _tap_major(w_ptr, w_hi_ptr, w_lo_ptr, pid - X_PROGRAMS, C_IN, CIN_G, C_OUT_G, TAPS, PRECISION, BLOCK_W)
+
+
+@triton.jit
+def let_next_start():
+    """Lets the kernel launched after this one as its dependent (dependent_launch) start once every program of this
+    one has begun, rather than once they have all finished: its programs then take the multiprocessors this launch's
+    last programs leave, and wait (wait_for_previous) for this launch's writes."""
+    tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def wait_for_previous():
+    """In a kernel launched as a dependent (dependent_launch): wait until the launch before it has finished and its
+    writes are visible. Called before any memory access."""
+    tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
@@ -321,11 +340,13 @@ def conv_transpose3d_kernel(
     STEP_D: tl.constexpr, STEP_H: tl.constexpr, STEP_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
-    FILL_W: tl.constexpr, CI_BLOCKS: tl.constexpr, EVEN_CI: tl.constexpr, DIAG: tl.constexpr = 0,
+    FILL_W: tl.constexpr, CI_BLOCKS: tl.constexpr, EVEN_CI: tl.constexpr, PDL: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
     # DIAG (benchmarks only, to see where time goes): 1 skips the GEMM and stores its zero tiles, 2 runs the
     # GEMM but stores none of its tiles.
     BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
+    if PDL:
+        wait_for_previous()
     # Each program walks the work items (blocks of output rows) with a stride of the grid size: one item per
     # program with a full grid, or many with a persistent one (configs choose).
     for item in range(tl.program_id(0), ITEMS, tl.num_programs(0)):
@@ -450,21 +471,23 @@ def _operands(input, weight, groups, precision):
     weight tap-major and K-major, (taps, groups, C_out/g, C_in/g); for float32 both TF32-rounded, or under 3xTF32 the
     weight split into high and low parts and the input as it is (w_lo is w where unused)."""
     flat, flat_strides = flat_input(input)
-    layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), groups, flat_strides, precision)
+    layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), groups, flat_strides, precision,
+                                          pass_lets_main_start(input.device))
     x, _, w, w_lo = allocate_operands(layout, input.dtype, input.device)
     operand_pass((flat, x, weight.contiguous(), w, w_lo))
     return x, w, w_lo
 
 
 @functools.lru_cache(maxsize=256)
-def _operand_steps(input_shape, weight_shape, groups: int, flat_strides, precision: int):
+def _operand_steps(input_shape, weight_shape, groups: int, flat_strides, precision: int, let_next_start: bool = False):
     """(the operands' _operand_layout, the bound operand pass) of a layer, for an input with these strides (as (N, C,
     D*H*W)): what _operands uses on every call and a prepared call keeps."""
     n, c, d, h, w = input_shape
     c_in, c_out_g, kd, kh, kw = weight_shape
     layout = _operand_layout((n, d, h, w, c), (kd * kh * kw, groups, c_out_g, c_in // groups), precision == TF32X3,
                              False)
-    return layout, _operand_pass(input_shape, weight_shape, groups, flat_strides, precision)
+    return layout, _operand_pass(input_shape, weight_shape, groups, flat_strides, precision,
+                                 let_next_start=let_next_start)
 
 
 def flat_input(input):
@@ -510,7 +533,7 @@ def _operand_layout(x_shape, w_shape, split: bool, split_input: bool):
 
 @functools.lru_cache(maxsize=256)
 def _operand_pass(input_shape, weight_shape, groups: int, flat_strides, precision: int, block_c: int = 32,
-                  block_s: int = 128, num_warps: int = 4):
+                  block_s: int = 128, num_warps: int = 4, let_next_start: bool = False):
     """The operand pass of a layer, for an input with these strides (as (N, C, D*H*W)), bound (launch.BoundLaunch);
     its input tiles are block_c channels by block_s positions. Of eight tiles on six sweep layers on the H200, 32 x 128
     was the fastest or within 0.5 us of it on each (benchmarks/diag_operand_pass.py, twentieth session)."""
@@ -524,7 +547,7 @@ def _operand_pass(input_shape, weight_shape, groups: int, flat_strides, precisio
         (x_programs + cdiv(taps * c_in * c_out_g, block_w),),
         (c, d * h * w, s_blocks, x_programs, *flat_strides, c_in, c_in // groups, c_out_g, taps),
         (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s), ("BLOCK_W", block_w),
-         ("num_warps", num_warps)))
+         ("LET_NEXT_START", let_next_start), ("num_warps", num_warps)))
 
 
 def channels_last_strides(plan: Plan) -> tuple[int, ...]:
@@ -612,7 +635,7 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
     if main is None:
         return None
     layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), plan.groups, flat_input(input)[1],
-                                          precision)
+                                          precision, pass_lets_main_start(input.device))
     shape, dtype, device = plan.output_shape, input.dtype, input.device
 
     def call(input, weight, bias):
@@ -718,13 +741,21 @@ def _launch(cfg, plan: Plan, x, w, w_lo, bias, out, precision):
 def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_index: int):
     """A config's launch for a layer, bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out)."""
     if cfg.get("KERNEL") == "tap_columns":
-        return tap_columns.bind(cfg, plan, precision, has_bias, out_strides)
+        return tap_columns.bind(cfg, plan, precision, has_bias, out_strides, device_index)
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_CO"], cfg["BLOCK_CI"], cfg["PER_SM"],
                                                 device_index)
     return _kernel.bind(
         grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
         (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _kernel.interpreted),
-         ("DIAG", cfg.get("DIAG", 0)), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
+         ("DIAG", cfg.get("DIAG", 0)), *dependent_options(device_index), ("num_warps", cfg["num_warps"]),
+         ("num_stages", cfg["num_stages"])))
+
+
+def dependent_options(device_index: int) -> tuple:
+    """A main kernel's PDL constexpr and launch option: launched as the operand pass's dependent where the device
+    allows (dependent_launch)."""
+    dependent = dependent_launch(device_index)
+    return (("PDL", dependent),) + ((("launch_pdl", True),) if dependent else ())
 
 
 _prepare = Launcher(prepare_operands_kernel)

@@ -39,7 +39,8 @@ import triton.language as tl
 
 from ...plan import Plan
 from . import cdiv, interpreted, next_power_of_2, power_of_2_at_most
-from .forward import _axis_taps, channels_last_strides, count_on, load_operands, load_weights, mma
+from .forward import (_axis_taps, channels_last_strides, count_on, dependent_options, load_operands, load_weights, mma,
+                      wait_for_previous)
 from .launch import Launcher
 
 
@@ -75,7 +76,7 @@ def tap_columns_kernel(
     U_W: tl.constexpr, CI_BLOCKS: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr,
-    DIAG: tl.constexpr = 0,
+    PDL: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
     # GEMM columns (t_w, co), co fastest: a tap's weight rows lie together, and each thread's accumulator holds
     # all taps of its columns, so that summing over taps stays in registers. Tensor shapes are powers of two, so the
@@ -85,6 +86,8 @@ def tap_columns_kernel(
     # the next item's loads overlap an item's epilogue, roughly doubled the registers and took 16-232% more time on
     # every sweep layer tried (benchmarks/RESULTS.md, thirtieth session).
     OUTPUTS: tl.constexpr = BLOCK_M - HALO  # slots whose outputs this program writes
+    if PDL:
+        wait_for_previous()
     # Program order: output-channel blocks fastest, so that programs reading one input tile run together.
     pid = tl.program_id(0)
     co_block = pid % (CO_BLOCKS * GROUPS)
@@ -303,14 +306,15 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int):
     return grid, sizes, blocks, constexprs
 
 
-def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides):
+def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_index: int):
     """A config's launch for a layer on forward._operands' results (x channels-last, w tap-major and K-major),
     bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out)."""
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_CI"])
     return _kernel.bind(
         grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
         (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _kernel.interpreted),
-         ("DIAG", cfg.get("DIAG", 0)), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
+         ("DIAG", cfg.get("DIAG", 0)), *dependent_options(device_index), ("num_warps", cfg["num_warps"]),
+         ("num_stages", cfg["num_stages"])))
 
 
 _kernel = Launcher(tap_columns_kernel)

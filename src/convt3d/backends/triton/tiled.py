@@ -26,9 +26,10 @@ import triton
 import triton.language as tl
 
 from ...plan import Plan
-from . import TF32X3, cdiv, interpreted, next_power_of_2, precision_for
+from . import TF32X3, cdiv, interpreted, next_power_of_2, pass_lets_main_start, precision_for
 from .forward import (_channels_last, _operand_layout, _store_operand, allocate_operands, allocate_output, flat_input,
-                      at_addresses_else, mma, operand_offsets, pick_config)
+                      at_addresses_else, dependent_options, let_next_start, mma, operand_offsets, pick_config,
+                      wait_for_previous)
 from .launch import Launcher
 
 
@@ -63,10 +64,12 @@ def _k_major(w_ptr, hi_ptr, lo_ptr, pid, C_IN, C_OUT, KDH, KW, PRECISION: tl.con
 def prepare_operands_kernel(
     x_ptr, x_hi_ptr, x_lo_ptr, w_ptr, w_hi_ptr, w_lo_ptr,
     C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs, C_OUT, KDH, KW,
-    PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, LET_NEXT_START: tl.constexpr,
 ):
     """Both operands in one launch: programs [0, X_PROGRAMS) lay the input out channels-last, the others the
     weight K-major."""
+    if LET_NEXT_START:
+        let_next_start()
     pid = tl.program_id(0)
     if pid < X_PROGRAMS:
         _channels_last(x_ptr, x_hi_ptr, x_lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION, BLOCK_C, BLOCK_S)
@@ -94,12 +97,14 @@ def tiled_kernel(
     H_BLOCKS, W_BLOCKS, CO_BLOCKS,
     KW: tl.constexpr, KW_P2: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
-    BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SWAP: tl.constexpr,
+    BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SWAP: tl.constexpr, PDL: tl.constexpr,
 ):
     """x (N, C_in, D, H, W) and the weight (C_in, C_out, KD, KH, KW) through strides of those shapes: as the operand
     pass laid them out (float32), or as given (half precision)."""
     BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
     BLOCK_N: tl.constexpr = BLOCK_CO * KW_P2  # (co, kw), kw fastest; KW_P2 = KW rounded up to a power of two
+    if PDL:
+        wait_for_previous()
     # Program order: output-channel blocks and (kd, kh) fastest, so that the programs reading one input tile run
     # together and find it in L2.
     pid = tl.program_id(0)
@@ -202,24 +207,25 @@ def _operands(input, weight, precision):
     """(x, x_lo, w, w_lo) laid out by the operand pass: the input channels-last (N, D, H, W, C_in) and the weight
     K-major (KD, KH, C_out, KW, C_in), TF32-rounded or split for float32 (x_lo, w_lo are x, w where unused)."""
     flat, flat_strides = flat_input(input)
-    layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), flat_strides, precision)
+    layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), flat_strides, precision,
+                                          pass_lets_main_start(input.device))
     operands = allocate_operands(layout, input.dtype, input.device)
     operand_pass((flat, *operands[:2], weight.contiguous(), *operands[2:]))
     return operands
 
 
 @functools.lru_cache(maxsize=256)
-def _operand_steps(input_shape, weight_shape, flat_strides, precision: int):
+def _operand_steps(input_shape, weight_shape, flat_strides, precision: int, let_next_start: bool = False):
     """(the operands' _operand_layout, the bound operand pass) of a layer, for an input with these strides (as (N, C,
     D*H*W)): what _operands uses on every call and a prepared call keeps."""
     n, c, d, h, w = input_shape
     c_in, c_out, kd, kh, kw = weight_shape
     layout = _operand_layout((n, d, h, w, c), (kd, kh, c_out, kw, c_in), precision == TF32X3, True)
-    return layout, _operand_pass(input_shape, weight_shape, flat_strides, precision)
+    return layout, _operand_pass(input_shape, weight_shape, flat_strides, precision, let_next_start)
 
 
 @functools.lru_cache(maxsize=256)
-def _operand_pass(input_shape, weight_shape, flat_strides, precision: int):
+def _operand_pass(input_shape, weight_shape, flat_strides, precision: int, let_next_start: bool = False):
     """The operand pass of a layer, for an input with these strides (as (N, C, D*H*W)), bound (launch.BoundLaunch)."""
     n, c, d, h, w = input_shape
     c_in, c_out, kd, kh, kw = weight_shape
@@ -229,7 +235,7 @@ def _operand_pass(input_shape, weight_shape, flat_strides, precision: int):
     w_programs = cdiv(c_in, block_c) * cdiv(c_out * kd * kh * kw, block_s)
     return _prepare.bind(
         (x_programs + w_programs,), (c, d * h * w, s_blocks, x_programs, *flat_strides, c_out, kd * kh, kw),
-        (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s)))
+        (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s), ("LET_NEXT_START", let_next_start)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -257,17 +263,18 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_k: int):
 def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision, strides=None):
     """One launch on _operands' results, or on x and w read through strides (theirs, as (N, C_in, D, H, W) and
     (C_in, C_out, KD, KH, KW))."""
-    _main_launch(cfg, plan, precision, bias is not None, strides, out.stride())(
+    _main_launch(cfg, plan, precision, bias is not None, strides, out.stride(), out.device.index or 0)(
         (x, x_lo, w, w_lo, bias if bias is not None else w, out))
 
 
-def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, strides, out_strides):
+def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, strides, out_strides, device_index: int):
     """A config's launch for a layer, bound (launch.BoundLaunch): call it with (x, x_lo, w, w_lo, bias, out)."""
     grid, sizes, prepared, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"])
     return _tiled.bind(
         grid, (*sizes, *(prepared if strides is None else strides), *out_strides, *blocks),
         (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _tiled.interpreted),
-         ("SWAP", cfg["SWAP"]), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
+         ("SWAP", cfg["SWAP"]), *dependent_options(device_index), ("num_warps", cfg["num_warps"]),
+         ("num_stages", cfg["num_stages"])))
 
 
 _prepare = Launcher(prepare_operands_kernel)
@@ -295,11 +302,13 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     operands = _operands(input, weight, precision) if strides is None else (input, input, weight, weight)
     pointers = (*operands, bias if bias is not None else operands[2], out)
     if main is None:
+        device_index = out.device.index or 0
         chosen = config if config is not None else pick_config(
             _best_config, key, configs(),
-            lambda cfg: _main_launch(cfg, plan, precision, bias is not None, strides, out.stride())(pointers),
+            lambda cfg: _main_launch(cfg, plan, precision, bias is not None, strides, out.stride(), device_index)(
+                pointers),
             input.device)
-        main = _main_launch(chosen, plan, precision, bias is not None, strides, out.stride())
+        main = _main_launch(chosen, plan, precision, bias is not None, strides, out.stride(), device_index)
         if config is None and key in _best_config:
             _chosen[key] = main
     main(pointers)
@@ -336,7 +345,8 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
             launches[0](stream, x_in, x_in, w_in, w_in, b_in or w_in, out)
 
         return at_addresses_else(call, input, shape, 0, (main,), launch_as_given)
-    layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), flat_input(input)[1], precision)
+    layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), flat_input(input)[1], precision,
+                                          pass_lets_main_start(input.device))
 
     def call(input, weight, bias):
         out = input.new_empty(shape)
