@@ -151,6 +151,29 @@ def test_cuda_graph_capture_and_replay():
     assert_close_rel(y, expected, 1e-3)
 
 
+@pytest.mark.parametrize("kernel_size, stride, padding, output_padding", [(3, 2, 1, 1), (2, 2, 0, 0)],
+                         ids=["general", "tiled"])
+def test_triton_forward_replays_in_a_cuda_graph(kernel_size, stride, padding, output_padding):
+    """The Triton forward's operand pass and main kernel (on Hopper launched as the pass's dependent) captured in a
+    CUDA graph and replayed on new inputs: against float64 each time."""
+    layer = convt3d.convert(torch.nn.ConvTranspose3d(16, 8, kernel_size, stride=stride, padding=padding,
+                                                     output_padding=output_padding).cuda(), backend="triton")
+    x = torch.rand(2, 16, 5, 6, 7, device="cuda")
+    args = dict(stride=stride, padding=padding, output_padding=output_padding)
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        layer(x)  # first call: autotuning outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = layer(x)
+        for _ in range(2):
+            x.copy_(torch.rand_like(x))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert_close_rel(y, F.conv_transpose3d(x.double(), layer.weight.double(), layer.bias.double(), **args),
+                             1e-6)
+
+
 def test_phase_backward_inside_a_cuda_graph():
     """A training step through the phase backward (Triton grad_weight, cuDNN grad_input) captured whole and
     replayed on a new input: the gradients equal eager PyTorch's."""
