@@ -4,7 +4,8 @@ The interpreter runs a kernel's Python, not the compiler, and the compiler rejec
 runs: a return inside a constexpr branch followed by TF32 rounding compiled for float16 operands (twenty-first
 session, caught only on the GPU). So the library's own host code runs here on CPU tensors with every launch
 recorded instead of made (launch.BoundLaunch, through which every kernel is launched), and each recorded launch is
-compiled with its constexprs and launch options: the forward (the general and tap_columns kernels, the tiled GEMM,
+compiled with its constexprs and launch options, the main kernels as Hopper launches them (the operand pass's
+dependents): the forward (the general and tap_columns kernels, the tiled GEMM,
 their operand passes), the backward's operand copy and weight gradient, the bias fill and the CUDA phase
 correlation's operand pass. The compile runs in a subprocess without TRITON_INTERPRET, under which triton.jit would
 have made the kernels interpreted functions.
@@ -26,6 +27,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from convt3d.backends import torch_phase
+import convt3d.backends.triton as triton_backend
 from convt3d.backends.triton import backward, fill, forward, launch, tap_columns, tiled, window
 from convt3d.plan import make_plan
 
@@ -40,6 +42,9 @@ def record(bound, pointers):
 
 
 launch.BoundLaunch.__call__ = record
+# As on Hopper: the main kernels launched as their operand pass's dependents, the passes letting them start early.
+triton_backend._can_launch_dependents = lambda device_index: True
+forward.pass_lets_main_start = tiled.pass_lets_main_start = lambda device: True
 TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 torch.manual_seed(0)
 
@@ -70,7 +75,8 @@ for split in (0, 1, 2):  # (3xFP16 in grad_input's orientation: its weight halve
 
 failed = []
 for (name, _, _), (bound, dtypes) in recorded.items():
-    constexprs = {k: v for k, v in bound.options.items() if k not in ("num_warps", "num_stages")}
+    options = {k: bound.options[k] for k in ("num_warps", "num_stages", "launch_pdl") if k in bound.options}
+    constexprs = {k: v for k, v in bound.options.items() if k not in options}
     names = bound.kernel.arg_names
     scalars = dict(zip(names[bound.pointers:], bound.scalars))
     signature = {}
@@ -84,7 +90,7 @@ for (name, _, _), (bound, dtypes) in recorded.items():
     label = f"{name} {dict(constexprs)} {[TYPES[d] for d in dtypes]}"
     try:
         triton.compile(ASTSource(bound.kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                       options={k: bound.options[k] for k in ("num_warps", "num_stages") if k in bound.options})
+                       options=options)
         print("compiled", name)
     except Exception as error:
         failed.append(label)

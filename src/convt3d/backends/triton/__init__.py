@@ -88,7 +88,7 @@ def pass_lets_main_start(device) -> bool:
 @functools.lru_cache(maxsize=None)
 def _can_launch_dependents(device_index: int) -> bool:
     # Grid dependency control is Hopper's (sm_90) and later; the interpreter runs no PTX.
-    if interpreted():
+    if interpreted() or not torch.cuda.is_available():
         return False
     try:
         from triton.language.extra.cuda import gdc_wait  # noqa: F401
