@@ -1,7 +1,7 @@
 """The Triton forward's main kernel launched as its operand pass's dependent, or not, in one process (GPU machine).
 
-    PYTHONPATH=src python3 benchmarks/diag_dependent_launch.py [--rounds 5] [--iters 30] [--layers batch1_small_k3s2,...]
-        [--tf32 on|off]
+    PYTHONPATH=src python3 benchmarks/diag_dependent_launch.py [--rounds 5] [--iters 30] [--calls 100]
+        [--layers batch1_small_k3s2,...] [--tf32 on|off]
 
 Per layer (backend="triton", grad mode on and the parameters requiring grad, as KernelBench times a module), the
 three values of backends.triton.dependent_launch_mode take turns over several rounds: "off" (an ordinary launch),
@@ -33,8 +33,6 @@ def use_mode(mode: str) -> None:
     triton_backend.dependent_launch_mode = mode
     for cache in (forward._chosen, tiled._chosen, triton_backend._prepared):
         cache.clear()
-    for bound in (forward._operand_steps, forward._operand_pass, tiled._operand_steps, tiled._operand_pass):
-        bound.cache_clear()
 
 
 def poisoned(t: torch.Tensor) -> torch.Tensor:
@@ -78,9 +76,9 @@ def main():
         use_mode("early")
         for mode, values in samples.items():
             check, error = checks.get(mode, ("", ""))
-            rows.append((layer.name, mode, f"{statistics.median(v[0] for v in values):.4f}",
-                         f"{statistics.median(v[1] for v in values):.4f}", f"{statistics.median(v[2] for v in values):.1f}",
-                         check, error if error == "" else f"{error:.1e}"))
+            mean, minimum, host = (statistics.median(v[i] for v in values) for i in range(3))
+            rows.append((layer.name, mode, f"{mean:.4f}", f"{minimum:.4f}", f"{host:.1f}", check,
+                         error if error == "" else f"{error:.1e}"))
             print(rows[-1], flush=True)
     print(markdown_table(["layer", "mode", "cold-L2 mean ms", "cold-L2 min ms", "host us", "KernelBench check",
                           "rel. err. fp64"], rows))

@@ -2,13 +2,12 @@
 
 The interpreter runs a kernel's Python, not the compiler, and the compiler rejects some code that the interpreter
 runs: a return inside a constexpr branch followed by TF32 rounding compiled for float16 operands (twenty-first
-session, caught only on the GPU). So the library's own host code runs here on CPU tensors with every launch
-recorded instead of made (launch.BoundLaunch, through which every kernel is launched), and each recorded launch is
-compiled with its constexprs and launch options, the main kernels as Hopper launches them (the operand pass's
-dependents): the forward (the general and tap_columns kernels, the tiled GEMM,
-their operand passes), the backward's operand copy and weight gradient, the bias fill and the CUDA phase
-correlation's operand pass. The compile runs in a subprocess without TRITON_INTERPRET, under which triton.jit would
-have made the kernels interpreted functions.
+session, caught only on the GPU). So the library's own host code runs here on CPU tensors with every launch recorded
+instead of made (launch.BoundLaunch, through which every kernel is launched), and each recorded launch is compiled
+with its constexprs and launch options, the main kernels as Hopper launches them (the operand pass's dependents): the
+forward (the general and tap_columns kernels, the tiled GEMM, their operand passes), the backward's operand copy and
+weight gradient, the bias fill and the CUDA phase correlation's operand pass. The compile runs in a subprocess without
+TRITON_INTERPRET, under which triton.jit would have made the kernels interpreted functions.
 """
 
 import os

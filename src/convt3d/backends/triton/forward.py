@@ -15,7 +15,8 @@ Before it, an operand pass lays the operands out as the GEMM reads them: the inp
 splits the weight (PRECISION 2: TF32 high part and TF32 remainder; three dots, 3xTF32, about
 float32 accuracy), so that loads feed the tensor cores directly; under 3xTF32 the kernels split
 the input as they load it. PRECISION 0 is the native dot of float16/bfloat16 operands.
-Accumulation is float32 always.
+Accumulation is float32 always. On Hopper the kernel is launched as the pass's dependent (dependent_launch): its
+programs start while the pass's last ones run, and wait for the pass's writes before touching memory.
 
 tap_columns.py holds a second kernel on the same operands, with the taps along W as GEMM columns;
 conv_transpose3d_triton autotunes over the configs of both (candidates()).
