@@ -20,7 +20,8 @@ import torch
 import convt3d.backends.triton as triton_backend
 from convt3d import convert
 from convt3d.backends.triton import forward, tiled
-from convt3d.bench.protocol import host_time_cuda, kernelbench_check, relative_error, time_cuda
+from convt3d.bench.protocol import (host_time_cuda, kernelbench_check, nan_poisoned_allocations, relative_error,
+                                    time_cuda)
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import sweep_layers
 
@@ -33,10 +34,6 @@ def use_mode(mode: str) -> None:
     triton_backend.dependent_launch_mode = mode
     for cache in (forward._chosen, tiled._chosen, triton_backend._prepared):
         cache.clear()
-
-
-def poisoned(t: torch.Tensor) -> torch.Tensor:
-    return t.fill_(float("nan")) if t.is_floating_point() else t
 
 
 def main():
@@ -59,12 +56,8 @@ def main():
             for mode in MODES:
                 use_mode(mode)
                 if round_ == 0:
-                    real_empty = torch.empty
-                    torch.empty = lambda *a, **k: poisoned(real_empty(*a, **k))
-                    try:
+                    with nan_poisoned_allocations():
                         out = ours(x)  # the whole path, poisoned, then the prepared call
-                    finally:
-                        torch.empty = real_empty
                     checks[mode] = (kernelbench_check(out, expected), relative_error(out, reference))
                 ours(x)
                 ours(x)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from convt3d.backends.triton import tiled
 from convt3d.backends.triton.forward import precision_for
-from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
+from convt3d.bench.protocol import kernelbench_check, nan_poisoned_allocations, relative_error, time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.plan import make_plan
 
@@ -58,18 +58,6 @@ def main():
             def check(out):
                 return f"KB {kernelbench_check(out, expected)}, {relative_error(out, reference):.1e}"
 
-            def poisoned(fn):
-                real_empty = torch.empty
-
-                def nan_empty(*a, **k):
-                    t = real_empty(*a, **k)
-                    return t.fill_(float("nan")) if t.is_floating_point() else t
-                torch.empty = nan_empty
-                try:
-                    return fn()
-                finally:
-                    torch.empty = real_empty
-
             variants = {
                 "eager": (lambda: module(x), None),
                 "tiled, autotuned": (lambda: tiled.conv_transpose3d_tiled(x, w, b, plan), None),
@@ -85,7 +73,8 @@ def main():
                 try:
                     with torch.no_grad():
                         if out is None:
-                            note = check(poisoned(fn))
+                            with nan_poisoned_allocations():
+                                note = check(fn())
                         elif isinstance(out, str):
                             fn()
                             note = ""

@@ -24,17 +24,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def nan_poisoned_allocator(monkeypatch):
+def nan_poisoned_allocator():
     """Every torch.empty and Tensor.new_empty hands out NaN-filled memory, so an element a kernel skips shows up.
     (Integer buffers, such as autotuning's, stay as they are.)"""
-    def poisoning(allocate):
-        def poisoned(*args, **kwargs):
-            t = allocate(*args, **kwargs)
-            return t.fill_(float("nan")) if t.is_floating_point() else t
-        return poisoned
+    from convt3d.bench.protocol import nan_poisoned_allocations
 
-    monkeypatch.setattr(torch, "empty", poisoning(torch.empty))
-    monkeypatch.setattr(torch.Tensor, "new_empty", poisoning(torch.Tensor.new_empty))
+    with nan_poisoned_allocations():
+        yield
 
 
 def random_config(rng: random.Random, max_size: int = 5) -> dict:

@@ -8,6 +8,7 @@ buffer written on the GPU), with CUDA events around it. On the CPU: wall clock, 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -114,6 +115,24 @@ def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup:
             fn()
             times[name].append((time.perf_counter() - t0) * 1e3)
     return times
+
+
+@contextlib.contextmanager
+def nan_poisoned_allocations():
+    """Within it, every floating-point torch.empty and Tensor.new_empty comes NaN-filled, so that an output element a
+    kernel leaves unwritten shows in the checks (integer buffers, such as Triton's do_bench's, stay as they are)."""
+    def poisoning(allocate):
+        def poisoned(*args, **kwargs):
+            t = allocate(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        return poisoned
+
+    empty, new_empty = torch.empty, torch.Tensor.new_empty
+    torch.empty, torch.Tensor.new_empty = poisoning(empty), poisoning(new_empty)
+    try:
+        yield
+    finally:
+        torch.empty, torch.Tensor.new_empty = empty, new_empty
 
 
 def relative_error(actual: torch.Tensor, reference64: torch.Tensor) -> float:
