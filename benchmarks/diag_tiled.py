@@ -1,5 +1,6 @@
 """The tiled GEMM (backends/triton/tiled.py) on the sweep's k2 s2 layers (GPU): each tile config, the autotuned
-kernel (with its operand pass for float32), the operand pass alone and eager, in both precision modes. (Sixteenth
+kernel (with its operand pass for float32), the operand pass alone and eager, in both precision modes, and in TF32
+mode in both of its forms (operands as FP16 scaled per row, tiled.FP16_SCALED, and TF32 itself). (Sixteenth
 session's runs of its earlier forms also read the operands as given, rounding them in registers: commit f7e1679.)
 
     PYTHONPATH=src python3 benchmarks/diag_tiled.py [--iters 50] [--layers unet3d_k2s2,...]
@@ -16,6 +17,8 @@ import pathlib
 import torch
 import torch.nn.functional as F
 
+import convt3d
+import convt3d.backends.triton as triton_backend
 from convt3d.backends.triton import tiled
 from convt3d.backends.triton.forward import precision_for
 from convt3d.bench.protocol import kernelbench_check, nan_poisoned_allocations, relative_error, time_cuda
@@ -43,10 +46,12 @@ def main():
         plan = make_plan(tuple(x.shape), tuple(w.shape), stride=layer["stride"])
         reference = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None,
                                        stride=layer["stride"])
-        for tf32 in ((True, False) if dtype == torch.float32 else (True,)):
+        forms = [(True, True), (True, False), (False, False)] if dtype == torch.float32 else [(True, False)]
+        for tf32, as_fp16 in forms:
             torch.backends.cudnn.allow_tf32 = tf32
-            mode = "TF32" if tf32 else "TF32 off"
-            precision = precision_for(dtype)
+            tiled.TF32_AS_FP16 = as_fp16
+            mode = ("TF32, FP16 scaled" if as_fp16 else "TF32") if tf32 else "TF32 off"
+            precision = tiled.operand_precision(dtype, precision_for(dtype))
             with torch.no_grad():
                 expected = module(x)
             # As the library runs it: float32 through the operand pass, half precision as given.
@@ -58,12 +63,15 @@ def main():
             def check(out):
                 return f"KB {kernelbench_check(out, expected)}, {relative_error(out, reference):.1e}"
 
+            triton_backend._prepared.clear()  # (keyed by PyTorch's precision, which both TF32 forms share)
             variants = {
                 "eager": (lambda: module(x), None),
                 "tiled, autotuned": (lambda: tiled.conv_transpose3d_tiled(x, w, b, plan), None),
+                "backend=triton (its prepared call)": (lambda: convt3d.conv_transpose3d(
+                    x, w, b, stride=layer["stride"], backend="triton"), None),
                 "tiled operand pass alone": (lambda: tiled._operands(x, w, precision), "unchecked"),
             }
-            for cfg in tiled.configs():
+            for cfg in tiled.configs(operands[0].element_size()):
                 label = ("tiled kernel {BLOCK_M}x{BLOCK_N}x{BLOCK_K} swap {SWAP} w{num_warps} s{num_stages}"
                          .format(**cfg))
                 out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)
@@ -89,6 +97,7 @@ def main():
                 print(rows[-1], flush=True)
             del operands, variants
     torch.backends.cudnn.allow_tf32 = True
+    tiled.TF32_AS_FP16 = True
     print(markdown_table(["layer", "mode", "variant", "mean ms", "min ms", "check, rel. err. vs float64"], rows))
 
 

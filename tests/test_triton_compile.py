@@ -5,9 +5,10 @@ runs: a return inside a constexpr branch followed by TF32 rounding compiled for 
 session, caught only on the GPU). So the library's own host code runs here on CPU tensors with every launch recorded
 instead of made (launch.BoundLaunch, through which every kernel is launched), and each recorded launch is compiled
 with its constexprs and launch options, the main kernels as Hopper launches them (the operand pass's dependents): the
-forward (the general and tap_columns kernels, the tiled GEMM, their operand passes), the backward's operand copy and
-weight gradient, the bias fill and the CUDA phase correlation's operand pass. The compile runs in a subprocess without
-TRITON_INTERPRET, under which triton.jit would have made the kernels interpreted functions.
+forward (the general and tap_columns kernels, the tiled GEMM in each of its forms, their operand passes), the
+backward's operand copy and weight gradient, the bias fill and the CUDA phase correlation's operand pass. The
+compile runs in a subprocess without TRITON_INTERPRET, under which triton.jit would have made the kernels interpreted
+functions.
 """
 
 import os
@@ -58,6 +59,11 @@ for dtype, precision in [(torch.float16, forward.NATIVE), (torch.bfloat16, forwa
     w2 = torch.rand(64, 32, 2, 2, 2, dtype=dtype)
     plan2 = make_plan(tuple(x.shape), tuple(w2.shape), stride=2)
     tiled.conv_transpose3d_tiled(x, w2, b, plan2, precision, config=tiled.configs()[0])
+    if precision == forward.TF32:  # TF32 mode's other form (FP16_SCALED by default), in a 64-channel config too
+        tiled.TF32_AS_FP16 = not tiled.TF32_AS_FP16
+        tiled.conv_transpose3d_tiled(x, w2, b, plan2, precision, config=tiled.configs()[0])
+        tiled.TF32_AS_FP16 = not tiled.TF32_AS_FP16
+        tiled.conv_transpose3d_tiled(x, w2, b, plan2, precision, config=tiled.configs(2)[-1])
 
 # The backward by phases (problem 77's shape in miniature), in each precision mode.
 x, w = torch.rand(1, 16, 4, 6, 6), torch.rand(16, 32, 3, 3, 3)
@@ -102,8 +108,9 @@ EXPECTED = {
     "forward.prepare_operands_kernel": 4,  # float16, bfloat16, TF32, 3xTF32
     "forward.conv_transpose3d_kernel": 4,
     "tap_columns.tap_columns_kernel": 4,
-    "tiled.tiled_kernel": 4,
-    "tiled.prepare_operands_kernel": 2,  # float32 only: half precision reads its operands as given
+    "tiled.tiled_kernel": 6,
+    "tiled.prepare_operands_kernel": 2,  # TF32, 3xTF32: half precision reads its operands as given
+    "tiled.prepare_scaled_operands_kernel": 1,  # TF32 mode's FP16_SCALED
     "backward.copy_operands_kernel": 4,
     "backward.phase_grad_weight_kernel": 4,
     "fill._fill_channels_kernel": 1,

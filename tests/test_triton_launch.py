@@ -199,10 +199,10 @@ def test_a_launch_at_addresses_takes_the_kernel_that_aligned_tensors_compiled(co
     bound = Launcher(kernel).bind((7, 2), (100, 5), OPTIONS)
     x = torch.empty(64)
     bound((x[1:],))  # unaligned: compiled, but not for the aligned key
-    assert bound.at_addresses(0, torch.float32) is None
+    assert bound.at_addresses(0, (torch.float32,)) is None
     bound((x,))
-    assert bound.at_addresses(0, torch.float64) is None and bound.at_addresses(1, torch.float32) is None
-    bound.at_addresses(0, torch.float32)(1234, 4096)
+    assert bound.at_addresses(0, (torch.float64,)) is None and bound.at_addresses(1, (torch.float32,)) is None
+    bound.at_addresses(0, (torch.float32,))(1234, 4096)
     assert kernel.direct_launches == [
         (2, (7, 2, 1, 1234, "function", "packed metadata", None, None, None, 4096, 100, 5, 64, True))]
 
@@ -220,4 +220,4 @@ def test_no_launch_at_addresses_in_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     bound = Launcher(FakeKernel()).bind((1,), (100, 5), OPTIONS)
     bound((torch.empty(4),))
-    assert bound.at_addresses(None, torch.float32) is None
+    assert bound.at_addresses(None, (torch.float32,)) is None

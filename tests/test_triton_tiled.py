@@ -59,14 +59,69 @@ FIRST_TWO = [0, 1]
 assert {tiled.configs()[i]["SWAP"] for i in FIRST_TWO} == {0, 1}
 
 
+@pytest.fixture(params=["fp16", "tf32"])
+def tf32_form(request, monkeypatch):
+    """TF32 mode's two forms: operands as FP16 scaled per row (tiled.FP16_SCALED, the default) and TF32 itself."""
+    monkeypatch.setattr(tiled, "TF32_AS_FP16", request.param == "fp16")
+    return request.param
+
+
 @pytest.mark.parametrize("config", FIRST_TWO)
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
-def test_tf32_rounds_operands_to_nearest(cfg, config):
+def test_tf32_rounds_operands_to_nearest(cfg, config, tf32_form):
     x, w, b = tensors(cfg, torch.float32)
     y = run(x, w, b, cfg, TF32, tiled.configs()[config])
     # Exactly the products of the TF32-rounded operands, summed in float32.
     assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
     assert_close_rel(y, reference(x, w, b, cfg), 2e-3)  # TF32 keeps 11 significant bits
+
+
+@pytest.mark.parametrize("config", FIRST_TWO)
+def test_fp16_scales_follow_each_row_far_outside_fp16s_range(config):
+    """FP16_SCALED scales each input position and each weight row on its own: positions and weight rows 2^-40 to
+    2^30 apart (FP16 itself spans 2^-24 to 2^16) still give exactly the TF32-rounded operands' sums, checked per
+    output block so that the small ones count. A row of zeros stays zeros; one row with a value 2^28 below its
+    largest checks where FP16's subnormals start (that value still converts exactly)."""
+    cfg = CASES[1]  # 20 channels (a K block and a part), 40 output channels, no bias
+    x, w, _ = tensors(cfg, torch.float32)
+    position_scale = torch.tensor([2.0**-40, 1.0, 2.0**30])[torch.arange(x.shape[-1]) % 3]
+    x = x * position_scale  # along W: neighbouring GEMM rows of one tile far apart
+    x[:, :, 0, 0, 0] = 0.0
+    x[:, 0, 1, 1, 1] *= 2.0**-28
+    channel_scale = torch.tensor([2.0**-30, 2.0**20])[torch.arange(w.shape[1]) % 2]
+    w = w * channel_scale[:, None, None, None]
+    y = run(x, w, None, cfg, TF32, tiled.configs()[config])
+    expected = reference(round_to_tf32(x), round_to_tf32(w), None, cfg)
+    kw = cfg["kernel_size"][2]
+    for p in range(3):
+        for c in range(2):
+            block = (slice(None), slice(c, None, 2), slice(None), slice(None), slice(p * kw, None, 3 * kw))
+            assert_close_rel(y[block], expected[block], 1e-6, f"positions {p}, channels {c}")
+    assert_close_rel(y, expected, 1e-6)
+
+
+def test_fp16_scaled_passes_inf_and_nan_through():
+    """An inf or NaN input reaches the outputs it reaches in PyTorch (inf times weights of both signs: NaN), and only
+    those."""
+    cfg = CASES[0]
+    x, w, b = tensors(cfg, torch.float32)
+    x[0, 1, 1, 1, 1] = float("inf")
+    x[0, 2, 2, 2, 2] = float("nan")
+    y = run(x, w, b, cfg, TF32, tiled.configs()[0])
+    expected = reference(round_to_tf32(x), round_to_tf32(w), b, cfg)
+    assert torch.equal(y.isnan(), expected.isnan()) and torch.equal(y.isinf(), expected.isinf())
+    finite = expected.isfinite()
+    assert finite.sum() > finite.numel() // 2
+    assert_close_rel(y[finite], expected[finite], 1e-6)
+
+
+def test_fp16_scaled_rows_longer_than_one_chunk():
+    """More than 512 input channels: the operand pass finds a row's largest over chunks, then reads it again."""
+    cfg = layer((2, 2, 2), (1, 2, 3), in_channels=600, out_channels=3)
+    x, w, b = tensors(cfg, torch.float32)
+    x[..., 1] *= 2.0**-20  # the rows' own scales differ
+    y = run(x, w, b, cfg, TF32, tiled.configs()[1])
+    assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
 
 
 @pytest.mark.parametrize("config", FIRST_TWO)

@@ -518,9 +518,15 @@ def allocate_operands(layout, dtype, device):
 def _operand_layout(x_shape, w_shape, split: bool, split_input: bool):
     """(elements, then (shape, strides, offset) of x, x_lo, w, w_lo, or None where unused): contiguous arrays one after
     the other, each starting at a multiple of 64 elements (as aligned as the kernels' 16-byte loads need, and more)."""
+    return contiguous_views((x_shape, x_shape if split and split_input else None, w_shape, w_shape if split else None))
+
+
+def contiguous_views(shapes):
+    """(elements, then (shape, strides, offset) of each shape, or None for None): contiguous arrays one after the
+    other in one buffer, each starting at a multiple of 64 elements."""
     views, total = [], 0
-    for shape, used in [(x_shape, True), (x_shape, split and split_input), (w_shape, True), (w_shape, split)]:
-        if not used:
+    for shape in shapes:
+        if shape is None:
             views.append(None)
             continue
         strides, size = [], 1
@@ -657,18 +663,21 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
     return at_addresses_else(call, input, shape, layout[0], (operand_pass, main), launch)
 
 
-def at_addresses_else(call, input, shape, operands_size: int, bounds, launch):
-    """A prepared call whose bound launches (bounds) go at addresses (BoundLaunch.at_addresses, for pointers all of
-    input's dtype and 16-byte aligned): it allocates the output (of shape) and operands_size elements for the
-    operands (none where 0) and hands launch (those launches, the stream, the addresses of input, weight, bias (0
-    for none), the operands and the output), where it may now: on input's device, its current stream
+def at_addresses_else(call, input, shape, operands_size: int, bounds, launch, dtypes=None, operands_dtype=None):
+    """A prepared call whose bound launches (bounds) go at addresses (BoundLaunch.at_addresses, for 16-byte aligned
+    pointers, all of input's dtype or, where dtypes is given, of dtypes' tuple for each bound): it allocates the
+    output (of shape) and operands_size elements of operands_dtype (input's where None) for the operands (none where
+    0) and hands launch (those launches, the stream, the addresses of input, weight, bias (0 for none), the operands
+    and the output), where it may now: on input's device, its current stream
     (ready_stream), input, weight and bias 16-byte aligned. Else, and where a bound has no launch at addresses,
     call, which launches through tensors. Launched so, a prepared call makes no views of its operands' buffer and
     no key per launch: on the H200 machine a view took 3.3-3.6 us of host time and a launch through its BoundLaunch
     12-14 us, against 9.2-9.3 for Triton's launcher with addresses (benchmarks/diag_host_steps.py, thirty-fifth
     session)."""
     device = input.device.index
-    launches = tuple(bound.at_addresses(device, input.dtype) for bound in bounds)
+    if dtypes is None:
+        dtypes = [(input.dtype,) * bound.pointers for bound in bounds]
+    launches = tuple(bound.at_addresses(device, pointer_dtypes) for bound, pointer_dtypes in zip(bounds, dtypes))
     if None in launches:
         return call
 
@@ -678,7 +687,8 @@ def at_addresses_else(call, input, shape, operands_size: int, bounds, launch):
         if stream is None or (x | w | b) % 16:
             return call(input, weight, bias)
         out = input.new_empty(shape)
-        operands = input.new_empty(operands_size) if operands_size else None  # (kept until the launches are queued)
+        operands = (input.new_empty(operands_size, dtype=operands_dtype) if operands_size
+                    else None)  # (kept until the launches are queued)
         launch(launches, stream, x, w, b, 0 if operands is None else operands.data_ptr(), out.data_ptr())
         return out
 

@@ -141,12 +141,12 @@ class BoundLaunch:
         else:
             runner(*pointers, *self.scalars, *self.constexprs, stream=stream)
 
-    def at_addresses(self, device: int, dtype):
+    def at_addresses(self, device: int, dtypes):
         """This launch as a function of (stream, *addresses), through the compiled kernel that an earlier call with
-        16-byte aligned pointers, all of dtype, on device made; None where there is none, in the interpreter, or
-        where this Triton's compiled kernel lacks the direct launch. What __call__ checks per call is the caller's
-        to check: the pointers' alignment, and the device and hooks (ready_stream)."""
-        compiled = None if self.interpreted else self._compiled.get((device, *[(dtype, True)] * self.pointers))
+        16-byte aligned pointers of these dtypes (one per pointer) on device made; None where there is none, in the
+        interpreter, or where this Triton's compiled kernel lacks the direct launch. What __call__ checks per call is
+        the caller's to check: the pointers' alignment, and the device and hooks (ready_stream)."""
+        compiled = None if self.interpreted else self._compiled.get((device, *[(dtype, True) for dtype in dtypes]))
         return None if compiled is None else compiled[1]
 
 

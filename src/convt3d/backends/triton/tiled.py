@@ -13,24 +13,37 @@ elements. This is the 3D U-Net decoder's k2 s2 layer, which the general kernel (
 phases of one tap each.
 
 Float32 operands are laid out K-major beforehand (the layout Hopper's tensor cores read TF32 from): the input
-channels-last and the weight as (KD*KH, C_out, KW, C_in), TF32-rounded or split as forward.py's precisions say.
-Half-precision operands are read as given.
+channels-last and the weight as (KD*KH, C_out, KW, C_in), split for 3xTF32 as forward.py's precisions say. In TF32
+mode they are TF32-rounded and stored as FP16 scaled by powers of two (FP16_SCALED): FP16 keeps TF32's 11 significant
+bits, its MMAs run at twice TF32's rate on half the bytes. The scale is one per input position (a GEMM row) and one
+per weight row (a GEMM column), taken from that row's largest finite magnitude, so it factors out of every sum the
+kernel forms: the kernel multiplies each sum by the two inverse scales once, in its epilogue. Every value within 2^28
+of its row's largest is then exactly its TF32 rounding; smaller ones lie in FP16's subnormals and keep fewer bits.
+With CONVT3D_TF32_AS_FP16=0 (or TF32_AS_FP16 = False) the operands stay TF32. Half-precision operands are read as
+given.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 from ...plan import Plan
-from . import TF32X3, cdiv, interpreted, next_power_of_2, pass_lets_main_start, precision_for
-from .forward import (_channels_last, _operand_layout, _store_operand, allocate_operands, allocate_output, flat_input,
-                      at_addresses_else, dependent_options, let_next_start, mma, operand_offsets, pick_config,
-                      wait_for_previous)
+from . import NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2, pass_lets_main_start, precision_for
+from .forward import (_channels_last, _operand_layout, _round_to_tf32, _store_operand, allocate_operands,
+                      allocate_output, at_addresses_else, contiguous_views, dependent_options, flat_input,
+                      let_next_start, mma, operand_offsets, pick_config, wait_for_previous)
 from .launch import Launcher
+
+# TF32 mode's operands as FP16 scaled by powers of two (the module docstring); set before a layer's first call, as
+# calls are prepared per layer.
+TF32_AS_FP16 = os.environ.get("CONVT3D_TF32_AS_FP16", "1") != "0"
+# This module's precision for those operands, beside forward.py's NATIVE, TF32 and TF32X3.
+FP16_SCALED = 3
 
 
 @functools.lru_cache(maxsize=256)
@@ -78,6 +91,77 @@ def prepare_operands_kernel(
 
 
 @triton.jit
+def _power_of_2(k):
+    # 2**k as a float32, for integers k in [-126, 127]: the exponent field itself.
+    return ((k + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _scaled_rows(src_ptr, dst_ptr, exp_ptr, src_rows, dst_rows, row_ok, K, sk, BLOCK_K: tl.constexpr,
+                 CHUNKS: tl.constexpr):
+    """Rows of K values (at src_rows + k * sk) TF32-rounded, times 2**e per row, stored as FP16 at dst_rows * K + k,
+    and e (an integer, as FP16) at exp_ptr + dst_rows. e takes the row's largest magnitude into [2^14, 2^15), so
+    that every value within 2^28 of it converts to FP16 exactly. e is clamped to [-113, 126]: 2**e and the kernel's
+    2**-e for two such rows stay within float32's normal range. An inf or NaN makes e -114 and the rest of its row
+    zeros, and stays inf or NaN: every output its row reaches sums it (one input position, or one weight row, per
+    output and GEMM column), so those outputs are inf or NaN whatever the rest of the row holds."""
+    k = tl.arange(0, BLOCK_K)
+    if CHUNKS == 1:  # the whole row in registers: one load
+        ok = row_ok[:, None] & (k < K)[None, :]
+        v = _round_to_tf32(tl.load(src_ptr + src_rows[:, None] + (k * sk)[None, :], mask=ok, other=0.0))
+        largest = tl.max(tl.abs(v), axis=1)
+        e = tl.minimum(141 - ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF), 126)
+        tl.store(dst_ptr + dst_rows[:, None] * K + k[None, :], (v * _power_of_2(e)[:, None]).to(tl.float16),
+                 mask=ok)
+    else:  # the row's largest first, then the row again
+        largest = tl.zeros(row_ok.shape, dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ok = row_ok[:, None] & (k0 + k < K)[None, :]
+            v = _round_to_tf32(tl.load(src_ptr + src_rows[:, None] + ((k0 + k) * sk)[None, :], mask=ok, other=0.0))
+            largest = tl.maximum(largest, tl.max(tl.abs(v), axis=1))
+        e = tl.minimum(141 - ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF), 126)
+        for k0 in range(0, K, BLOCK_K):
+            ok = row_ok[:, None] & (k0 + k < K)[None, :]
+            v = _round_to_tf32(tl.load(src_ptr + src_rows[:, None] + ((k0 + k) * sk)[None, :], mask=ok, other=0.0))
+            tl.store(dst_ptr + dst_rows[:, None] * K + (k0 + k)[None, :],
+                     (v * _power_of_2(e)[:, None]).to(tl.float16), mask=ok)
+    tl.store(exp_ptr + dst_rows, e.to(tl.float16), mask=row_ok)
+
+
+@triton.jit
+def prepare_scaled_operands_kernel(
+    x_ptr, x_op_ptr, x_exp_ptr, w_ptr, w_op_ptr, w_exp_ptr,
+    C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs, C_OUT, KDH, KW,
+    BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr,
+    LET_NEXT_START: tl.constexpr,
+):
+    """FP16_SCALED's operands in one launch (_scaled_rows): programs [0, X_PROGRAMS) take BLOCK_S positions of one
+    sample, each a row of C channels, to (N, D, H, W, C_in) with a scale per position; the others BLOCK_W columns
+    (co, kd, kh, kw) of the contiguous weight, each a row of C_in channels, to (KD*KH, C_out, KW, C_in) with a scale
+    per row. Both read along their rows' contiguous axis."""
+    if LET_NEXT_START:
+        let_next_start()
+    pid = tl.program_id(0)
+    if pid < X_PROGRAMS:
+        n = (pid // S_BLOCKS).to(tl.int64)
+        sp = pid % S_BLOCKS * BLOCK_S + tl.arange(0, BLOCK_S)
+        _scaled_rows(x_ptr, x_op_ptr, x_exp_ptr, n * sxn + sp.to(tl.int64) * sxs, n * S + sp, sp < S, C, sxc,
+                     BLOCK_K, CHUNKS)
+    else:
+        columns = C_OUT * KDH * KW  # the weight as (C_in, columns), column c = (co, kd*KH + kh, kw)
+        c = (pid - X_PROGRAMS) * BLOCK_W + tl.arange(0, BLOCK_W)
+        row = (c // KW % KDH * C_OUT + c // (KDH * KW)) * KW + c % KW
+        _scaled_rows(w_ptr, w_op_ptr, w_exp_ptr, c, row, c < columns, C, columns, BLOCK_K, CHUNKS)
+
+
+@triton.jit
+def _times_power_of_2(acc, t):
+    """acc * 2**t for integers t in [-252, 252], in two exact multiplies: 2**t alone can leave float32's range."""
+    half = t >> 1
+    return acc * _power_of_2(half) * _power_of_2(t - half)
+
+
+@triton.jit
 def _load(ptr, lo_ptr, offs, mask, PRECISION: tl.constexpr):
     """An operand tile as the operand pass left it, and its low part under 3xTF32 (PRECISION 2; else the tile)."""
     hi = tl.load(ptr + offs, mask=mask, other=0.0)
@@ -97,10 +181,12 @@ def tiled_kernel(
     H_BLOCKS, W_BLOCKS, CO_BLOCKS,
     KW: tl.constexpr, KW_P2: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr,
-    BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SWAP: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SWAP: tl.constexpr, SCALED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """x (N, C_in, D, H, W) and the weight (C_in, C_out, KD, KH, KW) through strides of those shapes: as the operand
-    pass laid them out (float32), or as given (half precision)."""
+    pass laid them out (float32), or as given (half precision). SCALED: FP16_SCALED's operands, whose scales'
+    exponents x_lo_ptr and w_lo_ptr hold (per position, and per weight row (kd, kh, co, kw))."""
     BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
     BLOCK_N: tl.constexpr = BLOCK_CO * KW_P2  # (co, kw), kw fastest; KW_P2 = KW rounded up to a power of two
     if PDL:
@@ -155,6 +241,14 @@ def tiled_kernel(
         else:
             a, a_lo = _load(x_ptr, x_lo_ptr, a_offs, a_ok, PRECISION)
             acc = mma(acc, a, a_lo, tl.trans(b), tl.trans(b_lo), PRECISION, INTERPRETED)
+    if SCALED:  # the sums times the inverse scales of their row and column
+        position = ((n.to(tl.int64) * D + d) * H + h) * W + w
+        x_exp = tl.load(x_lo_ptr + position, mask=m_ok, other=0.0).to(tl.int32)
+        w_exp = tl.load(w_lo_ptr + ((kd * KH + kh) * C_OUT + co) * KW + kw, mask=n_ok, other=0.0).to(tl.int32)
+        if SWAP:
+            acc = _times_power_of_2(acc, -(w_exp[:, None] + x_exp[None, :]))
+        else:
+            acc = _times_power_of_2(acc, -(x_exp[:, None] + w_exp[None, :]))
     if SWAP:
         if HAS_BIAS:
             acc += tl.load(b_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[:, None]
@@ -183,10 +277,12 @@ def tiled_kernel(
     tl.store(ptrs, tile.to(y_ptr.dtype.element_ty), mask=(co_t < C_OUT)[:, None] & ok[None, :])
 
 
-def configs():
+def configs(operand_bytes: int = 4):
     """Tile configs: BLOCK_M positions by BLOCK_N weight rows (co, kw) by BLOCK_K channels; SWAP exchanges the MMA's
     M and N. Measured on the H200 (benchmarks/RESULTS.md, sixteenth session), cold L2: on the k2 s2 layers swapping
-    cut the 8-warp 128 x 128 tile from 0.053 to 0.040 ms and changed the others by 1-4%."""
+    cut the 8-warp 128 x 128 tile from 0.053 to 0.040 ms and changed the others by 1-4%. Operands of 2 bytes add two
+    64-channel configs, the fastest on FP16 operands (thirty-seventh session); for TF32's 4 bytes they were slower
+    or did not fit."""
     if interpreted():  # two: the MMA's M and N as they are and swapped, so that the tests meet both
         return [dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, SWAP=swap, num_warps=4, num_stages=1) for swap in (0, 1)]
     return [
@@ -199,17 +295,29 @@ def configs():
             (64, 128, 32, 0, 4, 4),
             (128, 256, 32, 0, 8, 3),
             (256, 128, 32, 0, 8, 3),
+            *([(128, 128, 64, 1, 8, 3), (128, 128, 64, 0, 4, 3)] if operand_bytes == 2 else []),
         ]
     ]
 
 
+def operand_precision(dtype: torch.dtype, precision: int) -> int:
+    """The precision this module computes a layer in: FP16_SCALED for TF32 on float32 where TF32_AS_FP16, else
+    precision (forward.py's)."""
+    return FP16_SCALED if precision == TF32 and dtype == torch.float32 and TF32_AS_FP16 else precision
+
+
+def _operand_dtype(dtype: torch.dtype, precision: int) -> torch.dtype:
+    return torch.float16 if precision == FP16_SCALED else dtype
+
+
 def _operands(input, weight, precision):
     """(x, x_lo, w, w_lo) laid out by the operand pass: the input channels-last (N, D, H, W, C_in) and the weight
-    K-major (KD, KH, C_out, KW, C_in), TF32-rounded or split for float32 (x_lo, w_lo are x, w where unused)."""
+    K-major (KD, KH, C_out, KW, C_in), TF32-rounded or split for float32 (x_lo, w_lo are x, w where unused); under
+    FP16_SCALED both FP16, x_lo and w_lo their scales' exponents, (N, D, H, W) and (KD, KH, C_out, KW)."""
     flat, flat_strides = flat_input(input)
     layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), flat_strides, precision,
                                           pass_lets_main_start(input.device))
-    operands = allocate_operands(layout, input.dtype, input.device)
+    operands = allocate_operands(layout, _operand_dtype(input.dtype, precision), input.device)
     operand_pass((flat, *operands[:2], weight.contiguous(), *operands[2:]))
     return operands
 
@@ -220,8 +328,28 @@ def _operand_steps(input_shape, weight_shape, flat_strides, precision: int, let_
     D*H*W)): what _operands uses on every call and a prepared call keeps."""
     n, c, d, h, w = input_shape
     c_in, c_out, kd, kh, kw = weight_shape
+    if precision == FP16_SCALED:
+        layout = contiguous_views(((n, d, h, w, c), (n, d, h, w), (kd, kh, c_out, kw, c_in), (kd, kh, c_out, kw)))
+        return layout, _scaled_operand_pass(input_shape, weight_shape, flat_strides, let_next_start)
     layout = _operand_layout((n, d, h, w, c), (kd, kh, c_out, kw, c_in), precision == TF32X3, True)
     return layout, _operand_pass(input_shape, weight_shape, flat_strides, precision, let_next_start)
+
+
+@functools.lru_cache(maxsize=256)
+def _scaled_operand_pass(input_shape, weight_shape, flat_strides, let_next_start: bool = False):
+    """FP16_SCALED's operand pass of a layer, for an input with these strides (as (N, C, D*H*W)), bound: each
+    program's rows whole in registers (8,192 values) up to 512 channels, else in chunks of 512, read twice."""
+    n, c, d, h, w = input_shape
+    c_in, c_out, kd, kh, kw = weight_shape
+    block_k = min(next_power_of_2(c), 512)
+    block_rows = min(256, max(16, 8192 // block_k))
+    s_blocks = cdiv(d * h * w, block_rows)
+    x_programs = n * s_blocks
+    w_programs = cdiv(c_out * kd * kh * kw, block_rows)
+    return _prepare_scaled.bind(
+        (x_programs + w_programs,), (c, d * h * w, s_blocks, x_programs, *flat_strides, c_out, kd * kh, kw),
+        (("BLOCK_K", block_k), ("CHUNKS", cdiv(c, block_k)), ("BLOCK_S", block_rows), ("BLOCK_W", block_rows),
+         ("LET_NEXT_START", let_next_start), ("num_warps", 8)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -270,14 +398,16 @@ def _launch(cfg, plan: Plan, x, x_lo, w, w_lo, bias, out, precision, strides=Non
 def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, strides, out_strides, device_index: int):
     """A config's launch for a layer, bound (launch.BoundLaunch): call it with (x, x_lo, w, w_lo, bias, out)."""
     grid, sizes, prepared, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"])
+    scaled = precision == FP16_SCALED
     return _tiled.bind(
         grid, (*sizes, *(prepared if strides is None else strides), *out_strides, *blocks),
-        (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _tiled.interpreted),
-         ("SWAP", cfg["SWAP"]), *dependent_options(device_index), ("num_warps", cfg["num_warps"]),
-         ("num_stages", cfg["num_stages"])))
+        (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", NATIVE if scaled else precision),
+         ("INTERPRETED", _tiled.interpreted), ("SWAP", cfg["SWAP"]), ("SCALED", scaled),
+         *dependent_options(device_index), ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"])))
 
 
 _prepare = Launcher(prepare_operands_kernel)
+_prepare_scaled = Launcher(prepare_scaled_operands_kernel)
 _tiled = Launcher(tiled_kernel)
 _best_config: dict = {}
 # The bound launch of the chosen config, per key of _best_config: the host looks up one dict between the two launches.
@@ -295,7 +425,7 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     out, finished = allocate_output(input, weight, bias, plan)
     if finished:
         return out
-    precision = precision_for(input.dtype) if precision is None else precision
+    precision = operand_precision(input.dtype, precision_for(input.dtype) if precision is None else precision)
     strides = _strides_as_given(input, weight)
     key = _chosen_key(input, plan, precision, strides, out, bias)
     main = _chosen.get(key) if config is None else None
@@ -304,7 +434,7 @@ def conv_transpose3d_tiled(input, weight, bias, plan: Plan, precision: int | Non
     if main is None:
         device_index = out.device.index or 0
         chosen = config if config is not None else pick_config(
-            _best_config, key, configs(),
+            _best_config, key, configs(operands[0].element_size()),
             lambda cfg: _main_launch(cfg, plan, precision, bias is not None, strides, out.stride(), device_index)(
                 pointers),
             input.device)
@@ -330,6 +460,7 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
     """After a call of conv_transpose3d_tiled with contiguous input and weight that returned out: the same call for
     this layer as a function of (input, weight, bias), its launches and layouts bound, or None where no tile config
     is chosen yet. Launched at addresses where it can be (forward.at_addresses_else)."""
+    precision = operand_precision(input.dtype, precision)
     strides = _strides_as_given(input, weight)
     main = _chosen.get(_chosen_key(input, plan, precision, strides, out, bias))
     if main is None:
@@ -348,14 +479,16 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
     layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), flat_input(input)[1], precision,
                                           pass_lets_main_start(input.device))
 
+    operand_dtype = _operand_dtype(dtype, precision)
+
     def call(input, weight, bias):
         out = input.new_empty(shape)
-        x, x_lo, w, w_lo = allocate_operands(layout, dtype, device)
+        x, x_lo, w, w_lo = allocate_operands(layout, operand_dtype, device)
         operand_pass((input, x, x_lo, weight, w, w_lo))
         main((x, x_lo, w, w_lo, w if bias is None else bias, out))
         return out
 
-    x_at, x_lo_at, w_at, w_lo_at = operand_offsets(layout, input.element_size())
+    x_at, x_lo_at, w_at, w_lo_at = operand_offsets(layout, operand_dtype.itemsize)
 
     def launch(launches, stream, x_in, w_in, b_in, operands, out):
         pass_at, main_at = launches
@@ -363,4 +496,8 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
         pass_at(stream, x_in, x, x_lo, w_in, w, w_lo)
         main_at(stream, x, x_lo, w, w_lo, b_in or w, out)
 
-    return at_addresses_else(call, input, shape, layout[0], (operand_pass, main), launch)
+    # The pointers' dtypes: the input's and the operands', and as the first call gave them, the bias (or w) and out.
+    pointer_dtypes = ((dtype, operand_dtype, operand_dtype, dtype, operand_dtype, operand_dtype),
+                      (*(operand_dtype,) * 4, dtype if bias is not None else operand_dtype, dtype))
+    return at_addresses_else(call, input, shape, layout[0], (operand_pass, main), launch, pointer_dtypes,
+                             operand_dtype)
