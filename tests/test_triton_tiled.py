@@ -84,11 +84,11 @@ def test_fp16_scales_follow_each_row_far_outside_fp16s_range(config):
     largest checks where FP16's subnormals start (that value still converts exactly)."""
     cfg = CASES[1]  # 20 channels (a K block and a part), 40 output channels, no bias
     x, w, _ = tensors(cfg, torch.float32)
-    position_scale = torch.tensor([2.0**-40, 1.0, 2.0**30])[torch.arange(x.shape[-1]) % 3]
+    position_scale = torch.tensor([2.0**-40, 1.0, 2.0**30], device=x.device)[torch.arange(x.shape[-1]) % 3]
     x = x * position_scale  # along W: neighbouring GEMM rows of one tile far apart
     x[:, :, 0, 0, 0] = 0.0
     x[:, 0, 1, 1, 1] *= 2.0**-28
-    channel_scale = torch.tensor([2.0**-30, 2.0**20])[torch.arange(w.shape[1]) % 2]
+    channel_scale = torch.tensor([2.0**-30, 2.0**20], device=w.device)[torch.arange(w.shape[1]) % 2]
     w = w * channel_scale[:, None, None, None]
     y = run(x, w, None, cfg, TF32, tiled.configs()[config])
     expected = reference(round_to_tf32(x), round_to_tf32(w), None, cfg)
@@ -98,6 +98,17 @@ def test_fp16_scales_follow_each_row_far_outside_fp16s_range(config):
             block = (slice(None), slice(c, None, 2), slice(None), slice(None), slice(p * kw, None, 3 * kw))
             assert_close_rel(y[block], expected[block], 1e-6, f"positions {p}, channels {c}")
     assert_close_rel(y, expected, 1e-6)
+
+
+@pytest.mark.parametrize("x_scale, w_scale", [(2.0**120, 2.0**-110), (2.0**-120, 2.0**110)])
+def test_fp16_scaled_products_of_operands_near_float32s_ends(x_scale, w_scale):
+    """Input and weight near float32's ends whose products are ordinary numbers: the kernel's inverse scales (2^106
+    and 2^-124 here) must not be applied one after the other to the sums (2^136 on the way: inf)."""
+    cfg = CASES[0]
+    x, w, b = tensors(cfg, torch.float32)
+    x, w = x * x_scale, w * w_scale
+    y = run(x, w, b, cfg, TF32, tiled.configs()[1])
+    assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
 
 
 def test_fp16_scaled_passes_inf_and_nan_through():

@@ -101,10 +101,11 @@ def _scaled_rows(src_ptr, dst_ptr, exp_ptr, src_rows, dst_rows, row_ok, K, sk, B
                  CHUNKS: tl.constexpr):
     """Rows of K values (at src_rows + k * sk) TF32-rounded, times 2**e per row, stored as FP16 at dst_rows * K + k,
     and e (an integer, as FP16) at exp_ptr + dst_rows. e takes the row's largest magnitude into [2^14, 2^15), so
-    that every value within 2^28 of it converts to FP16 exactly. e is clamped to [-113, 126]: 2**e and the kernel's
-    2**-e for two such rows stay within float32's normal range. An inf or NaN makes e -114 and the rest of its row
-    zeros, and stays inf or NaN: every output its row reaches sums it (one input position, or one weight row, per
-    output and GEMM column), so those outputs are inf or NaN whatever the rest of the row holds."""
+    that every value within 2^28 of it converts to FP16 exactly. e is clamped to [-113, 126] (-114 below for inf or
+    NaN): 2**e stays within float32's normal range, and so do the kernel's inverse scales (_inverse_scale_halves).
+    An inf or NaN makes e -114 and the rest of its row zeros, and stays inf or NaN: every output its row reaches sums
+    it (one input position, or one weight row, per output and GEMM column), so those outputs are inf or NaN whatever
+    the rest of the row holds."""
     k = tl.arange(0, BLOCK_K)
     if CHUNKS == 1:  # the whole row in registers: one load
         ok = row_ok[:, None] & (k < K)[None, :]
@@ -155,10 +156,12 @@ def prepare_scaled_operands_kernel(
 
 
 @triton.jit
-def _times_power_of_2(acc, t):
-    """acc * 2**t for integers t in [-252, 252], in two exact multiplies: 2**t alone can leave float32's range."""
-    half = t >> 1
-    return acc * _power_of_2(half) * _power_of_2(t - half)
+def _inverse_scale_halves(e):
+    """(2**-(e >> 1), 2**-(e - (e >> 1))) for a scale's exponents e in [-114, 126] (_scaled_rows): a row's and a
+    column's halves multiply to a power of two within float32's normal range, where 2**-(e_row + e_column) itself
+    can leave it."""
+    half = e >> 1
+    return _power_of_2(-half), _power_of_2(half - e)
 
 
 @triton.jit
@@ -241,14 +244,15 @@ def tiled_kernel(
         else:
             a, a_lo = _load(x_ptr, x_lo_ptr, a_offs, a_ok, PRECISION)
             acc = mma(acc, a, a_lo, tl.trans(b), tl.trans(b_lo), PRECISION, INTERPRETED)
-    if SCALED:  # the sums times the inverse scales of their row and column
+    if SCALED:  # the sums times the inverse scales of their row and column, in two exact multiplies
         position = ((n.to(tl.int64) * D + d) * H + h) * W + w
-        x_exp = tl.load(x_lo_ptr + position, mask=m_ok, other=0.0).to(tl.int32)
-        w_exp = tl.load(w_lo_ptr + ((kd * KH + kh) * C_OUT + co) * KW + kw, mask=n_ok, other=0.0).to(tl.int32)
+        x_hi, x_lo = _inverse_scale_halves(tl.load(x_lo_ptr + position, mask=m_ok, other=0.0).to(tl.int32))
+        w_hi, w_lo = _inverse_scale_halves(
+            tl.load(w_lo_ptr + ((kd * KH + kh) * C_OUT + co) * KW + kw, mask=n_ok, other=0.0).to(tl.int32))
         if SWAP:
-            acc = _times_power_of_2(acc, -(w_exp[:, None] + x_exp[None, :]))
+            acc = acc * (w_hi[:, None] * x_hi[None, :]) * (w_lo[:, None] * x_lo[None, :])
         else:
-            acc = _times_power_of_2(acc, -(x_exp[:, None] + w_exp[None, :]))
+            acc = acc * (x_hi[:, None] * w_hi[None, :]) * (x_lo[:, None] * w_lo[None, :])
     if SWAP:
         if HAS_BIAS:
             acc += tl.load(b_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[:, None]
