@@ -14,6 +14,8 @@ with --system-site-packages and `pip install triton==3.6.0`); builds differ (six
                                                  g_rounded] [--layouts]
     python3 scripts/compile_sm90.py window [channels BLOCK_P split]
     python3 scripts/compile_sm90.py tap_columns [layer diag] [--layouts]
+    python3 scripts/compile_sm90.py tiled [layer precision config]   (precision 3: FP16_SCALED; config: an index
+                                                                       into tiled.configs(operand bytes))
 """
 
 import re
@@ -95,6 +97,31 @@ def tap_columns(layer="video_k3s2p1op1", diag=0):
                                                     launch_pdl=True))
 
 
+def tiled(layer="unet3d_k2s2", precision=3, config=-2):
+    """A sweep layer's tiled GEMM (TF32 mode's FP16_SCALED by default, in its 128 x 128 x 64 config) as its launch
+    after the operand pass is specialised; float32 bias and output, the operands FP16 under FP16_SCALED."""
+    from convt3d.backends.triton import tiled as tiled_module
+    from convt3d.bench.workloads import sweep_layers
+
+    plan = sweep_layers(layer)[0].plan()
+    precision, config = int(precision), int(config)
+    cfg = tiled_module.configs(2 if precision == tiled_module.FP16_SCALED else 4)[config]
+    od, oh, ow = plan.output_spatial
+    out_strides = (plan.out_channels * od * oh * ow, od * oh * ow, oh * ow, ow, 1)
+    tiled_module.dependent_options = lambda device_index: (("PDL", True), ("launch_pdl", True))
+    bound = tiled_module._main_launch(cfg, plan, precision, True, None, out_strides, 0)
+    fn = tiled_module.tiled_kernel
+    scalars = dict(zip(fn.arg_names[bound.pointers:], bound.scalars))
+    constexprs = {name: value for name, value in bound.options.items() if name in fn.arg_names}
+    constexprs.update({name: value for name, value in scalars.items() if value == 1})
+    divisible = [name for name in fn.arg_names if name.endswith("_ptr") or (
+        name in scalars and name not in constexprs and scalars[name] % 16 == 0)]
+    half = ("x_ptr", "x_lo_ptr", "w_ptr", "w_lo_ptr") if precision == tiled_module.FP16_SCALED else ()
+    print(cfg)
+    return _compile(fn, constexprs, divisible, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                                                    launch_pdl=True), half)
+
+
 def _compile(fn, constexprs, divisible, options, half_pointers=()):
     sig = {name: "*fp32" if name.endswith("_ptr") else "i32" for name in fn.arg_names}
     sig.update({name: "*fp16" for name in half_pointers})
@@ -128,8 +155,9 @@ def report(kernel, layouts=False):
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if a != "--layouts"]
-    kernels = {"forward": forward, "grad_weight": grad_weight, "window": window, "tap_columns": tap_columns}
+    kernels = {"forward": forward, "grad_weight": grad_weight, "window": window, "tap_columns": tap_columns,
+               "tiled": tiled}
     if not args or args[0] not in kernels:
         sys.exit(__doc__)
-    values = args[1:] if args[0] == "tap_columns" else map(int, args[1:])
+    values = args[1:] if args[0] in ("tap_columns", "tiled") else map(int, args[1:])
     report(kernels[args[0]](*values), layouts="--layouts" in sys.argv)
