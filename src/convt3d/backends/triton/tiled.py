@@ -224,10 +224,6 @@ def tiled_kernel(
     n_ok = (co < C_OUT) & (kw < KW)
     b_rows = co * swo + kd * swd + kh * swh + kw * sww
     k = tl.arange(0, BLOCK_K)
-    if SCALED:  # the exponents of the rows' and columns' scales, loaded here so that the K-loop hides their latency
-        position = ((n.to(tl.int64) * D + d) * H + h) * W + w
-        x_exp = tl.load(x_lo_ptr + position, mask=m_ok, other=0.0)
-        w_exp = tl.load(w_lo_ptr + ((kd * KH + kh) * C_OUT + co) * KW + kw, mask=n_ok, other=0.0)
     if SWAP:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
@@ -249,8 +245,10 @@ def tiled_kernel(
             a, a_lo = _load(x_ptr, x_lo_ptr, a_offs, a_ok, PRECISION)
             acc = mma(acc, a, a_lo, tl.trans(b), tl.trans(b_lo), PRECISION, INTERPRETED)
     if SCALED:  # the sums times the inverse scales of their row and column, in two exact multiplies
-        x_hi, x_lo = _inverse_scale_halves(x_exp.to(tl.int32))
-        w_hi, w_lo = _inverse_scale_halves(w_exp.to(tl.int32))
+        position = ((n.to(tl.int64) * D + d) * H + h) * W + w
+        x_hi, x_lo = _inverse_scale_halves(tl.load(x_lo_ptr + position, mask=m_ok, other=0.0).to(tl.int32))
+        w_hi, w_lo = _inverse_scale_halves(
+            tl.load(w_lo_ptr + ((kd * KH + kh) * C_OUT + co) * KW + kw, mask=n_ok, other=0.0).to(tl.int32))
         if SWAP:
             acc = acc * (w_hi[:, None] * x_hi[None, :]) * (w_lo[:, None] * x_lo[None, :])
         else:
