@@ -82,19 +82,10 @@ def tap_columns(layer="video_k3s2p1op1", diag=0):
 
     plan = sweep_layers(layer)[0].plan()
     cfg = dict(KERNEL="tap_columns", BLOCK_M=64, BLOCK_N=128, BLOCK_CI=32, num_warps=4, num_stages=3, DIAG=int(diag))
-    od, oh, ow = plan.output_spatial
-    out_strides = (plan.out_channels * od * oh * ow, od * oh * ow, oh * ow, ow, 1)
     # Launched as the operand pass's dependent, as on the H200 (here no GPU to ask).
     tap_columns_module.dependent_options = lambda device_index: (("PDL", True), ("launch_pdl", True))
-    bound = tap_columns_module.bind(cfg, plan, 1, True, out_strides, 0)
-    fn = tap_columns_module.tap_columns_kernel
-    scalars = dict(zip(fn.arg_names[bound.pointers:], bound.scalars))
-    constexprs = {name: value for name, value in bound.options.items() if name in fn.arg_names}
-    constexprs.update({name: value for name, value in scalars.items() if value == 1})
-    divisible = [name for name in fn.arg_names if name.endswith("_ptr") or (
-        name in scalars and name not in constexprs and scalars[name] % 16 == 0)]
-    return _compile(fn, constexprs, divisible, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                                                    launch_pdl=True))
+    bound = tap_columns_module.bind(cfg, plan, 1, True, _contiguous_output_strides(plan), 0)
+    return _compile_bound(tap_columns_module.tap_columns_kernel, bound, cfg)
 
 
 def tiled(layer="unet3d_k2s2", precision=3, config=-2):
@@ -105,21 +96,30 @@ def tiled(layer="unet3d_k2s2", precision=3, config=-2):
 
     plan = sweep_layers(layer)[0].plan()
     precision, config = int(precision), int(config)
-    cfg = tiled_module.configs(2 if precision == tiled_module.FP16_SCALED else 4)[config]
-    od, oh, ow = plan.output_spatial
-    out_strides = (plan.out_channels * od * oh * ow, od * oh * ow, oh * ow, ow, 1)
+    scaled = precision == tiled_module.FP16_SCALED
+    cfg = tiled_module.configs(2 if scaled else 4)[config]
+    print(cfg)
     tiled_module.dependent_options = lambda device_index: (("PDL", True), ("launch_pdl", True))
-    bound = tiled_module._main_launch(cfg, plan, precision, True, None, out_strides, 0)
-    fn = tiled_module.tiled_kernel
+    bound = tiled_module._main_launch(cfg, plan, precision, True, None, _contiguous_output_strides(plan), 0)
+    return _compile_bound(tiled_module.tiled_kernel, bound, cfg,
+                          ("x_ptr", "x_lo_ptr", "w_ptr", "w_lo_ptr") if scaled else ())
+
+
+def _contiguous_output_strides(plan):
+    od, oh, ow = plan.output_spatial
+    return plan.out_channels * od * oh * ow, od * oh * ow, oh * ow, ow, 1
+
+
+def _compile_bound(fn, bound, cfg, half_pointers=()):
+    """A bound launch's kernel (launch.BoundLaunch) specialised as its launch is: runtime arguments equal to 1
+    constants, those divisible by 16 marked so."""
     scalars = dict(zip(fn.arg_names[bound.pointers:], bound.scalars))
     constexprs = {name: value for name, value in bound.options.items() if name in fn.arg_names}
     constexprs.update({name: value for name, value in scalars.items() if value == 1})
     divisible = [name for name in fn.arg_names if name.endswith("_ptr") or (
         name in scalars and name not in constexprs and scalars[name] % 16 == 0)]
-    half = ("x_ptr", "x_lo_ptr", "w_ptr", "w_lo_ptr") if precision == tiled_module.FP16_SCALED else ()
-    print(cfg)
     return _compile(fn, constexprs, divisible, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                                                    launch_pdl=True), half)
+                                                    launch_pdl=True), half_pointers)
 
 
 def _compile(fn, constexprs, divisible, options, half_pointers=()):
