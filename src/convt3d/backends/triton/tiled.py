@@ -16,7 +16,7 @@ Float32 operands are laid out K-major beforehand (the layout Hopper's tensor cor
 channels-last and the weight as (KD*KH, C_out, KW, C_in), split for 3xTF32 as forward.py's precisions say. In TF32
 mode they are TF32-rounded and stored as FP16 scaled by powers of two (FP16_SCALED): FP16 keeps TF32's 11 significant
 bits, its MMAs run at twice TF32's rate on half the bytes. The scale is one per input position (a GEMM row) and one
-per weight row (a GEMM column), taken from that row's largest finite magnitude, so it factors out of every sum the
+per weight row (a GEMM column), taken from that row's largest magnitude, so it factors out of every sum the
 kernel forms: the kernel multiplies each sum by the two inverse scales once, in its epilogue. Every value within 2^28
 of its row's largest is then exactly its TF32 rounding; smaller ones lie in FP16's subnormals and keep fewer bits.
 With CONVT3D_TF32_AS_FP16=0 (or TF32_AS_FP16 = False) the operands stay TF32. Half-precision operands are read as
