@@ -59,16 +59,13 @@ FIRST_TWO = [0, 1]
 assert {tiled.configs()[i]["SWAP"] for i in FIRST_TWO} == {0, 1}
 
 
-@pytest.fixture(params=["fp16", "tf32"])
-def tf32_form(request, monkeypatch):
-    """TF32 mode's two forms: operands as FP16 scaled per row (tiled.FP16_SCALED, the default) and TF32 itself."""
-    monkeypatch.setattr(tiled, "TF32_AS_FP16", request.param == "fp16")
-    return request.param
-
-
+# TF32 mode's two forms: operands as FP16 scaled per row (tiled.FP16_SCALED, the default) on every case, and TF32
+# itself (CONVT3D_TF32_AS_FP16=0) on two.
+@pytest.mark.parametrize("as_fp16, cfg", [(True, cfg) for cfg in CASES] + [(False, cfg) for cfg in CASES[:2]],
+                         ids=[f"fp16-{i}" for i in range(len(CASES))] + ["tf32-0", "tf32-1"])
 @pytest.mark.parametrize("config", FIRST_TWO)
-@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
-def test_tf32_rounds_operands_to_nearest(cfg, config, tf32_form):
+def test_tf32_rounds_operands_to_nearest(as_fp16, cfg, config, monkeypatch):
+    monkeypatch.setattr(tiled, "TF32_AS_FP16", as_fp16)
     x, w, b = tensors(cfg, torch.float32)
     y = run(x, w, b, cfg, TF32, tiled.configs()[config])
     # Exactly the products of the TF32-rounded operands, summed in float32.
