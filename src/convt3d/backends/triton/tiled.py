@@ -97,6 +97,19 @@ def _power_of_2(k):
 
 
 @triton.jit
+def _rounded_chunk(src_ptr, src_rows, row_ok, k, K, sk):
+    """(values, mask): the rows' values at channels k (those below K), TF32-rounded; zeros elsewhere."""
+    ok = row_ok[:, None] & (k < K)[None, :]
+    return _round_to_tf32(tl.load(src_ptr + src_rows[:, None] + (k * sk)[None, :], mask=ok, other=0.0)), ok
+
+
+@triton.jit
+def _fp16_scale_exponent(largest):
+    # e with largest * 2**e in [2^14, 2^15), from largest's exponent field; clamped to 126 (zeros, subnormals).
+    return tl.minimum(141 - ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF), 126)
+
+
+@triton.jit
 def _scaled_rows(src_ptr, dst_ptr, exp_ptr, src_rows, dst_rows, row_ok, K, sk, BLOCK_K: tl.constexpr,
                  CHUNKS: tl.constexpr):
     """Rows of K values (at src_rows + k * sk) TF32-rounded, times 2**e per row, stored as FP16 at dst_rows * K + k,
@@ -108,22 +121,18 @@ def _scaled_rows(src_ptr, dst_ptr, exp_ptr, src_rows, dst_rows, row_ok, K, sk, B
     the rest of the row holds."""
     k = tl.arange(0, BLOCK_K)
     if CHUNKS == 1:  # the whole row in registers: one load
-        ok = row_ok[:, None] & (k < K)[None, :]
-        v = _round_to_tf32(tl.load(src_ptr + src_rows[:, None] + (k * sk)[None, :], mask=ok, other=0.0))
-        largest = tl.max(tl.abs(v), axis=1)
-        e = tl.minimum(141 - ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF), 126)
+        v, ok = _rounded_chunk(src_ptr, src_rows, row_ok, k, K, sk)
+        e = _fp16_scale_exponent(tl.max(tl.abs(v), axis=1))
         tl.store(dst_ptr + dst_rows[:, None] * K + k[None, :], (v * _power_of_2(e)[:, None]).to(tl.float16),
                  mask=ok)
     else:  # the row's largest first, then the row again
         largest = tl.zeros(row_ok.shape, dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            ok = row_ok[:, None] & (k0 + k < K)[None, :]
-            v = _round_to_tf32(tl.load(src_ptr + src_rows[:, None] + ((k0 + k) * sk)[None, :], mask=ok, other=0.0))
+            v, ok = _rounded_chunk(src_ptr, src_rows, row_ok, k0 + k, K, sk)
             largest = tl.maximum(largest, tl.max(tl.abs(v), axis=1))
-        e = tl.minimum(141 - ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF), 126)
+        e = _fp16_scale_exponent(largest)
         for k0 in range(0, K, BLOCK_K):
-            ok = row_ok[:, None] & (k0 + k < K)[None, :]
-            v = _round_to_tf32(tl.load(src_ptr + src_rows[:, None] + ((k0 + k) * sk)[None, :], mask=ok, other=0.0))
+            v, ok = _rounded_chunk(src_ptr, src_rows, row_ok, k0 + k, K, sk)
             tl.store(dst_ptr + dst_rows[:, None] * K + (k0 + k)[None, :],
                      (v * _power_of_2(e)[:, None]).to(tl.float16), mask=ok)
     tl.store(exp_ptr + dst_rows, e.to(tl.float16), mask=row_ok)
