@@ -4,6 +4,11 @@ mode in both of its forms (operands as FP16 scaled per row, tiled.FP16_SCALED, a
 session's runs of its earlier forms also read the operands as given, rounding them in registers: commit f7e1679.)
 
     PYTHONPATH=src python3 benchmarks/diag_tiled.py [--iters 50] [--layers unet3d_k2s2,...]
+        [--forms scaled,tf32,off] [--extra-configs 128x256x64s0w8n3,...]
+
+--forms: which of TF32 mode's two forms (scaled: FP16 scaled, tf32) and TF32 off to run (float32 layers; half
+precision runs once). --extra-configs: tile configs beside the library's, each BLOCK_MxBLOCK_NxBLOCK_K, s SWAP,
+w warps, n stages.
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call). Each variant's output is
 NaN-poisoned before its first call, then checked: KernelBench's check against eager in the same mode and the
@@ -13,6 +18,7 @@ relative error against float64.
 import argparse
 import json
 import pathlib
+import re
 
 import torch
 import torch.nn.functional as F
@@ -28,11 +34,25 @@ from convt3d.plan import make_plan
 SWEEP = pathlib.Path(__file__).with_name("sweep.json")
 
 
+def parse_config(text: str) -> dict:
+    """"128x256x64s0w8n3" -> a tiled config dict."""
+    match = re.fullmatch(r"(\d+)x(\d+)x(\d+)s([01])w(\d+)n(\d+)", text)
+    if match is None:
+        raise ValueError(f"--extra-configs: {text!r} is not BLOCK_MxBLOCK_NxBLOCK_KsSWAPwWARPSnSTAGES")
+    m, n, k, swap, warps, stages = map(int, match.groups())
+    return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, SWAP=swap, num_warps=warps, num_stages=stages)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--layers", default="unet3d_k2s2,unet3d_k2s2_deep,unet3d_k2s2_bf16")
+    parser.add_argument("--forms", default="scaled,tf32,off")
+    parser.add_argument("--extra-configs", default="")
     args = parser.parse_args()
+    extra = [parse_config(text) for text in args.extra_configs.split(",") if text]
+    wanted = {"scaled": (True, True), "tf32": (True, False), "off": (False, False)}
+    float32_forms = [wanted[form] for form in args.forms.split(",")]
     as_fp16_default = tiled.TF32_AS_FP16
     layers = {layer["name"]: layer for layer in json.loads(SWEEP.read_text())}
     rows = []
@@ -47,7 +67,7 @@ def main():
         plan = make_plan(tuple(x.shape), tuple(w.shape), stride=layer["stride"])
         reference = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None,
                                        stride=layer["stride"])
-        forms = [(True, True), (True, False), (False, False)] if dtype == torch.float32 else [(True, False)]
+        forms = float32_forms if dtype == torch.float32 else [(True, False)]
         for tf32, as_fp16 in forms:
             torch.backends.cudnn.allow_tf32 = tf32
             tiled.TF32_AS_FP16 = as_fp16
@@ -72,7 +92,7 @@ def main():
                     x, w, b, stride=layer["stride"], backend="triton"), None),
                 "tiled operand pass alone": (lambda: tiled._operands(x, w, precision), "unchecked"),
             }
-            for cfg in tiled.configs(operands[0].element_size()):
+            for cfg in tiled.configs(operands[0].element_size()) + extra:
                 label = ("tiled kernel {BLOCK_M}x{BLOCK_N}x{BLOCK_K} swap {SWAP} w{num_warps} s{num_stages}"
                          .format(**cfg))
                 out = torch.full(plan.output_shape, float("nan"), device="cuda", dtype=dtype)

@@ -4,19 +4,25 @@ correlation on problem 77 (backend torch) or tap_columns on k3s1p1:
     ncu --clock-control none -k regex:phase_conv --launch-skip 3 --launch-count 1 [--section ... | --metrics ...] \
         python3 benchmarks/profile_layer.py kernelbench_l1_77_dilated torch
     ncu ... -k regex:tap_columns ... python3 benchmarks/profile_layer.py k3s1p1 tap_columns
+    ncu ... -k regex:tiled_kernel ... python3 benchmarks/profile_layer.py unet3d_k2s2_deep tiled [128x128x64s1w8n3]
 
 tap_columns: the Triton tap_columns kernel with one fixed config (64 x 128 x 32, 4 warps, 3 stages), not autotuned,
-so that the profiled launch is that config's. TF32 mode.
+so that the profiled launch is that config's. tiled: the tiled GEMM (k2 s2 layers) with the config given as
+diag_tiled.py's --extra-configs write it (default 128 x 128 x 64, swapped, 8 warps, 3 stages). TF32 mode.
 """
 
+import pathlib
 import sys
 
 import torch
 
 import convt3d
-from convt3d.backends.triton import forward
+from convt3d.backends.triton import forward, tiled
 from convt3d.bench.protocol import relative_error
 from convt3d.bench.workloads import sweep_layers
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from diag_tiled import parse_config  # noqa: E402
 
 TAP_COLUMNS = dict(KERNEL="tap_columns", BLOCK_M=64, BLOCK_N=128, BLOCK_CI=32, num_warps=4, num_stages=3)
 
@@ -25,9 +31,12 @@ torch.backends.cudnn.allow_tf32 = True
 layer = sweep_layers(name)[0]
 _, x, w, b, reference = layer.kernel_case("cuda")
 args = (layer.stride, layer.padding, layer.output_padding, layer.groups, layer.dilation)
+tiled_config = parse_config(sys.argv[3] if len(sys.argv) > 3 else "128x128x64s1w8n3")
 for _ in range(6):
     if backend == "tap_columns":
         y = forward.conv_transpose3d_triton(x, w, b, layer.plan(), config=TAP_COLUMNS)
+    elif backend == "tiled":
+        y = tiled.conv_transpose3d_tiled(x, w, b, layer.plan(), config=tiled_config)
     else:
         y = convt3d.conv_transpose3d(x, w, b, *args, backend=backend)
 torch.cuda.synchronize()
