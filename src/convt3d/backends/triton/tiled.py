@@ -113,12 +113,12 @@ def _fp16_scale_exponent(largest):
 def _scaled_rows(src_ptr, dst_ptr, exp_ptr, src_rows, dst_rows, row_ok, K, sk, BLOCK_K: tl.constexpr,
                  CHUNKS: tl.constexpr):
     """Rows of K values (at src_rows + k * sk) TF32-rounded, times 2**e per row, stored as FP16 at dst_rows * K + k,
-    and e (an integer, as FP16) at exp_ptr + dst_rows. e takes the row's largest magnitude into [2^14, 2^15), so
-    that every value within 2^28 of it converts to FP16 exactly. e is clamped to [-113, 126] (-114 below for inf or
-    NaN): 2**e stays within float32's normal range, and so do the kernel's inverse scales (_inverse_scale_halves).
-    An inf or NaN makes e -114 and the rest of its row zeros, and stays inf or NaN: every output its row reaches sums
-    it (one input position, or one weight row, per output and GEMM column), so those outputs are inf or NaN whatever
-    the rest of the row holds."""
+    and e (an int16, its bits in the FP16 buffer) at exp_ptr + dst_rows. e takes the row's largest magnitude into
+    [2^14, 2^15), so that every value within 2^28 of it converts to FP16 exactly. e is clamped to [-113, 126] (-114
+    below for inf or NaN): 2**e stays within float32's normal range, and so do the kernel's inverse scales
+    (_inverse_scale_halves). An inf or NaN makes e -114 and the rest of its row zeros, and stays inf or NaN: every
+    output its row reaches sums it (one input position, or one weight row, per output and GEMM column), so those
+    outputs are inf or NaN whatever the rest of the row holds."""
     k = tl.arange(0, BLOCK_K)
     if CHUNKS == 1:  # the whole row in registers: one load
         v, ok = _rounded_chunk(src_ptr, src_rows, row_ok, k, K, sk)
@@ -135,7 +135,7 @@ def _scaled_rows(src_ptr, dst_ptr, exp_ptr, src_rows, dst_rows, row_ok, K, sk, B
             v, ok = _rounded_chunk(src_ptr, src_rows, row_ok, k0 + k, K, sk)
             tl.store(dst_ptr + dst_rows[:, None] * K + (k0 + k)[None, :],
                      (v * _power_of_2(e)[:, None]).to(tl.float16), mask=ok)
-    tl.store(exp_ptr + dst_rows, e.to(tl.float16), mask=row_ok)
+    tl.store(exp_ptr + dst_rows, e.to(tl.int16).to(tl.float16, bitcast=True), mask=row_ok)
 
 
 @triton.jit
@@ -162,6 +162,15 @@ def prepare_scaled_operands_kernel(
         c = (pid - X_PROGRAMS) * BLOCK_W + tl.arange(0, BLOCK_W)
         row = (c // KW % KDH * C_OUT + c // (KDH * KW)) * KW + c % KW
         _scaled_rows(w_ptr, w_op_ptr, w_exp_ptr, c, row, c < columns, C, columns, BLOCK_K, CHUNKS)
+
+
+@triton.jit
+def _exponents(ptr, mask):
+    # _scaled_rows' exponents, int16 bits in an FP16 buffer, read as integers: stored as FP16 values, their
+    # float-to-integer conversions were 34 F2I instructions per thread of the 128 x 128 x 64 config (compiled for
+    # sm_90), and the kernel took 0.0367 ms on unet3d_k2s2 against 0.0357 this way (benchmarks/RESULTS.md,
+    # thirty-eighth session).
+    return tl.load(ptr, mask=mask, other=0.0).to(tl.int16, bitcast=True).to(tl.int32)
 
 
 @triton.jit
@@ -255,9 +264,8 @@ def tiled_kernel(
             acc = mma(acc, a, a_lo, tl.trans(b), tl.trans(b_lo), PRECISION, INTERPRETED)
     if SCALED:  # the sums times the inverse scales of their row and column, in two exact multiplies
         position = ((n.to(tl.int64) * D + d) * H + h) * W + w
-        x_hi, x_lo = _inverse_scale_halves(tl.load(x_lo_ptr + position, mask=m_ok, other=0.0).to(tl.int32))
-        w_hi, w_lo = _inverse_scale_halves(
-            tl.load(w_lo_ptr + ((kd * KH + kh) * C_OUT + co) * KW + kw, mask=n_ok, other=0.0).to(tl.int32))
+        x_hi, x_lo = _inverse_scale_halves(_exponents(x_lo_ptr + position, m_ok))
+        w_hi, w_lo = _inverse_scale_halves(_exponents(w_lo_ptr + ((kd * KH + kh) * C_OUT + co) * KW + kw, n_ok))
         if SWAP:
             acc = acc * (w_hi[:, None] * x_hi[None, :]) * (w_lo[:, None] * x_lo[None, :])
         else:
@@ -326,7 +334,8 @@ def _operand_dtype(dtype: torch.dtype, precision: int) -> torch.dtype:
 def _operands(input, weight, precision):
     """(x, x_lo, w, w_lo) laid out by the operand pass: the input channels-last (N, D, H, W, C_in) and the weight
     K-major (KD, KH, C_out, KW, C_in), TF32-rounded or split for float32 (x_lo, w_lo are x, w where unused); under
-    FP16_SCALED both FP16, x_lo and w_lo their scales' exponents, (N, D, H, W) and (KD, KH, C_out, KW)."""
+    FP16_SCALED both FP16 buffers, x_lo and w_lo holding their scales' exponents as int16 bits, (N, D, H, W) and
+    (KD, KH, C_out, KW)."""
     flat, flat_strides = flat_input(input)
     layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), flat_strides, precision,
                                           pass_lets_main_start(input.device))
