@@ -116,7 +116,7 @@ def main():
                     continue
                 rows.append((name, mode, label, t.mean_ms, t.min_ms, note))
                 print(rows[-1], flush=True)
-            del operands, variants
+            operands = variants = None  # the form's operand buffers freed before the next form's
     torch.backends.cudnn.allow_tf32 = True
     tiled.TF32_AS_FP16 = as_fp16_default
     print(markdown_table(["layer", "mode", "variant", "mean ms", "min ms", "check, rel. err. vs float64"], rows))
