@@ -8,7 +8,8 @@ the library runs it; (b) the same operands with the plain epilogue (a wrong resu
 pass's operands cast to FP16, with the plain epilogue (the layer's own values, x in [0, 1) and w about 0.05); and
 (e) backend="triton" (its prepared call: operand pass and kernel). a against b is the scaling's cost, b against c
 whether the operands' magnitudes change the MMAs' time. Two rounds; bench.protocol.time_cuda's mean and minimum in
-ms (L2 flushed before each call); a, c and e checked against eager (KernelBench's check) and float64.
+ms (L2 flushed before each call); a, c and e, their outputs NaN-filled first, checked against eager
+(KernelBench's check) and float64.
 """
 
 import torch
@@ -16,7 +17,7 @@ import torch
 import convt3d
 from convt3d.backends.triton import tiled
 from convt3d.backends.triton.forward import NATIVE, TF32
-from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
+from convt3d.bench.protocol import kernelbench_check, nan_poisoned_allocations, relative_error, time_cuda
 from convt3d.bench.workloads import sweep_layers
 
 CONFIG = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SWAP=1, num_warps=8, num_stages=3)
@@ -47,7 +48,7 @@ def main():
         checks = {}
         for label, fn in forms.items():
             out.fill_(float("nan"))
-            with torch.no_grad():
+            with torch.no_grad(), nan_poisoned_allocations():  # (e's own output NaN-filled before it writes it)
                 result = fn()
             if result is not None:
                 out.copy_(result)

@@ -168,8 +168,8 @@ def prepare_scaled_operands_kernel(
 def _exponents(ptr, mask):
     # _scaled_rows' exponents, int16 bits in an FP16 buffer, read as integers: stored as FP16 values, their
     # float-to-integer conversions were 34 F2I instructions per thread of the 128 x 128 x 64 config (compiled for
-    # sm_90), and the kernel took 0.0367 ms on unet3d_k2s2 against 0.0357 this way (benchmarks/RESULTS.md,
-    # thirty-eighth session).
+    # sm_90). On the H200 the kernel took 0.0357 ms on unet3d_k2s2 against 0.0367 in an earlier call; by the gap to
+    # a plain epilogue within each call, 0.5 us of the scaling's 4.9 (benchmarks/RESULTS.md, thirty-eighth session).
     return tl.load(ptr, mask=mask, other=0.0).to(tl.int16, bitcast=True).to(tl.int32)
 
 
