@@ -202,15 +202,12 @@ def _check(result: int) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: int,
-            rows: int, persistent: bool = False, known_threads: bool = False) -> _Kernel:
+            rows: int) -> _Kernel:
     _, cob, _, unit = config(c_in, c_out, taps, dilation, split)
     smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, unit)
-    if persistent:
-        smem = phase_conv.band_shared_bytes(c_in, cob, taps, dilation, rows, split, unit)
     with torch.cuda.device(device_index):
-        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit,
-                                         persistent=persistent, known_threads=known_threads), "phase_conv",
-                       smem, 256 if persistent else 128)
+        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit), "phase_conv",
+                       smem, 128)
 
 
 def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: int = 0,
@@ -224,7 +221,7 @@ def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: i
 
 
 def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_offset: int, out_strides,
-              grid, offsets, taps, first_taps, tap_steps, dilation, scales=None, split=None, **options) -> None:
+              grid, offsets, taps, first_taps, tap_steps, dilation, scales=None, split=None) -> None:
     """out (float32) at element out_offset with out_strides, over grid (QD, QH, QW) x C_out: the correlation of
     phase_conv.py plus bias. window: (N, XD, XH, XW, C_in) with XD, XH, XW at least window_extent(...); weight_taps:
     (kD, kH, kW, C_out, C_in) of the whole kernel, contiguous, TF32-rounded like the window (TF32), or (2, kD, kH,
@@ -234,11 +231,11 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
     kernel tap and the step between its taps. split: the precision, None for the one the operands imply (TF32,
     3xTF32 or 3xFP16); FP16 (3) takes 3xFP16's operands and reads their hi parts alone."""
     correlate_phases(window, weight_taps, bias, out, out_strides, grid, taps, dilation,
-                     ((*offsets, *first_taps, *tap_steps, out_offset),), scales, split, **options)
+                     ((*offsets, *first_taps, *tap_steps, out_offset),), scales, split)
 
 
 def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_strides, grid,
-                     taps, dilation, phases, scales=None, split=None, persistent=False, known_threads=False) -> None:
+                     taps, dilation, phases, scales=None, split=None) -> None:
     """correlate for several correlations of the same grid, tap counts and dilation (phases of one layer), each
     (window offsets, first taps, tap steps: three each, then its element offset in out): one launch per
     phase_conv.MAX_PHASES of them. Their window extent: window_extent's with batch N x len(phases)."""
@@ -249,9 +246,7 @@ def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out:
     device = window.device.index or 0
     cob = config(c_in, c_out, tuple(taps), tuple(dilation), split)[1]
     rows = tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n * len(phases), tuple(grid))
-    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split, rows, persistent,
-                     known_threads)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if persistent else 0
+    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split, rows)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
     programs = _programs(n, grid, rows, c_out, cob)
@@ -268,57 +263,9 @@ def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out:
     stream = _current_stream(device)
     for first in range(0, len(phases), phase_conv.MAX_PHASES):
         chunk = phases[first:first + phase_conv.MAX_PHASES]
-        ints = (xd, xh, xw, khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, *scale_ints, len(chunk), programs * len(chunk))
+        ints = (xd, xh, xw, khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, *scale_ints, len(chunk))
         table = _phase_table(tuple(chunk))
-        tiles = programs * len(chunk)
-        kernel.launch(min(sms, cdiv(tiles, 2)) if persistent else tiles, pointers, ints, tuple(out_strides), stream,
-                      table)
-
-
-@functools.lru_cache(maxsize=64)
-def _band_kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: int, rows: int,
-                 bands, ordered: bool, band_unroll: int, band_skip: int = 0, band_stream: bool = False) -> _Kernel:
-    _, cob, _, unit = config(c_in, c_out, taps, dilation, split)
-    smem = phase_conv.band_shared_bytes(c_in, cob, taps, dilation, rows, split, unit)
-    with torch.cuda.device(device_index):
-        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit, bands, ordered,
-                                         band_unroll, band_skip, band_stream), "phase_conv", smem, 256)
-
-
-def correlate_bands(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, grid, offsets, taps,
-                    first_taps, tap_steps, dilation, lattice, scales=None, split=None, ordered: bool = True,
-                    programs_per_sm: int = 1, band_unroll: int = 4, band_skip: int = 0,
-                    band_stream: bool = False) -> None:
-    """correlate for a layer's one non-empty phase, out (contiguous, float32) written whole: the phase's lattice,
-    which starts at lattice[:3] (depth, row, column) and steps by lattice[3:], and bias (or zero) everywhere else
-    (phase_conv.py's BANDS), by persistent programs of two warpgroups. The grid's columns must fit one tile."""
-    n, xd, xh, xw, c_in = window.shape
-    if split is None:
-        split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
-    kdf, khf, kwf, c_out, _ = weight_taps.shape[split == 1:]
-    if grid[2] > TILE_COLUMNS or not out.is_contiguous():
-        raise ValueError("convt3d: correlate_bands needs one column tile and a contiguous output")
-    device = window.device.index or 0
-    cob = config(c_in, c_out, tuple(taps), tuple(dilation), split)[1]
-    rows = tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n, tuple(grid))
-    bands = (*out.shape[2:], *lattice)
-    kernel = _band_kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split, rows, bands,
-                          ordered, band_unroll, band_skip, band_stream)
-    qd, qh, qw = grid
-    programs = _programs(n, grid, rows, c_out, cob)
-    if split >= 2:
-        block_max, max_block, w_inverse = scales
-        scale_pointers, scale_ints = (block_max.data_ptr(), w_inverse.data_ptr()), (max_block, block_max.shape[-1])
-    else:
-        scale_pointers, scale_ints = (0, 0), (0, 0)
-    lo_part = weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split == 1 else 0
-    pointers = (window.data_ptr(), weight_taps.data_ptr(), lo_part, bias.data_ptr() if bias is not None else 0,
-                *scale_pointers, out.data_ptr())
-    ints = (xd, xh, xw, khf, kwf, qd, qh, qw, cdiv(qh, rows), 1, *scale_ints, 1, programs)
-    table = _phase_table(((*offsets, *first_taps, *tap_steps, 0),))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    kernel.launch(min(programs_per_sm * sms, cdiv(programs, 2)), pointers, ints, tuple(out.stride()),
-                  _current_stream(device), table)
+        kernel.launch(programs * len(chunk), pointers, ints, tuple(out_strides), stream, table)
 
 
 @functools.lru_cache(maxsize=256)

@@ -112,18 +112,6 @@ SOURCE = r"""
 #define STAGES 4                            // the stage refilled at unit u was read by unit u - 2's MMAs
 #define OCS (BH * BW + 4)                   // a channel's floats in the staged output tile
 #define OC_RUN 8                            // channels a warp writes per row in one go (COB is a multiple of 8)
-// Programs of WGS warpgroups (1, or 2: BANDS' ping-pong, below), each with its own WG_FLOATS of shared memory.
-#define WG_FLOATS (((STAGES * B_STAGE + PLANE * CPA > COB * OCS ? STAGES * B_STAGE + PLANE * CPA : COB * OCS) + 255) / 256 * 256)
-#define ORDER_BARRIER 3                     // named barriers 3 and 4: a warpgroup's turn at the tensor cores
-
-// A warpgroup's own barrier (named barriers 1 and 2 with two warpgroups).
-__device__ __forceinline__ void wg_sync(int wg) {
-    if (WGS == 1) __syncthreads();
-    else asm volatile("bar.sync %0, 128;\n" :: "r"(1 + wg) : "memory");
-}
-// ORDERED: the two warpgroups take turns at their MMAs, one computing while the other writes its tile.
-__device__ __forceinline__ void turn_wait(int barrier) { asm volatile("bar.sync %0, 256;\n" :: "r"(barrier) : "memory"); }
-__device__ __forceinline__ void turn_pass(int barrier) { asm volatile("bar.arrive %0, 256;\n" :: "r"(barrier) : "memory"); }
 
 // Four 8 x (4 floats) matrices, one row address per lane: lane l gets element (l / 4, l % 4) of each, the A
 // fragment layout of a TF32 MMA with 16 rows and 8 channels when lanes address the rows accordingly.
@@ -249,127 +237,30 @@ __device__ __forceinline__ float plane_max(const float* block_max, long long fir
 // kernel tap and the step between taps per axis (d, h, w), and y's element offset of the phase's lattice.
 struct Phases { long long at[MAX_PHASES][PHASE_FIELDS]; };
 
-// BANDS: the program writes its tile's band of the output whole, every element once (the lattice's values, bias or
-// zero elsewhere): planes band_d0.. and rows band_h0.. from its tile's first lattice plane and row (the first tile's:
-// from 0) up to the next tile's (the last tile's: to the end), every column. For layers with one non-empty phase,
-// a contiguous output of OD x OH x OW planes whose lattice starts at (LOD, LOH, LOW) and steps by (LSD, LSH, LSW),
-// and a grid of one column tile (QW <= 32). Each (channel, plane) of the band is one contiguous run of its rows,
-// written in 16-byte stores, lanes over consecutive 16 bytes, so that no other pass writes the output.
-// 16 bytes at a 16-byte aligned address.
-__device__ __forceinline__ void store16(float* at, float a, float b, float c, float d) {
-    if (BAND_STREAM)
-        asm volatile("st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\n" :: "l"(at), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-    else
-        asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" :: "l"(at), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
-}
-
-// Group g of a run of span floats that starts misaligned floats past a 16-byte boundary: its elements 4 g -
-// misaligned.. + 3 from the run's start, those inside the run (the first and last groups can be partial).
-__device__ __forceinline__ void store_group(float* start, int misaligned, int g, int span, float a, float b, float c,
-                                            float d) {
-    const int first = 4 * g - misaligned;
-    if (first >= 0 && first + 4 <= span) {
-        store16(start + first, a, b, c, d);
-    } else {
-        if (first >= 0 && first < span) start[first] = a;
-        if (first + 1 >= 0 && first + 1 < span) start[first + 1] = b;
-        if (first + 2 >= 0 && first + 2 < span) start[first + 2] = c;
-        if (first + 3 >= 0 && first + 3 < span) start[first + 3] = d;
-    }
-}
-
-// BANDS: the program writes its tile's band of the output whole, every element once (the lattice's values, bias or
-// zero elsewhere): planes band_d0.. and rows band_h0.. from its tile's first lattice plane and row (the first tile's:
-// from 0) up to the next tile's (the last tile's: to the end), every column. For layers with one non-empty phase,
-// a contiguous output of OD x OH x OW planes whose lattice starts at (LOD, LOH, LOW) and steps by (LSD, LSH, LSW),
-// and a grid of one column tile (QW <= 32). Each (channel, plane) of the band is one contiguous run of its rows; a
-// warp writes a run at a time in 16-byte groups, lanes over consecutive groups, so that no other pass writes the
-// output.
-__device__ __forceinline__ void write_band(float* y_tile, const float* staged, const float* bias, int qd, int qh0,
-                                           int QD, int QH, int QW, long long syc, long long syd, int ob, int tid) {
-    const int warp = tid >> 5, lane = tid & 31;
-    const int band_d0 = qd == 0 ? 0 : LOD + LSD * qd, band_d1 = qd == QD - 1 ? OD : LOD + LSD * (qd + 1);
-    const int band_h0 = qh0 == 0 ? 0 : LOH + LSH * qh0, band_h1 = qh0 + BH >= QH ? OH : LOH + LSH * (qh0 + BH);
-    const int lattice_plane = LOD + LSD * qd, span = (band_h1 - band_h0) * OW;
-    // The band's other planes: bias (or zero) only. Run = (plane k, channel c).
-    #pragma unroll 1
-    for (int run = warp; run < COB * (band_d1 - band_d0 - 1); run += THREADS / 32) {
-        const int c = run % COB, k = run / COB, plane = band_d0 + k + (band_d0 + k >= lattice_plane);
-        float* const start = y_tile + c * syc + plane * syd + band_h0 * OW;
-        const int misaligned = (int)(((unsigned long long)start >> 2) & 3), groups = (misaligned + span + 3) / 4;
-        const float b = HAS_BIAS ? bias[ob * COB + c] : 0.f;
-        #pragma unroll BAND_UNROLL
-        for (int g = lane; g < groups; g += 32) store_group(start, misaligned, g, span, b, b, b, b);
-    }
-    // The lattice plane: run = channel c. A lane's group starts at element (h, w) of the plane.
-    #pragma unroll 1
-    for (int c = warp; c < COB; c += THREADS / 32) {
-        float* const start = y_tile + c * syc + lattice_plane * syd + band_h0 * OW;
-        const int misaligned = (int)(((unsigned long long)start >> 2) & 3), groups = (misaligned + span + 3) / 4;
-        const float b = HAS_BIAS ? bias[ob * COB + c] : 0.f;
-        const float* const tile = staged + c * OCS - qh0 * BW;  // [lattice row][column]
-        const int at = band_h0 * OW + 4 * lane - misaligned;  // (at least -3: C's division truncates, so h 0, w < 0)
-        int h = at / OW, w = at - h * OW;
-        #pragma unroll BAND_UNROLL
-        for (int g = lane; g < groups; g += 32) {
-            float v[4];
-            int eh = h, ew = w;
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int lh = eh - LOH, lw = ew - LOW;  // from the lattice's start
-                const bool on = lh >= 0 && lw >= 0 && lh % LSH == 0 && lw % LSW == 0 && lh / LSH >= qh0
-                                && lh / LSH < qh0 + BH && lh / LSH < QH && lw / LSW < QW;
-                v[e] = on ? tile[lh / LSH * BW + lw / LSW] : b;
-                if (++ew == OW) ew = 0, eh++;
-            }
-            store_group(start, misaligned, g, span, v[0], v[1], v[2], v[3]);
-            w += 128 % OW, h += 128 / OW;  // the lane's next group, 128 elements on
-            if (w >= OW) w -= OW, h++;
-        }
-    }
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS * WGS, 1)
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
 phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,
            const float* __restrict__ bias, const float* __restrict__ block_max, const float* __restrict__ w_inverse,
-           float* __restrict__ y_out, int XD, int XH, int XW, int KHF, int KWF,
+           float* __restrict__ y, int XD, int XH, int XW, int KHF, int KWF,
            int QD, int QH, int QW, int qh_blocks, int qw_blocks, int max_block, int max_blocks, int phase_count,
-           int tiles, long long syn, long long syc, long long syd, long long syh, long long syw, const Phases phases)
+           long long syn, long long syc, long long syd, long long syh, long long syw, const Phases phases)
 {
     extern __shared__ __align__(1024) float4 smem4[];
-    const int wg = WGS == 1 ? 0 : threadIdx.x / THREADS;
-    float* const ring = (float*)smem4 + wg * WG_FLOATS;  // [STAGES][KB][COB][32], swizzled
-    float* const halo = ring + STAGES * B_STAGE;          // [PLANE][CPA]
-    const int tid = WGS == 1 && !KNOWN_THREADS ? threadIdx.x : threadIdx.x % THREADS, lane = tid & 31, warp = tid >> 5, g = lane >> 2,
-              t = lane & 3;
-    // ldmatrix row addresses: warp v reads positions 16v..16v+15 of each slab of 64 (tile rows 2s and 2s + 1).
-    const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_k = 4 * (lane >> 4);
-    const int p = 16 * warp + a_row;
-    const unsigned a_lane = smem_addr(halo + ((p / BW) * HW + p % BW) * CPA + a_k);
-    const unsigned ring_addr = smem_addr(ring);
-#if WGS > 1
-    // Persistent programs: one tile per warpgroup and round.
-    int round = 0;
-    #pragma unroll 1
-    for (int first_tile = blockIdx.x * WGS; first_tile < tiles; first_tile += gridDim.x * WGS, round++) {
-    if (ORDERED && (wg == 1 || round > 0)) turn_wait(ORDER_BARRIER + wg);
-    if (first_tile + wg >= tiles) {  // (the last round's second warpgroup)
-        if (ORDERED) turn_pass(ORDER_BARRIER + (wg ^ 1));
-        continue;
-    }
-#else
-    {  // a program per tile
-    const int first_tile = blockIdx.x;
-#endif
+    float* ring = (float*)smem4;                      // [STAGES][KB][COB][32], swizzled
+    float* halo = ring + STAGES * B_STAGE;            // [PLANE][CPA]
+    // threadIdx.x % THREADS (the block has THREADS threads) tells the compiler that warp < THREADS / 32, so that the
+    // loops over rows and jobs that start at warp unroll: on the H200 (thirty-ninth session, benchmarks/RESULTS.md) this
+    // took the correlation of vae_k4s2p1 from 0.149 to 0.119 ms (0.190 to 0.143 with TF32 off), k3s1p1's from 0.053 to
+    // 0.041 and problem 77's from 0.163 to 0.158 (0.234 to 0.213), the results bitwise the same.
+    const int tid = threadIdx.x % THREADS, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     // Programs: output-channel blocks fastest (they share the input tile in L2), then phases (they read about the
     // same tile, and write the same sectors of y), columns, rows, depth, sample.
-    int tile = first_tile + wg;
+    int tile = blockIdx.x;
     const int ob = tile % (C_OUT / COB); tile /= C_OUT / COB;
     const long long* phase = phases.at[tile % phase_count]; tile /= phase_count;
     const int off_d = (int)phase[0], off_h = (int)phase[1], off_w = (int)phase[2];
     const int td0 = (int)phase[3], th0 = (int)phase[4], tw0 = (int)phase[5];
     const int tds = (int)phase[6], ths = (int)phase[7], tws = (int)phase[8];
-    float* const y = y_out + phase[9];
+    y += phase[9];
     const int qw0 = (tile % qw_blocks) * BW; tile /= qw_blocks;
     const int qh0 = (tile % qh_blocks) * BH; tile /= qh_blocks;
     const int qd = tile % QD, n = tile / QD;
@@ -389,6 +280,11 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     copy_plane(halo, plane0, row_floats, warp, lane);
     cp_commit();
 
+    // ldmatrix row addresses: warp v reads positions 16v..16v+15 of each slab of 64 (tile rows 2s and 2s + 1).
+    const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_k = 4 * (lane >> 4);
+    const int p = 16 * warp + a_row;
+    const unsigned a_lane = smem_addr(halo + ((p / BW) * HW + p % BW) * CPA + a_k);
+    const unsigned ring_addr = smem_addr(ring);
     float d[SLABS][COB / 2];                          // with PARTIALS: the sum of the partials added so far
     unsigned a[3][SLABS][A_REGS];                     // 3xTF32: the hi parts; 3xFP16: hi, then lo; FP16: hi
     // The splits' arrays: one element without them, so that their code, indexed [PARTIALS ? i : 0] (3xTF32's lo parts:
@@ -429,9 +325,9 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     }
 
     #pragma unroll 1
-    for (int kd = 0; kd < (BAND_SKIP == 2 ? 0 : KD); kd++) {
+    for (int kd = 0; kd < KD; kd++) {
         if (kd > 0) {
-            wg_sync(wg);  // every warp's fragment loads from the previous plane are done
+            __syncthreads();  // every warp's fragment loads from the previous plane are done
             copy_plane(halo, plane0 + (long long)kd * DD * XH * row_floats, row_floats, warp, lane);
             cp_commit();
         }
@@ -457,12 +353,12 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                     }
                     // The copies visible to the tensor cores.
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    wg_sync(wg);
+                    __syncthreads();
                     if (step + 2 < KD * KH * KW * U) COPY_WEIGHT(ring + ((step + 2) % STAGES) * B_STAGE, step + 2);
                     cp_commit();
                     if (HALF && PRESPLIT && kh == 0 && kw == 0 && unit == 0) {  // the plane has arrived
                         split_plane(halo, a_scale, tid);
-                        wg_sync(wg);
+                        __syncthreads();
                     }
                     const unsigned stage = ring_addr + 4 * (step % STAGES) * B_STAGE;
                     #pragma unroll
@@ -533,16 +429,15 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                 }
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if (ORDERED) turn_pass(ORDER_BARRIER + (wg ^ 1));  // the other warpgroup's turn at the tensor cores
     if (PARTIALS) add_partial();  // the last partial
     cp_wait<0>();
-    wg_sync(wg);  // shared memory free: the tile goes there
+    __syncthreads();  // shared memory free: the tile goes there
 
     // The tile staged as [channel][position], channels OCS floats apart (the fragments' stores hit 32 banks), the
     // bias added here (each thread's channels 8j + 2t and 8j + 2t + 1), then written in runs of OC_RUN channels of one
     // row, lane l at column qw0 + l: the run's shared-memory loads issue together before its stores (one load, then
     // its store, a row at a time, left each warp waiting on every load).
-    float* staged = ring;
+    float* staged = (float*)smem4;
     #pragma unroll
     for (int j = 0; j < COB / 8; j++) {
         const float b0 = HAS_BIAS ? bias[ob * COB + 8 * j + 2 * t] : 0.f;
@@ -561,11 +456,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
                 staged[(8 * j + 2 * t + 1) * OCS + pos] = d[s][4 * j + 2 * hf + 1] * s1 * a_unit + b1;
             }
     }
-    wg_sync(wg);
-#if BANDS
-    if (BAND_SKIP != 1)
-        write_band(y_out + n * syn + (long long)(ob * COB) * syc, staged, bias, qd, qh0, QD, QH, QW, syc, syd, ob, tid);
-#else
+    __syncthreads();
     const int qw = qw0 + lane;
     float* y_tile = y + n * syn + (long long)(ob * COB) * syc + qd * syd + (long long)qw * syw;
     #pragma unroll 1
@@ -581,14 +472,6 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
         for (int k = 0; k < OC_RUN; k++)
             if (qw < QW) out[k * syc] = v[k];
     }
-#endif
-#if WGS > 1
-    wg_sync(wg);  // the tile's shared-memory reads done before the next tile's copies
-    }
-    if (ORDERED && wg == 0) turn_wait(ORDER_BARRIER);  // the second warpgroup's last turn
-#else
-    }
-#endif
 }
 """
 
@@ -627,22 +510,14 @@ def wgmma_asm(n: int, half: bool = False) -> str:
 
 
 def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: bool, split: int = 0,
-           unit: int | None = None, bands=None, ordered: bool = True, band_unroll: int = 4,
-           band_skip: int = 0, band_stream: bool = False, persistent: bool = False, known_threads: bool = False) -> str:
+           unit: int | None = None) -> str:
     """The kernel's source for one configuration: sizes as macros, so that every loop unrolls; split: 0 (TF32), 1
-    (3xTF32) or 2 (3xFP16); unit: the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in);
-    bands: None, or the output's plane sizes, its lattice's start and its steps (OD, OH, OW, LOD, LOH, LOW, LSD, LSH,
-    LSW), for programs of two warpgroups that write their bands whole (BANDS, write_band), taking turns at the tensor
-    cores where ordered."""
+    (3xTF32) or 2 (3xFP16); unit: the input channels per weight stage (a multiple of 32 dividing c_in; None: c_in)."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=c_in, C_OUT=c_out, COB=cob, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, BH=bh,
                    UC=unit or c_in, HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE,
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS,
-                   PRESPLIT=int(split >= 2 and kh * kw >= PRESPLIT_TAPS), BANDS=int(bands is not None),
-                   WGS=2 if bands is not None or persistent else 1, ORDERED=int(bands is not None and ordered),
-                   KNOWN_THREADS=int(known_threads),
-                   BAND_UNROLL=band_unroll, BAND_SKIP=band_skip, BAND_STREAM=int(band_stream))
-    defines.update(zip(("OD", "OH", "OW", "LOD", "LOH", "LOW", "LSD", "LSH", "LSW"), bands or (1,) * 9))
+                   PRESPLIT=int(split >= 2 and kh * kw >= PRESPLIT_TAPS))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob, split >= 2))
 
@@ -654,8 +529,3 @@ def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: int = 0, u
     ring = 4 * (unit or c_in) * cob * (2 if split == 1 else 1)
     plane = (bh + (kh - 1) * dh) * (32 + (kw - 1) * dw) * (c_in + 4)
     return 4 * max(ring + plane, cob * (bh * 32 + 4))
-
-
-def band_shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: int = 0, unit: int | None = None) -> int:
-    """Dynamic shared memory of a BANDS program: its two warpgroups' (WG_FLOATS each, 1 KB-aligned)."""
-    return 2 * -(-shared_bytes(c_in, cob, taps, dilation, bh, split, unit) // 1024) * 1024
