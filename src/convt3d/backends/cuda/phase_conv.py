@@ -248,9 +248,10 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     float* ring = (float*)smem4;                      // [STAGES][KB][COB][32], swizzled
     float* halo = ring + STAGES * B_STAGE;            // [PLANE][CPA]
     // threadIdx.x % THREADS (the block has THREADS threads) tells the compiler that warp < THREADS / 32, so that the
-    // loops over rows and jobs that start at warp unroll: on the H200 (thirty-ninth session, benchmarks/RESULTS.md) this
-    // took the correlation of vae_k4s2p1 from 0.149 to 0.119 ms (0.190 to 0.143 with TF32 off), k3s1p1's from 0.053 to
-    // 0.041 and problem 77's from 0.163 to 0.158 (0.234 to 0.213), the results bitwise the same.
+    // loops over rows and jobs that start at warp unroll. On the H200 (thirty-ninth session, benchmarks/RESULTS.md;
+    // measured as the known_threads option of bda9193's form of this kernel) it took the correlation of vae_k4s2p1
+    // from 0.149 to 0.119 ms (0.190 to 0.143 with TF32 off), k3s1p1's from 0.053 to 0.041 and problem 77's from
+    // 0.163 to 0.158 (0.234 to 0.213), the results bitwise the same.
     const int tid = threadIdx.x % THREADS, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     // Programs: output-channel blocks fastest (they share the input tile in L2), then phases (they read about the
     // same tile, and write the same sectors of y), columns, rows, depth, sample.
