@@ -55,9 +55,8 @@ def main():
         print(markdown_table(["mode", "what", "mean ms", "min ms", "check"], rows))
         return
 
+    plan = make_plan(tuple(x.shape), tuple(w.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
     for bias in (None, torch.randn(64, device="cuda")):
-        plan = make_plan(tuple(x.shape), tuple(w.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
-        phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
         reference = F.conv_transpose3d(x.double(), w.double(), None if bias is None else bias.double(), **P77)
         for mode, tf32 in (("TF32", True), ("TF32 off", False)):
             torch.backends.cudnn.allow_tf32 = tf32
@@ -69,20 +68,17 @@ def main():
             if bias is None or not tf32:
                 row(mode, "library forward (backend torch)", library,
                     f"{relative_error(ours, reference):.1e}, KB {kernelbench_check(ours, expected)}")
-            start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
-            counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]
-            lattice = (*(p.out_start for p in phases), *(a.stride for a in plan.axes))
-            operands = lambda: correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=split)
+            operands, _, geometry, lattice = phase_case(x, w, plan, split)
             window, taps, scales = operands()
             out = torch.empty(plan.output_shape, device="cuda")
             for ordered, unroll in args.variants:
-                kernel = lambda: cuda.correlate_bands(window, taps, bias, out, grid, offsets, counts, firsts, steps,
-                                                      dilation, lattice, scales, split, ordered, band_unroll=unroll)
+                kernel = lambda: cuda.correlate_bands(window, taps, bias, out, *geometry, lattice, scales, split,
+                                                      ordered, band_unroll=unroll)
 
                 def forward():
                     window, taps, scales = operands()
-                    cuda.correlate_bands(window, taps, bias, out, grid, offsets, counts, firsts, steps, dilation,
-                                         lattice, scales, split, ordered, band_unroll=unroll)
+                    cuda.correlate_bands(window, taps, bias, out, *geometry, lattice, scales, split, ordered,
+                                         band_unroll=unroll)
                 name = f"{'ordered' if ordered else 'free'}, unroll {unroll}"
                 out.fill_(float("nan"))
                 kernel()
@@ -98,38 +94,47 @@ def main():
     print(markdown_table(["mode", "what", "mean ms", "min ms", "check"], rows))
 
 
+def phase_case(x, w, plan, split):
+    """Problem 77's one phase, as the library's forward computes it (cuda_phases._forward_geometry): (its operand
+    pass, a function returning (window, weight taps, scales); its axis phases; the correlation's geometry (grid,
+    window offsets, tap counts, first taps, tap steps, dilation) as cuda.correlate and correlate_bands take it after
+    their output's; its lattice's start and steps)."""
+    phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
+    start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
+    counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]
+    lattice = (*(p.out_start for p in phases), *(a.stride for a in plan.axes))
+    operands = lambda: correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=split)
+    return operands, phases, (grid, offsets, counts, firsts, steps, dilation), lattice
+
+
 def parts(x, w, row):
     """The kernel's parts, without bias (the docstring); the BANDS forms with all writes checked bitwise against the
     library's forward."""
     plan = make_plan(tuple(x.shape), tuple(w.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
-    phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
     for mode, tf32 in (("TF32", True), ("TF32 off", False)):
         torch.backends.cudnn.allow_tf32 = tf32
         split = cuda_phases._split(tf32)
         ours = convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-        start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
-        counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]
-        lattice = (*(p.out_start for p in phases), *(a.stride for a in plan.axes))
-        window, taps, scales = correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=split)
+        operands, phases, geometry, lattice = phase_case(x, w, plan, split)
+        window, taps, scales = operands()
         out = torch.empty(plan.output_shape, device="cuda")
         offset, _, strides = _lattice_geometry(plan, phases, out.stride())
         row(mode, "library correlation into the lattice", lambda: cuda.correlate(
-            window, taps, None, out, offset, strides, grid, offsets, counts, firsts, steps, dilation, scales, split))
+            window, taps, None, out, offset, strides, *geometry, scales, split))
         compact = torch.empty(16, 64, 16, 32, 32, device="cuda")
         row(mode, "library correlation, compact output", lambda: cuda.correlate(
-            window, taps, None, compact, 0, compact.stride(), grid, offsets, counts, firsts, steps, dilation, scales,
-            split))
+            window, taps, None, compact, 0, compact.stride(), *geometry, scales, split))
         for ordered, skip, stream, unroll in ((True, 0, False, 4), (True, 2, False, 4), (False, 0, False, 4),
                                               (False, 2, False, 4), (False, 0, False, 1), (False, 2, False, 1),
                                               (False, 0, True, 4), (True, 0, True, 4)):
-            kernel = lambda: cuda.correlate_bands(window, taps, None, out, grid, offsets, counts, firsts, steps,
-                                                  dilation, lattice, scales, split, ordered, band_skip=skip,
-                                                  band_stream=stream, band_unroll=unroll)
+            kernel = lambda: cuda.correlate_bands(window, taps, None, out, *geometry, lattice, scales, split, ordered,
+                                                  band_skip=skip, band_stream=stream, band_unroll=unroll)
             out.fill_(float("nan"))
             kernel()
             torch.cuda.synchronize()
             name = (f"bands {'ordered' if ordered else 'free'}, unroll {unroll}"
-                    f"{', no writes' if skip == 1 else ', no MMAs' if skip == 2 else ''}{', st.global.cs' if stream else ''}")
+                    f"{', no writes' if skip == 1 else ', no MMAs' if skip == 2 else ''}"
+                    f"{', st.global.cs' if stream else ''}")
             row(mode, name, kernel, f"bitwise {torch.equal(out, ours)}" if skip == 0 else "")
     torch.backends.cudnn.allow_tf32 = True
 
