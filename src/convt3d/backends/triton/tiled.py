@@ -183,22 +183,6 @@ def _inverse_scale_halves(e):
 
 
 @triton.jit
-def _unscaled(acc, row_e, column_e):
-    """acc's sums times 2**-(e_row + e_column), their scales' inverses, exactly (rows and columns of acc as they lie:
-    row_e, column_e). Where every such factor of the tile is a normal float32 (the tile's extreme exponents say so;
-    masked rows' zeros only widen the range), one factor per sum: two multiplies. Else the two halves of each
-    (_inverse_scale_halves), applied one after the other: four multiplies."""
-    if (tl.min(row_e, axis=0) + tl.min(column_e, axis=0) >= -126) & (
-            tl.max(row_e, axis=0) + tl.max(column_e, axis=0) <= 126):
-        acc = acc * (_power_of_2(-row_e)[:, None] * _power_of_2(-column_e)[None, :])
-    else:
-        row_hi, row_lo = _inverse_scale_halves(row_e)
-        column_hi, column_lo = _inverse_scale_halves(column_e)
-        acc = acc * (row_hi[:, None] * column_hi[None, :]) * (row_lo[:, None] * column_lo[None, :])
-    return acc
-
-
-@triton.jit
 def _load(ptr, lo_ptr, offs, mask, PRECISION: tl.constexpr):
     """An operand tile as the operand pass left it, and its low part under 3xTF32 (PRECISION 2; else the tile)."""
     hi = tl.load(ptr + offs, mask=mask, other=0.0)
@@ -278,14 +262,14 @@ def tiled_kernel(
         else:
             a, a_lo = _load(x_ptr, x_lo_ptr, a_offs, a_ok, PRECISION)
             acc = mma(acc, a, a_lo, tl.trans(b), tl.trans(b_lo), PRECISION, INTERPRETED)
-    if SCALED:  # the sums times the inverse scales of their row and column
+    if SCALED:  # the sums times the inverse scales of their row and column, in two exact multiplies
         position = ((n.to(tl.int64) * D + d) * H + h) * W + w
-        x_e = _exponents(x_lo_ptr + position, m_ok)
-        w_e = _exponents(w_lo_ptr + ((kd * KH + kh) * C_OUT + co) * KW + kw, n_ok)
+        x_hi, x_lo = _inverse_scale_halves(_exponents(x_lo_ptr + position, m_ok))
+        w_hi, w_lo = _inverse_scale_halves(_exponents(w_lo_ptr + ((kd * KH + kh) * C_OUT + co) * KW + kw, n_ok))
         if SWAP:
-            acc = _unscaled(acc, w_e, x_e)
+            acc = acc * (w_hi[:, None] * x_hi[None, :]) * (w_lo[:, None] * x_lo[None, :])
         else:
-            acc = _unscaled(acc, x_e, w_e)
+            acc = acc * (x_hi[:, None] * w_hi[None, :]) * (x_lo[:, None] * w_lo[None, :])
     if SWAP:
         if HAS_BIAS:
             acc += tl.load(b_ptr + co, mask=n_ok, other=0.0).to(tl.float32)[:, None]
