@@ -97,13 +97,16 @@ def test_fp16_scales_follow_each_row_far_outside_fp16s_range(config):
     assert_close_rel(y, expected, 1e-6)
 
 
-@pytest.mark.parametrize("x_scale, w_scale", [(2.0**120, 2.0**-110), (2.0**-120, 2.0**110)])
-def test_fp16_scaled_products_of_operands_near_float32s_ends(x_scale, w_scale):
+@pytest.mark.parametrize("x_scale, w_scale, bias", [(2.0**120, 2.0**-110, True), (2.0**-120, 2.0**110, True),
+                                                     (2.0**-60, 2.0**-60, False)])
+def test_fp16_scaled_products_of_operands_near_float32s_ends(x_scale, w_scale, bias):
     """Input and weight near float32's ends whose products are ordinary numbers: the kernel's inverse scales (2^106
-    and 2^-124 here) must not be applied one after the other to the sums (2^136 on the way: inf)."""
+    and 2^-124 in the first case) must not be applied one after the other to the sums (2^136 on the way: inf). In the
+    last, each sum's whole inverse scale (about 2^-150) is no normal float32 while the sums (about 2^-120) are: its
+    two halves must each be. No bias there, which would hide the sums."""
     cfg = CASES[0]
     x, w, b = tensors(cfg, torch.float32)
-    x, w = x * x_scale, w * w_scale
+    x, w, b = x * x_scale, w * w_scale, b if bias else None
     y = run(x, w, b, cfg, TF32, tiled.configs()[1])
     assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
 
