@@ -72,12 +72,7 @@ def tma_tiled_kernel(
                 else:
                     acc = tl.dot(a, b.T, acc)
             # The epilogue, as tiled.py's.
-            h0 = m_block % H_BLOCKS * BLOCK_R
-            nd = m_block // H_BLOCKS
-            d = nd % D
-            n = nd // D
-            kd = tap // KH
-            kh = tap % KH
+            h0, n, d, kd, kh = _tile_origin(m_block, tap, D, KH, H_BLOCKS, BLOCK_R)
             m = tl.arange(0, BLOCK_M)
             h = h0 + m // BLOCK_Q
             m_ok = h < H
@@ -111,6 +106,13 @@ def tma_tiled_kernel(
 
 
 @triton.jit
+def _tile_origin(m_block, tap, D, KH, H_BLOCKS, BLOCK_R: tl.constexpr):
+    """(first input row, sample, input plane, kd, kh) of a tile: m_block = (n, d, row block), tap = (kd, kh)."""
+    nd = m_block // H_BLOCKS
+    return m_block % H_BLOCKS * BLOCK_R, nd // D, nd % D, tap // KH, tap % KH
+
+
+@triton.jit
 def _join_tile(x_desc, w_desc, x_exp_ptr, w_exp_ptr, b_ptr, y_ptr, m0, tap, n_block, m_block, C_IN, C_OUT, D, H,
                KD, KH, syn, syc, syd, syh, syw, H_BLOCKS, HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr,
                BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr):
@@ -132,12 +134,7 @@ def _join_tile(x_desc, w_desc, x_exp_ptr, w_exp_ptr, b_ptr, y_ptr, m0, tap, n_bl
         else:
             acc0 = tl.dot(a, b0.T, acc0)
             acc1 = tl.dot(a, b1.T, acc1)
-    h0 = m_block % H_BLOCKS * BLOCK_R
-    nd = m_block // H_BLOCKS
-    d = nd % D
-    n = nd // D
-    kd = tap // KH
-    kh = tap % KH
+    h0, n, d, kd, kh = _tile_origin(m_block, tap, D, KH, H_BLOCKS, BLOCK_R)
     m = tl.arange(0, BLOCK_M)
     h = h0 + m // BLOCK_Q
     m_ok = h < H
