@@ -8,11 +8,14 @@ nvidia-cuda-nvrtc-cu12`, about 200 MB; the tests skip without it) and ptxas from
 the ones config() and grad_weight_config() choose for the layers of test_cuda_phases.py, problem 77 and the sweep's
 float32 layers, in TF32, 3xTF32 and 3xFP16 (with 3 x 3 taps a plane, its split in shared memory; with fewer, in
 registers), with and without a bias, and the correlation's fewer rows that tile_rows picks on small grids (without a
-bias).
+bias). By default (conftest.run_in_sample) each channel pair and dilation compiles with its most taps, the largest
+unrolled kernel of its kind, with and without a plane split in shared memory (PRESPLIT_TAPS); CONVT3D_FULL_TESTS=1
+compiles every tap count.
 """
 
 import ctypes
 import glob
+import math
 import os
 import re
 import subprocess
@@ -24,6 +27,7 @@ from convt3d.backends import cuda
 from convt3d.backends.cuda import grad_weight, phase_conv
 from convt3d.backends.cuda.phases import _taps
 from convt3d.plan import make_plan, triple
+from conftest import run_in_sample
 from test_cuda_phases import LAYERS
 
 
@@ -104,12 +108,28 @@ def _correlations():
     return sorted(forward), sorted(weight)
 
 
+def _sample_key(c_in, c_out, taps, dilation):
+    # Under 3xFP16 and FP16, planes of PRESPLIT_TAPS taps or more are split in shared memory, fewer in registers.
+    return c_in, c_out, dilation, taps[1] * taps[2] >= phase_conv.PRESPLIT_TAPS
+
+
+def _most_taps(correlations):
+    """The taps with the largest product for each _sample_key: the default sample."""
+    most = {}
+    for case in correlations:
+        if math.prod(case[2]) > math.prod(most.get(_sample_key(*case), (0,))):
+            most[_sample_key(*case)] = case[2]
+    return most
+
+
 FORWARD, WEIGHT = _correlations()
+MOST_TAPS = _most_taps(FORWARD)
 
 
 @pytest.mark.parametrize("c_in, c_out, taps, dilation", FORWARD)
 @pytest.mark.parametrize("split", [0, 1, 2, 3], ids=["tf32", "3xtf32", "3xfp16", "fp16"])
 def test_phase_correlation_compiles_without_spills(c_in, c_out, taps, dilation, split, tmp_path):
+    run_in_sample(taps == MOST_TAPS[_sample_key(c_in, c_out, taps, dilation)])
     chosen = cuda.config(c_in, c_out, taps, dilation, split)
     if chosen is None:
         pytest.skip("the window plane does not fit in shared memory: the kernel does not serve it")

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close_rel, layer_args, make_tensors, random_config
+from conftest import assert_close_rel, layer_args, make_tensors, random_config, run_in_sample
 from test_triton_forward import CASES, round_to_tf32
 
 triton = pytest.importorskip("triton")
@@ -47,6 +47,7 @@ def weight_grads(cfg, dtype, precision, round_operands=False, copy_per_w_tap=Non
 @pytest.mark.parametrize("copy_per_w_tap", [False, True], ids=["window", "copy_per_w_tap"])
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
 def test_tf32x3_is_float32_accurate(cfg, copy_per_w_tap):
+    run_in_sample((CASES.index(cfg) + copy_per_w_tap) % 2 == 0)  # each case in one form, the other in tf32_rounds
     ours, ref = weight_grads(cfg, torch.float32, TF32X3, copy_per_w_tap=copy_per_w_tap)
     assert ours.dtype == torch.float32
     assert_close_rel(ours, ref, 1e-6)
@@ -55,6 +56,7 @@ def test_tf32x3_is_float32_accurate(cfg, copy_per_w_tap):
 @pytest.mark.parametrize("copy_per_w_tap", [False, True], ids=["window", "copy_per_w_tap"])
 @pytest.mark.parametrize("cfg", CASES[:3], ids=range(3))
 def test_tf32_rounds_operands_to_nearest(cfg, copy_per_w_tap):
+    run_in_sample((CASES.index(cfg) + copy_per_w_tap) % 2 == 1)  # the form tf32x3 left out
     ours, ref_rounded = weight_grads(cfg, torch.float32, TF32, round_operands=True, copy_per_w_tap=copy_per_w_tap)
     assert_close_rel(ours, ref_rounded, 1e-6)  # exactly the products of the rounded operands, float32 sums
 
@@ -62,7 +64,9 @@ def test_tf32_rounds_operands_to_nearest(cfg, copy_per_w_tap):
 @pytest.mark.parametrize("precision", [TF32, TF32X3], ids=["tf32", "tf32x3"])
 @pytest.mark.parametrize("cfg", CASES[:3], ids=range(3))
 def test_lattice_in_either_layout(cfg, precision):
-    """grad_output's lattice NCDHW or channels-last (read in place, no copy): the same sums, bit for bit."""
+    """grad_output's lattice NCDHW or channels-last (read in place, no copy): the same sums, bit for bit. Sampled:
+    each case in one precision, in turn."""
+    run_in_sample((CASES.index(cfg) + (precision == TF32X3)) % 2 == 0)
     torch.manual_seed(1)
     ncdhw, _ = weight_grads(cfg, torch.float32, precision, lattice_format=torch.contiguous_format)
     torch.manual_seed(1)
@@ -82,6 +86,7 @@ def test_half_precision(dtype, rel):
 @pytest.mark.parametrize("copy_per_w_tap", [False, True], ids=["window", "copy_per_w_tap"])
 @pytest.mark.parametrize("seed", range(8))
 def test_random_configs(seed, copy_per_w_tap):
+    run_in_sample((seed + copy_per_w_tap) % 2 == 0)  # each seed in one form
     cfg = random_config(random.Random(9100 + seed))
     cfg["batch"] = max(1, cfg["batch"])
     ours, ref = weight_grads(cfg, torch.float32, TF32X3, copy_per_w_tap=copy_per_w_tap)
@@ -154,7 +159,8 @@ def test_copy_lattice_64_bit_offsets(monkeypatch):
 @pytest.mark.parametrize("cfg", CASES[:4], ids=range(4))
 def test_phase_operands_in_one_launch(cfg, precision):
     """The lattice (read in place from grad_output, NCDHW or channels-last) and the windows from one launch: equal
-    to each copied alone, TF32-rounded in TF32 mode."""
+    to each copied alone, TF32-rounded in TF32 mode. Sampled: each case in one precision, in turn."""
+    run_in_sample((CASES.index(cfg) + (precision == TF32X3)) % 2 == 0)
     x, w, _ = make_tensors(dict(cfg, unbatched=False, bias=False), torch.float32, DEVICE)
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
     rounded = precision == TF32

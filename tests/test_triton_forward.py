@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from conftest import assert_close_rel, layer_args, make_tensors, random_config
+from conftest import assert_close_rel, layer_args, make_tensors, random_config, run_in_sample
 
 triton = pytest.importorskip("triton")
 from convt3d.backends.triton.forward import (  # noqa: E402
@@ -87,10 +87,12 @@ def test_tf32x3_is_float32_accurate(cfg):
     assert_close_rel(run(x, w, b, cfg, TF32X3), ref, 1e-6)
 
 
-# float16 keeps 11 significant bits, bfloat16 8: the output's own rounding dominates.
+# float16 keeps 11 significant bits, bfloat16 8: the output's own rounding dominates. Sampled: each case in one
+# dtype, in turn.
 @pytest.mark.parametrize("dtype, rel", [(torch.float16, 2e-3), (torch.bfloat16, 1.5e-2)])
 @pytest.mark.parametrize("cfg", CASES[:3], ids=range(3))
 def test_half_precision(cfg, dtype, rel):
+    run_in_sample((CASES.index(cfg) + (dtype == torch.bfloat16)) % 2 == 0)
     x, w, b = tensors(cfg, dtype)
     y = run(x, w, b, cfg, NATIVE)
     assert y.dtype == dtype
@@ -122,6 +124,7 @@ def test_operand_pass_layouts(precision):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_configs_tf32x3(seed):
+    run_in_sample(seed % 2 == 0)
     cfg = random_config(random.Random(7000 + seed))
     cfg["batch"] = max(1, cfg["batch"])
     x, w, b = tensors(cfg, torch.float32)
