@@ -191,6 +191,20 @@ def test_auto_skips_a_backend_that_runs_out_of_memory(monkeypatch):
     assert functional.choose_backend(x, w, None, plan) == "eager"
 
 
+def test_auto_breaks_near_ties_on_cuda_by_host_time():
+    from convt3d.functional import TIE, _pick
+
+    # unet3d_k2s2 with TF32 off on the H200 (forty-first session): the phase path 2% faster in auto's timing, with four
+    # times the Triton kernel's host time.
+    times = {"torch": 0.0900, "triton": 0.0921, "eager": 0.3086}
+    host_ms = {"torch": 0.13, "triton": 0.03, "eager": 0.03}
+    assert _pick(times) == "torch"  # on the CPU (no host times): the least median time
+    assert _pick(times, host_ms) == "triton"
+    # Beyond TIE the faster one wins, whatever its host time.
+    assert _pick(dict(times, torch=0.0921 / (1 + 2 * TIE)), host_ms) == "torch"
+    assert _pick({"torch": 0.072, "triton": 0.100, "eager": 0.31}, host_ms) == "torch"
+
+
 @pytest.mark.parametrize("slow", ["torch", "eager"])
 def test_auto_picks_the_faster_candidate_and_logs_the_times(monkeypatch, caplog, slow):
     from convt3d import functional
