@@ -9,8 +9,8 @@ the ones config() and grad_weight_config() choose for the layers of test_cuda_ph
 float32 layers, in TF32, 3xTF32 and 3xFP16 (with 3 x 3 taps a plane, its split in shared memory; with fewer, in
 registers), with and without a bias, and the correlation's fewer rows that tile_rows picks on small grids (without a
 bias). By default (conftest.run_in_sample) each channel pair and dilation compiles with its most taps, the largest
-unrolled kernel of its kind, with and without a plane split in shared memory (PRESPLIT_TAPS); CONVT3D_FULL_TESTS=1
-compiles every tap count.
+unrolled kernel of its kind, with and without a plane split in shared memory (PRESPLIT_TAPS), at the rows config()
+chooses; CONVT3D_FULL_TESTS=1 compiles every tap count and the fewer rows too.
 """
 
 import ctypes
@@ -27,7 +27,7 @@ from convt3d.backends import cuda
 from convt3d.backends.cuda import grad_weight, phase_conv
 from convt3d.backends.cuda.phases import _taps
 from convt3d.plan import make_plan, triple
-from conftest import run_in_sample
+from conftest import FULL_TESTS, run_in_sample
 from test_cuda_phases import LAYERS
 
 
@@ -138,7 +138,7 @@ def test_phase_correlation_compiles_without_spills(c_in, c_out, taps, dilation, 
         source = phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit)
         registers, spilled = registers_and_spills(source, tmp_path)
         assert spilled == 0, (registers, spilled)
-    while rows > 2:  # the fewer rows of tile_rows on small grids
+    while rows > 2 and FULL_TESTS:  # the fewer rows of tile_rows on small grids (smaller accumulators)
         rows //= 2
         registers, spilled = registers_and_spills(
             phase_conv.source(c_in, c_out, cob, taps, dilation, rows, False, split, unit), tmp_path)

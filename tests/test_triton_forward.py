@@ -70,6 +70,7 @@ CASES = [
 
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
 def test_tf32_rounds_operands_to_nearest(cfg):
+    run_in_sample(CASES.index(cfg) % 2 == 0)  # the other cases in tf32x3 below
     x, w, b = tensors(cfg, torch.float32)
     y = run(x, w, b, cfg, TF32)
     # Exactly the products of the TF32-rounded operands, summed in float32.
@@ -82,6 +83,7 @@ def test_tf32_rounds_operands_to_nearest(cfg):
 
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
 def test_tf32x3_is_float32_accurate(cfg):
+    run_in_sample(CASES.index(cfg) % 2 == 1)  # the cases tf32_rounds leaves out
     x, w, b = tensors(cfg, torch.float32)
     ref = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
     assert_close_rel(run(x, w, b, cfg, TF32X3), ref, 1e-6)
