@@ -31,6 +31,17 @@ def test_timing_statistics():
     t = Timing.of([1.0, 2.0, 3.0])
     assert (t.mean_ms, t.min_ms, t.max_ms) == (2.0, 1.0, 3.0)
     assert t.std_ms == pytest.approx(1.0)
+    assert t.slow_calls is None  # no host times given (the CPU's timings)
+
+
+def test_timing_names_the_slow_calls_with_their_host_times():
+    samples = [1.0, 2.5, 1.1, 9.0, 2.0, 3.0]
+    host = [0.5, 0.4, 0.6, 8.9, 0.5, 0.7]
+    t = Timing.of(samples, host)
+    assert t.slow_calls == [(3, 9.0, 8.9), (5, 3.0, 0.7), (1, 2.5, 0.4)]  # above twice the fastest, slowest first
+    assert Timing.of([1.0] * 5, [0.1] * 5).slow_calls == []
+    many = Timing.of([1.0] + [5.0 + i for i in range(20)], [0.0] * 21).slow_calls
+    assert len(many) == 10 and many[0] == (20, 24.0, 0.0)
 
 
 def test_table_marks_timings_that_include_driver_allocations():
@@ -39,6 +50,16 @@ def test_table_marks_timings_that_include_driver_allocations():
     assert "*" not in table([dict(row, device_allocations=0)])
     marked = table([dict(row, device_allocations=3)]).splitlines()
     assert marked[2].split(" | ")[1].strip().endswith("*") and marked[-1].endswith("x 3")
+
+
+def test_table_lists_slow_calls_with_their_host_times():
+    row = dict(implementation="x", mean_ms=1.0, std_ms=0.1, speedup_vs_eager=None, ratio_to_floor=None,
+               rel_err_fp64=None, kernelbench_check=None)
+    assert "twice" not in table([row])
+    calls = [dict(call=i, ms=2.0 - i / 10, host_ms=1.5) for i in range(5)]
+    last = table([row, dict(row, implementation="y", slow_calls=calls)]).splitlines()[-1]
+    assert last.startswith("calls above twice") and "y 0: 2.000 / 1.500, 1: 1.900 / 1.500" in last
+    assert last.endswith("and 2 more") and "x " not in last
 
 
 def test_table_gives_host_times_where_measured():

@@ -2,6 +2,7 @@
 
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -414,6 +415,21 @@ def test_bench_timer_flushes_the_l2_from_the_gpu():
     seen = []
     time_cuda(lambda: seen.append(torch.cuda.memory_allocated() - base), warmup=1, iters=3, flush_bytes=flush_bytes)
     assert len(seen) == 4 and min(seen) >= flush_bytes
+
+
+def test_bench_timer_names_a_call_that_waited_for_the_host():
+    """A timed call that stalls on the host shows among Timing.slow_calls with its host time about its CUDA time."""
+    from convt3d.bench.protocol import time_cuda
+
+    calls = []
+
+    def stall_on_the_ninth():  # 5 warm-up calls, then the timed ones: the ninth call is timed call 3
+        calls.append(None)
+        if len(calls) == 9:
+            time.sleep(0.005)
+
+    slowest = time_cuda(stall_on_the_ninth, warmup=5, iters=10).slow_calls[0]
+    assert slowest[0] == 3 and slowest[1] >= 5.0 and slowest[2] >= 5.0
 
 
 def test_bench_timer_counts_driver_allocations():

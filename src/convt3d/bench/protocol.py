@@ -23,6 +23,9 @@ KERNELBENCH_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat1
 FLUSH_BYTES = 256 * 1024 * 1024
 # HBM3e bandwidth of the H200 by NVIDIA's datasheet; other GPUs are named but not modelled.
 DATASHEET_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
+# Timing.slow_calls: a call counts as slow above SLOW times the fastest; at most SLOW_CALLS are kept.
+SLOW = 2.0
+SLOW_CALLS = 10
 
 
 @dataclass
@@ -34,11 +37,20 @@ class Timing:
     # CUDA: memory the caching allocator had to take from or give back to the driver during the timed calls
     # (cudaMalloc / cudaFree, which synchronise); nonzero means the timings include such calls.
     device_allocations: int | None = None
+    # CUDA: the calls that took more than SLOW times the fastest, slowest first (at most SLOW_CALLS of them), as
+    # (index among the timed calls, ms, host ms from the call to its return). A slow call whose host time is about
+    # its CUDA time waited for the host (Python, a garbage collection, the machine); one with little host time was
+    # slow on the GPU.
+    slow_calls: list[tuple[int, float, float]] | None = None
 
     @classmethod
-    def of(cls, samples_ms: list[float], **extra) -> "Timing":
+    def of(cls, samples_ms: list[float], host_ms: list[float] | None = None, **extra) -> "Timing":
         std = statistics.stdev(samples_ms) if len(samples_ms) > 1 else 0.0
-        return cls(statistics.fmean(samples_ms), std, min(samples_ms), max(samples_ms), **extra)
+        fastest = min(samples_ms)
+        if host_ms is not None:
+            slow = sorted((i for i, ms in enumerate(samples_ms) if ms > SLOW * fastest), key=lambda i: -samples_ms[i])
+            extra["slow_calls"] = [(i, samples_ms[i], host_ms[i]) for i in slow[:SLOW_CALLS]]
+        return cls(statistics.fmean(samples_ms), std, fastest, max(samples_ms), **extra)
 
 
 def time_cuda(fn: Callable[[], object], warmup: int = 5, iters: int = 100, device=None,
@@ -59,16 +71,19 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, iters: int = 100, devic
     torch.cuda.synchronize(device)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    host_ms = []  # each call's, from the call to its return: it tells a slow host from a slow GPU (Timing.slow_calls)
     before = _driver_allocations(device)
     for start, end in zip(starts, ends):
         if synchronize:
             torch.cuda.synchronize(device)
         flush.fill_(1)
         start.record()
+        t0 = time.perf_counter()
         fn()
+        host_ms.append((time.perf_counter() - t0) * 1e3)
         end.record()
     torch.cuda.synchronize(device)
-    return Timing.of([s.elapsed_time(e) for s, e in zip(starts, ends)],
+    return Timing.of([s.elapsed_time(e) for s, e in zip(starts, ends)], host_ms,
                      device_allocations=_driver_allocations(device) - before)
 
 

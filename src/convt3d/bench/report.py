@@ -57,8 +57,7 @@ def table(rows: list[dict]) -> str:
         if r.get("device_allocations"):
             timing += " *"
         check = {True: "pass", False: "FAIL", None: "-"}[r["kernelbench_check"]]
-        name = r["implementation"] if "layer" not in r else f"{r['layer']}: {r['implementation']}"
-        lines.append((name, timing, _fmt(r["speedup_vs_eager"], ".2f") + "×" if r["speedup_vs_eager"] else "-",
+        lines.append((_name(r), timing, _fmt(r["speedup_vs_eager"], ".2f") + "×" if r["speedup_vs_eager"] else "-",
                       _fmt(r["ratio_to_floor"], ".2f"), _fmt(r["rel_err_fp64"], ".1e"), check,
                       _fmt(r.get("host_ms"), ".4f")))
     widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
@@ -71,7 +70,16 @@ def table(rows: list[dict]) -> str:
         out.append("* the caching allocator called cudaMalloc/cudaFree (which synchronise) during the timed calls: "
                    + ", ".join(f"{r['implementation']} {r['device_allocations']}" for r in rows
                                if r.get("device_allocations")))
+    slow = [r for r in rows if r.get("slow_calls")]
+    if slow:
+        out.append("calls above twice their row's fastest (call: ms / host ms, slowest first): " + "; ".join(
+            f"{_name(r)} " + ", ".join(f"{c['call']}: {c['ms']:.3f} / {c['host_ms']:.3f}" for c in r["slow_calls"][:3])
+            + (f" and {len(r['slow_calls']) - 3} more" if len(r["slow_calls"]) > 3 else "") for r in slow))
     return "\n".join(out)
+
+
+def _name(row: dict) -> str:
+    return row["implementation"] if "layer" not in row else f"{row['layer']}: {row['implementation']}"
 
 
 def markdown_table(header: list[str], rows: list[tuple]) -> str:

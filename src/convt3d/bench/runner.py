@@ -38,6 +38,8 @@ def _row(name: str, timing: Timing | None, **extra) -> dict:
         row.update(mean_ms=timing.mean_ms, std_ms=timing.std_ms, min_ms=timing.min_ms, max_ms=timing.max_ms)
         if timing.device_allocations is not None:
             row["device_allocations"] = timing.device_allocations
+        if timing.slow_calls:
+            row["slow_calls"] = [dict(call=i, ms=ms, host_ms=host) for i, ms, host in timing.slow_calls]
     row.update(extra)
     return row
 
