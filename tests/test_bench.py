@@ -37,11 +37,12 @@ def test_timing_statistics():
 def test_timing_names_the_slow_calls_with_their_host_times():
     samples = [1.0, 2.5, 1.1, 9.0, 2.0, 3.0]
     host = [0.5, 0.4, 0.6, 8.9, 0.5, 0.7]
-    t = Timing.of(samples, host)
-    assert t.slow_calls == [(3, 9.0, 8.9), (5, 3.0, 0.7), (1, 2.5, 0.4)]  # above twice the fastest, slowest first
+    t = Timing.of(samples, host, [None, None, 0, 1, None, None])
+    # above twice the fastest, slowest first, with the generation collected during the call
+    assert t.slow_calls == [(3, 9.0, 8.9, 1), (5, 3.0, 0.7, None), (1, 2.5, 0.4, None)]
     assert Timing.of([1.0] * 5, [0.1] * 5).slow_calls == []
     many = Timing.of([1.0] + [5.0 + i for i in range(20)], [0.0] * 21).slow_calls
-    assert len(many) == 10 and many[0] == (20, 24.0, 0.0)
+    assert len(many) == 10 and many[0] == (20, 24.0, 0.0, None)
 
 
 def test_table_marks_timings_that_include_driver_allocations():
@@ -56,9 +57,9 @@ def test_table_lists_slow_calls_with_their_host_times():
     row = dict(implementation="x", mean_ms=1.0, std_ms=0.1, speedup_vs_eager=None, ratio_to_floor=None,
                rel_err_fp64=None, kernelbench_check=None)
     assert "twice" not in table([row])
-    calls = [dict(call=i, ms=2.0 - i / 10, host_ms=1.5) for i in range(5)]
+    calls = [dict(call=i, ms=2.0 - i / 10, host_ms=1.5, gc_generation=None if i else 1) for i in range(5)]
     last = table([row, dict(row, implementation="y", slow_calls=calls)]).splitlines()[-1]
-    assert last.startswith("calls above twice") and "y 0: 2.000 / 1.500, 1: 1.900 / 1.500" in last
+    assert last.startswith("calls above twice") and "y 0: 2.000 / 1.500 gc1, 1: 1.900 / 1.500, 2:" in last
     assert last.endswith("and 2 more") and "x " not in last
 
 

@@ -1,5 +1,6 @@
 """GPU tests of the fused Triton forward (marked `gpu`, skipped without CUDA)."""
 
+import gc
 import os
 import socket
 import time
@@ -429,7 +430,23 @@ def test_bench_timer_names_a_call_that_waited_for_the_host():
             time.sleep(0.005)
 
     slowest = time_cuda(stall_on_the_ninth, warmup=5, iters=10).slow_calls[0]
-    assert slowest[0] == 3 and slowest[1] >= 5.0 and slowest[2] >= 5.0
+    assert slowest[0] == 3 and slowest[1] >= 5.0 and slowest[2] >= 5.0 and slowest[3] is None
+
+
+def test_bench_timer_names_a_garbage_collection_in_a_call():
+    """A collection by Python's garbage collector inside a timed call is named with its generation."""
+    from convt3d.bench.protocol import time_cuda
+
+    calls = []
+
+    def collect_on_the_eighth():  # timed call 2
+        calls.append(None)
+        if len(calls) == 8:
+            gc.collect(1)
+            time.sleep(0.005)  # so that the call is among the slow ones whatever the collection takes
+
+    slowest = time_cuda(collect_on_the_eighth, warmup=5, iters=10).slow_calls[0]
+    assert slowest[0] == 2 and slowest[3] == 1
 
 
 def test_bench_timer_counts_driver_allocations():

@@ -9,6 +9,7 @@ buffer written on the GPU), with CUDA events around it. On the CPU: wall clock, 
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import statistics
 import time
@@ -38,18 +39,20 @@ class Timing:
     # (cudaMalloc / cudaFree, which synchronise); nonzero means the timings include such calls.
     device_allocations: int | None = None
     # CUDA: the calls that took more than SLOW times the fastest, slowest first (at most SLOW_CALLS of them), as
-    # (index among the timed calls, ms, host ms from the call to its return). A slow call whose host time is about
-    # its CUDA time waited for the host (Python, a garbage collection, the machine); one with little host time was
-    # slow on the GPU.
-    slow_calls: list[tuple[int, float, float]] | None = None
+    # (index among the timed calls, ms, host ms from the call to its return, the oldest generation that Python's
+    # garbage collector collected during the call or None). A slow call whose host time is about its CUDA time
+    # waited for the host (Python, a garbage collection, the machine); one with little host time was slow on the GPU.
+    slow_calls: list[tuple[int, float, float, int | None]] | None = None
 
     @classmethod
-    def of(cls, samples_ms: list[float], host_ms: list[float] | None = None, **extra) -> "Timing":
+    def of(cls, samples_ms: list[float], host_ms: list[float] | None = None,
+           collected: list[int | None] | None = None, **extra) -> "Timing":
         std = statistics.stdev(samples_ms) if len(samples_ms) > 1 else 0.0
         fastest = min(samples_ms)
         if host_ms is not None:
+            collected = collected or [None] * len(samples_ms)
             slow = sorted((i for i, ms in enumerate(samples_ms) if ms > SLOW * fastest), key=lambda i: -samples_ms[i])
-            extra["slow_calls"] = [(i, samples_ms[i], host_ms[i]) for i in slow[:SLOW_CALLS]]
+            extra["slow_calls"] = [(i, samples_ms[i], host_ms[i], collected[i]) for i in slow[:SLOW_CALLS]]
         return cls(statistics.fmean(samples_ms), std, fastest, max(samples_ms), **extra)
 
 
@@ -72,18 +75,30 @@ def time_cuda(fn: Callable[[], object], warmup: int = 5, iters: int = 100, devic
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     host_ms = []  # each call's, from the call to its return: it tells a slow host from a slow GPU (Timing.slow_calls)
-    before = _driver_allocations(device)
-    for start, end in zip(starts, ends):
-        if synchronize:
-            torch.cuda.synchronize(device)
-        flush.fill_(1)
-        start.record()
-        t0 = time.perf_counter()
-        fn()
-        host_ms.append((time.perf_counter() - t0) * 1e3)
-        end.record()
-    torch.cuda.synchronize(device)
-    return Timing.of([s.elapsed_time(e) for s, e in zip(starts, ends)], host_ms,
+    collected = [None] * iters  # the oldest generation the garbage collector collected during each call
+    calling = None  # the index of the call running, if one is
+
+    def on_collection(phase, info):
+        if phase == "start" and calling is not None:
+            collected[calling] = max(info["generation"], collected[calling] or 0)
+
+    gc.callbacks.append(on_collection)
+    try:
+        before = _driver_allocations(device)
+        for call, (start, end) in enumerate(zip(starts, ends)):
+            if synchronize:
+                torch.cuda.synchronize(device)
+            flush.fill_(1)
+            start.record()
+            calling, t0 = call, time.perf_counter()
+            fn()
+            host_ms.append((time.perf_counter() - t0) * 1e3)
+            calling = None
+            end.record()
+        torch.cuda.synchronize(device)
+    finally:
+        gc.callbacks.remove(on_collection)
+    return Timing.of([s.elapsed_time(e) for s, e in zip(starts, ends)], host_ms, collected,
                      device_allocations=_driver_allocations(device) - before)
 
 

@@ -72,14 +72,20 @@ def table(rows: list[dict]) -> str:
                                if r.get("device_allocations")))
     slow = [r for r in rows if r.get("slow_calls")]
     if slow:
-        out.append("calls above twice their row's fastest (call: ms / host ms, slowest first): " + "; ".join(
-            f"{_name(r)} " + ", ".join(f"{c['call']}: {c['ms']:.3f} / {c['host_ms']:.3f}" for c in r["slow_calls"][:3])
-            + (f" and {len(r['slow_calls']) - 3} more" if len(r["slow_calls"]) > 3 else "") for r in slow))
+        out.append("calls above twice their row's fastest (call: ms / host ms, slowest first; gcN: the garbage "
+                   "collector collected generation N during the call): " + "; ".join(map(_slow_calls, slow)))
     return "\n".join(out)
 
 
 def _name(row: dict) -> str:
     return row["implementation"] if "layer" not in row else f"{row['layer']}: {row['implementation']}"
+
+
+def _slow_calls(row: dict, shown: int = 3) -> str:
+    calls = row["slow_calls"]
+    text = ", ".join(f"{c['call']}: {c['ms']:.3f} / {c['host_ms']:.3f}"
+                     + ("" if c.get("gc_generation") is None else f" gc{c['gc_generation']}") for c in calls[:shown])
+    return f"{_name(row)} {text}" + (f" and {len(calls) - shown} more" if len(calls) > shown else "")
 
 
 def markdown_table(header: list[str], rows: list[tuple]) -> str:

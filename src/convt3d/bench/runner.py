@@ -39,7 +39,8 @@ def _row(name: str, timing: Timing | None, **extra) -> dict:
         if timing.device_allocations is not None:
             row["device_allocations"] = timing.device_allocations
         if timing.slow_calls:
-            row["slow_calls"] = [dict(call=i, ms=ms, host_ms=host) for i, ms, host in timing.slow_calls]
+            row["slow_calls"] = [dict(call=i, ms=ms, host_ms=host, gc_generation=generation)
+                                 for i, ms, host, generation in timing.slow_calls]
     row.update(extra)
     return row
 
