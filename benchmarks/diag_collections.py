@@ -28,6 +28,7 @@ import torch
 from convt3d import functional
 from convt3d.backends.triton import forward
 from convt3d.bench import runner
+from convt3d.bench.report import slow_calls_text
 from convt3d.bench.workloads import sweep_layers
 
 FIRST_FIVE = "unet3d_k2s2,unet3d_k2s2_deep,vae_k4s2p1,video_k3s2p1op1,video_spatial_k144"
@@ -72,12 +73,6 @@ def run_variant(variant: str, layers: str, iters: int) -> list[dict]:
     return rows
 
 
-def _slowest(row, shown=3):
-    return ", ".join(f"{c['ms']:.3f}/{c['host_ms']:.3f}" + ("" if c["gc_generation"] is None else
-                                                            f" gc{c['gc_generation']}")
-                     for c in (row["slow_calls"] or [])[:shown])
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--variants", default="plain,settle,autotune")
@@ -94,10 +89,11 @@ def main():
         if done.returncode != 0:
             print(f"{variant}: failed\n{done.stderr[-2000:]}", flush=True)
             continue
-        print(f"\n{variant}:\n| layer | implementation | mean ms | min ms | slowest calls (ms/host ms) |\n|---|---|---|---|---|")
+        print(f"\n{variant}:\n| layer | implementation | mean ms | min ms | slowest calls (call: ms / host ms) |\n"
+              "|---|---|---|---|---|")
         for row in json.loads(done.stdout.splitlines()[-1]):
             print(f"| {row['layer']} | {row['implementation']} | {row['mean_ms']:.4f} | {row['min_ms']:.4f} | "
-                  f"{_slowest(row)} |", flush=True)
+                  f"{slow_calls_text(row['slow_calls'] or [])} |", flush=True)
 
 
 if __name__ == "__main__":

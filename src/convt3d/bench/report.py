@@ -81,11 +81,16 @@ def _name(row: dict) -> str:
     return row["implementation"] if "layer" not in row else f"{row['layer']}: {row['implementation']}"
 
 
-def _slow_calls(row: dict, shown: int = 3) -> str:
-    calls = row["slow_calls"]
+def _slow_calls(row: dict) -> str:
+    return f"{_name(row)} {slow_calls_text(row['slow_calls'])}"
+
+
+def slow_calls_text(calls: list[dict], shown: int = 3) -> str:
+    """A row's slow_calls, the first `shown` of them, as "call: ms / host ms" (and "gcN" where the garbage collector
+    collected generation N during the call)."""
     text = ", ".join(f"{c['call']}: {c['ms']:.3f} / {c['host_ms']:.3f}"
                      + ("" if c.get("gc_generation") is None else f" gc{c['gc_generation']}") for c in calls[:shown])
-    return f"{_name(row)} {text}" + (f" and {len(calls) - shown} more" if len(calls) > shown else "")
+    return text + (f" and {len(calls) - shown} more" if len(calls) > shown else "")
 
 
 def markdown_table(header: list[str], rows: list[tuple]) -> str:
