@@ -10,10 +10,11 @@ its slowest calls (Timing.slow_calls: ms / host ms, gcN where generation N was c
 - plain: the bench as it is;
 - settle: one gc.collect() after a layer's checks, before the host idles (runner's settle), so that what follows the
   collection falls in the idle time;
+- freeze: as settle, then gc.freeze(), so that later collections leave every object alive before the idle unexamined;
 - autotune: a gc.collect() after each Triton autotuning (forward._autotune) and each timing of auto's candidates
   (functional._fastest), inside the first call that runs them, which compiles and takes seconds anyway.
 
-    PYTHONPATH=src python3 benchmarks/diag_collections.py [--variants plain,settle,autotune] [--layers a,b] [--iters 100]
+    PYTHONPATH=src python3 benchmarks/diag_collections.py [--variants plain,settle,freeze,autotune] [--layers a,b] [--iters 100]
 """
 
 import argparse
@@ -35,14 +36,18 @@ FIRST_FIVE = "unet3d_k2s2,unet3d_k2s2_deep,vae_k4s2p1,video_k3s2p1op1,video_spat
 
 
 class _CollectBeforeSleep:
-    """The time module as runner sees it, with sleep preceded by a full collection."""
+    """The time module as runner sees it, with sleep preceded by a full collection (and a freeze)."""
+
+    def __init__(self, freeze: bool):
+        self.freeze = freeze
 
     def __getattr__(self, name):
         return getattr(time, name)
 
-    @staticmethod
-    def sleep(seconds):
+    def sleep(self, seconds):
         gc.collect()
+        if self.freeze:
+            gc.freeze()
         time.sleep(seconds)
 
 
@@ -57,8 +62,8 @@ def _collecting_after(function):
 
 def run_variant(variant: str, layers: str, iters: int) -> list[dict]:
     """The bench's rows of the layers under one variant, in this process."""
-    if variant == "settle":
-        runner.time = _CollectBeforeSleep()
+    if variant in ("settle", "freeze"):
+        runner.time = _CollectBeforeSleep(freeze=variant == "freeze")
     elif variant == "autotune":
         forward._autotune = _collecting_after(forward._autotune)
         functional._fastest = _collecting_after(functional._fastest)
