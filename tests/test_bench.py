@@ -197,9 +197,13 @@ def test_rows_carry_the_choices_convt3d_made(monkeypatch):
     assert not logging.getLogger("convt3d").handlers and logging.getLogger("convt3d").propagate
 
 
-def test_every_implementation_is_checked_before_any_is_timed_with_the_host_left_idle_between(monkeypatch):
-    # The checks' first calls compile and autotune; the GPU machine's host then ran slower for seconds, so the
-    # runner checks all, sleeps settle_s once, then times all.
+def test_every_implementation_is_checked_before_any_is_timed_with_garbage_collected_and_the_host_left_idle_between(
+        monkeypatch):
+    # The checks' first calls compile and autotune; the GPU machine's host then ran slower for seconds, and their
+    # garbage, left to the collector, was collected inside some timed call. So the runner checks all, collects,
+    # sleeps settle_s once, then times all.
+    import gc
+
     from convt3d.bench import runner
     from convt3d.bench.workloads import Layer
 
@@ -208,10 +212,11 @@ def test_every_implementation_is_checked_before_any_is_timed_with_the_host_left_
     monkeypatch.setattr(runner, "_correctness", lambda *a: events.append("check") or real_correctness(*a))
     monkeypatch.setattr(runner, "_time", lambda fn, on_gpu, iters: events.append("time") or Timing.of([1.0, 1.0]))
     monkeypatch.setattr(runner.time, "sleep", lambda seconds: events.append(("sleep", seconds)))
+    monkeypatch.setattr(gc, "collect", lambda *generation: events.append("collect") or 0)
     layer = Layer(name="tiny", in_channels=2, out_channels=2, kernel_size=2, stride=2, padding=0, dilation=1,
                   bias=True, input_shape=[1, 2, 2, 3, 3]).validate()
     rows = runner.run_layer(layer, torch.device("cpu"), compile=False, iters=2, settle_s=0.25)
-    assert events == ["check", "check", ("sleep", 0.25), "time", "time"]
+    assert events == ["check", "check", "collect", ("sleep", 0.25), "time", "time"]
     assert [r["implementation"] for r in rows] == ["PyTorch eager", "convt3d"]
     assert all(r["kernelbench_check"] for r in rows)
     events.clear()

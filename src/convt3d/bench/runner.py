@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import logging
 import time
 from contextlib import nullcontext
@@ -88,6 +89,11 @@ def run_layer(layer: Layer, device: torch.device, backward: bool = False, compil
                 checked.append((*_correctness(layer, fn, eager, dtype, device, tf32 if on_gpu else None), decisions))
         settle_s = (SETTLE_S if on_gpu else 0.0) if settle_s is None else settle_s
         if settle_s > 0:
+            # The checks' compiles and autotuning leave garbage, which Python's collector otherwise took inside some
+            # timed call (3.9 ms in one of video_spatial_k144's, forty-second session). Collected here, before the
+            # idle, so that the host's slow spell after a collection falls in the idle too: its rows' 1-1.7 ms calls
+            # went, with no new ones elsewhere (benchmarks/diag_collections.py, forty-third session).
+            gc.collect()
             log(f"leaving the host idle for {settle_s:g} s")
             time.sleep(settle_s)
         for (name, fn, tf32), (check, err, decisions) in zip(impls, checked):
