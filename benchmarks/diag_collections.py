@@ -7,9 +7,9 @@ slow host calls followed each collection and fell on the row timed next. This sc
 (bench.runner.run_layer) of some layers, each variant in a fresh process, and prints every row's mean and minimum and
 its slowest calls (Timing.slow_calls: ms / host ms, gcN where generation N was collected in the call):
 
-- plain: the bench as it is;
+- plain: the bench as it is (since 3afff9a, after the forty-third session's runs, with settle's collection built in);
 - settle: one gc.collect() after a layer's checks, before the host idles (runner's settle), so that what follows the
-  collection falls in the idle time;
+  collection falls in the idle time (kept in runner, 3afff9a);
 - freeze: as settle, then gc.freeze(), so that later collections leave every object alive before the idle unexamined;
 - autotune: a gc.collect() after each Triton autotuning (forward._autotune) and each timing of auto's candidates
   (functional._fastest), inside the first call that runs them, which compiles and takes seconds anyway.
