@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"batch size used on the CPU (default {CPU_BATCH})")
     bench.add_argument("--settle", type=float, default=None, metavar="SECONDS",
                        help="seconds the host is left idle between a layer's checks (compiling, autotuning) and its "
-                            "timings (default 3 on CUDA, 0 on the CPU)")
+                            "timings, after collecting Python's garbage (default 3 on CUDA, 0 on the CPU: no "
+                            "collection, no idle)")
     bench.add_argument("--json", metavar="PATH", help="write environment and rows as JSON")
     bench.add_argument("--plot", metavar="PATH", help="write a PNG chart of the latencies")
     return parser
