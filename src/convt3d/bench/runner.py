@@ -91,8 +91,8 @@ def run_layer(layer: Layer, device: torch.device, backward: bool = False, compil
         if settle_s > 0:
             # The checks' compiles and autotuning leave garbage, which Python's collector otherwise took inside some
             # timed call (3.9 ms in one of video_spatial_k144's, forty-second session). Collected here, before the
-            # idle, so that the host's slow spell after a collection falls in the idle too: its rows' 1-1.7 ms calls
-            # went, with no new ones elsewhere (benchmarks/diag_collections.py, forty-third session).
+            # idle, so that the host's slow spell after a collection falls in the idle too: that row's 1-1.7 ms calls
+            # went, and no row gained calls of that size (benchmarks/diag_collections.py, forty-third session).
             gc.collect()
             log(f"leaving the host idle for {settle_s:g} s")
             time.sleep(settle_s)
