@@ -7,14 +7,15 @@ slow host calls followed each collection and fell on the row timed next. This sc
 (bench.runner.run_layer) of some layers, each variant in a fresh process, and prints every row's mean and minimum and
 its slowest calls (Timing.slow_calls: ms / host ms, gcN where generation N was collected in the call):
 
-- plain: the bench as it is (since 3afff9a, after the forty-third session's runs, with settle's collection built in);
-- settle: one gc.collect() after a layer's checks, before the host idles (runner's settle), so that what follows the
-  collection falls in the idle time (kept in runner, 3afff9a);
-- freeze: as settle, then gc.freeze(), so that later collections leave every object alive before the idle unexamined;
-- autotune: a gc.collect() after each Triton autotuning (forward._autotune) and each timing of auto's candidates
-  (functional._fastest), inside the first call that runs them, which compiles and takes seconds anyway.
+- plain: the bench as it is. Since 3afff9a the runner collects once after a layer's checks, before the host idles,
+  so that what follows the collection falls in the idle time (the forty-third session's "settle" variant, measured
+  at fa1d54c against the bench without it);
+- freeze: plain, then gc.freeze() before the idle, so that later collections leave every object alive then
+  unexamined;
+- autotune: plain, and a gc.collect() after each Triton autotuning (forward._autotune) and each timing of auto's
+  candidates (functional._fastest), inside the first call that runs them, which compiles and takes seconds anyway.
 
-    PYTHONPATH=src python3 benchmarks/diag_collections.py [--variants plain,settle,freeze,autotune] [--layers a,b] [--iters 100]
+    PYTHONPATH=src python3 benchmarks/diag_collections.py [--variants plain,freeze,autotune] [--layers a,b] [--iters 100]
 """
 
 import argparse
@@ -35,19 +36,15 @@ from convt3d.bench.workloads import sweep_layers
 FIRST_FIVE = "unet3d_k2s2,unet3d_k2s2_deep,vae_k4s2p1,video_k3s2p1op1,video_spatial_k144"
 
 
-class _CollectBeforeSleep:
-    """The time module as runner sees it, with sleep preceded by a full collection (and a freeze)."""
-
-    def __init__(self, freeze: bool):
-        self.freeze = freeze
+class _FreezeBeforeSleep:
+    """The time module as runner sees it, with sleep preceded by gc.freeze() (after the runner's collection)."""
 
     def __getattr__(self, name):
         return getattr(time, name)
 
-    def sleep(self, seconds):
-        gc.collect()
-        if self.freeze:
-            gc.freeze()
+    @staticmethod
+    def sleep(seconds):
+        gc.freeze()
         time.sleep(seconds)
 
 
@@ -62,8 +59,8 @@ def _collecting_after(function):
 
 def run_variant(variant: str, layers: str, iters: int) -> list[dict]:
     """The bench's rows of the layers under one variant, in this process."""
-    if variant in ("settle", "freeze"):
-        runner.time = _CollectBeforeSleep(freeze=variant == "freeze")
+    if variant == "freeze":
+        runner.time = _FreezeBeforeSleep()
     elif variant == "autotune":
         forward._autotune = _collecting_after(forward._autotune)
         functional._fastest = _collecting_after(functional._fastest)
@@ -80,7 +77,7 @@ def run_variant(variant: str, layers: str, iters: int) -> list[dict]:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--variants", default="plain,settle,autotune")
+    parser.add_argument("--variants", default="plain,freeze,autotune")
     parser.add_argument("--layers", default=FIRST_FIVE)
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # run one variant here, print its rows as JSON
