@@ -5,10 +5,13 @@ correlation on problem 77 (backend torch) or tap_columns on k3s1p1:
         python3 benchmarks/profile_layer.py kernelbench_l1_77_dilated torch
     ncu ... -k regex:tap_columns ... python3 benchmarks/profile_layer.py k3s1p1 tap_columns
     ncu ... -k regex:tiled_kernel ... python3 benchmarks/profile_layer.py unet3d_k2s2_deep tiled [128x128x64s1w8n3]
+    ncu ... -k regex:conv_transpose3d_kernel ... python3 benchmarks/profile_layer.py vae_k4s2p1_fp16 general
 
 tap_columns: the Triton tap_columns kernel with one fixed config (64 x 128 x 32, 4 warps, 3 stages), not autotuned,
-so that the profiled launch is that config's. tiled: the tiled GEMM (k2 s2 layers) with the config given as
-diag_tiled.py's --extra-configs write it (default 128 x 128 x 64, swapped, 8 warps, 3 stages). TF32 mode.
+so that the profiled launch is that config's. general: the general fused kernel (forward.py) likewise, in the config
+`auto` chose for vae_k4s2p1_fp16 in the forty-third session's sweeps (256 x 64 x 64, 8 warps, 3 stages). tiled: the
+tiled GEMM (k2 s2 layers) with the config given as diag_tiled.py's --extra-configs write it (default 128 x 128 x 64,
+swapped, 8 warps, 3 stages). TF32 mode.
 """
 
 import pathlib
@@ -25,6 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from diag_tiled import parse_config  # noqa: E402
 
 TAP_COLUMNS = dict(KERNEL="tap_columns", BLOCK_M=64, BLOCK_N=128, BLOCK_CI=32, num_warps=4, num_stages=3)
+GENERAL = dict(BLOCK_M=256, BLOCK_CO=64, BLOCK_CI=64, num_warps=8, num_stages=3, PER_SM=0)
 
 name, backend = sys.argv[1], sys.argv[2]
 torch.backends.cudnn.allow_tf32 = True
@@ -35,6 +39,8 @@ tiled_config = parse_config(sys.argv[3] if len(sys.argv) > 3 else "128x128x64s1w
 for _ in range(6):
     if backend == "tap_columns":
         y = forward.conv_transpose3d_triton(x, w, b, layer.plan(), config=TAP_COLUMNS)
+    elif backend == "general":
+        y = forward.conv_transpose3d_triton(x, w, b, layer.plan(), config=GENERAL)
     elif backend == "tiled":
         y = tiled.conv_transpose3d_tiled(x, w, b, layer.plan(), config=tiled_config)
     else:
