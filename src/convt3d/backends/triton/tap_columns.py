@@ -139,14 +139,22 @@ def tap_columns_kernel(
     steps = (jd_hi - jd_lo) * (jh_hi - jh_lo) * CI_BLOCKS
     if DIAG == 2:  # diagnostic: one K-step (a wrong result): the program's time but for its other steps
         steps = tl.minimum(steps, 1)
+    rows_hc = u_h * sxh + c * sxw
     for k in range(steps):
         t_d = tl.minimum(t0_d + jd * STEP_D, KD - 1)
         t_h = tl.minimum(t0_h + jh * STEP_H, KH - 1)
         i_d = q_d - m0_d - jd * M_STEP_D + m * 0  # broadcast: the interpreter cannot mask with scalars
-        i_h = u_h + base_h - m0_h - jh * M_STEP_H
-        row_ok = slot_ok & (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H)
-        rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
-                + tl.minimum(tl.maximum(c, 0), W - 1) * sxw)
+        if PRECISION == 2:
+            i_h = u_h + base_h - m0_h - jh * M_STEP_H
+            row_ok = slot_ok & (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H)
+            rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
+                    + tl.minimum(tl.maximum(c, 0), W - 1) * sxw)
+        else:  # as forward.py's _phase_gemm (rows not ok at offset 0): on the H200 3-4% faster by the mean on
+            # vae_k4s2p1 and video_k3s2p1op1 in TF32, within 2% on the others tried (benchmarks/RESULTS.md, forty-fourth
+            # session)
+            shift_h = base_h - m0_h - jh * M_STEP_H  # the step reads input row (i_d, u_h + shift_h, c)
+            row_ok = slot_ok & (i_d >= 0) & (i_d < D) & (u_h >= -shift_h) & (u_h < H - shift_h)
+            rows = tl.where(row_ok, rows_hc + (i_d * sxd + shift_h * sxh), 0)
         tap_base = (t_d * KH + t_h) * KW * GROUPS * COUT_G * CIN_G
         a, a_lo, b, b_lo = load_operands(x_base, w_ptr, w_lo_ptr, rows, row_ok, tap_base + b_rows_a, b_ok_a, ci0,
                                          CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI)
