@@ -321,8 +321,8 @@ def _phase_gemm(
             # The step reads input row (i_d, u_h + shift_h, u_w + shift_w): the rows' own part of the offset formed
             # once, the step's a scalar, and rows not ok at offset 0 rather than each index clamped. 14% fewer
             # instructions a step (sm_90); on the H200 the kernel alone 5% faster on vae_k4s2p1_fp16 in the config
-            # auto takes there, within 2% either way on k3s1p1 and video_spatial_k144 (TF32). Under 3xTF32 it ran
-            # 7-10% slower on vae_k4s2p1, so that keeps the clamps (benchmarks/RESULTS.md, forty-fourth session).
+            # auto takes there, within about 2% either way on k3s1p1 and video_spatial_k144 (TF32). Under 3xTF32 it
+            # ran 7-10% slower on vae_k4s2p1, so that keeps the clamps (benchmarks/RESULTS.md, forty-fourth session).
             shift_h = base_h - m0_h - jh * M_STEP_H
             shift_w = base_w - m0_w - jw * M_STEP_W
             row_ok = ((i_d >= 0) & (i_d < D) & (u_h >= -shift_h) & (u_h < H - shift_h) & (u_w >= -shift_w)
