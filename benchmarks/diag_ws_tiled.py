@@ -102,7 +102,7 @@ def ws_tiled_kernel(
 
 
 def ws_launch(cfg, plan, x_op, x_exp, w_op, w_exp, bias, out, descriptors):
-    """One launch on the operands (for JOIN, join_operands' weight); descriptors (x's, w's) as descriptors() makes
+    """One launch on the operands (for JOIN, join_operands' weight); descriptors (x's, w's) as make_descriptors makes
     them, or None to make them in this call (host time)."""
     n, c_in, (d, h, w) = plan.batch, plan.in_channels, plan.input_spatial
     c_out, (kd, kh, kw) = plan.out_channels, plan.kernel_size
