@@ -251,18 +251,26 @@ def main():
             ops = join_operands(plan, *operands) if join else operands
             variants[label] = (lambda cfg=cfg, out=out, ops=ops: tma_launch(cfg, plan, *ops, b, out), out)
         for label, (fn, out) in variants.items():
-            try:
-                fn()
-                torch.cuda.synchronize()
-                note = f"KB {kernelbench_check(out, expected)}, {relative_error(out, reference):.1e}"
-                t = time_cuda(fn, iters=args.iters)
-            except Exception as error:
-                rows.append((name, label, float("nan"), float("nan"), repr(error)[:100]))
-                print(rows[-1], flush=True)
-                continue
-            rows.append((name, label, t.mean_ms, t.min_ms, note))
-            print(rows[-1], flush=True)
-    print(markdown_table(["layer", "variant", "mean ms", "min ms", "check, rel. err. vs float64"], rows))
+            rows.append(measure(name, label, fn, out, expected, reference, args.iters))
+    print(markdown_table(ROW_HEADERS, rows))
+
+
+ROW_HEADERS = ["layer", "variant", "mean ms", "min ms", "check, rel. err. vs float64"]
+
+
+def measure(layer_name, label, fn, out, expected, reference, iters):
+    """A variant's row, printed: fn run once (out, which it writes, NaN-filled beforehand), checked against eager
+    (KernelBench's check) and float64, then timed (cold L2); where it fails, a row naming the error."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        note = f"KB {kernelbench_check(out, expected)}, {relative_error(out, reference):.1e}"
+        t = time_cuda(fn, iters=iters)
+        row = (layer_name, label, t.mean_ms, t.min_ms, note)
+    except Exception as error:
+        row = (layer_name, label, float("nan"), float("nan"), repr(error)[:100])
+    print(row, flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -26,9 +26,9 @@ import triton.language as tl
 
 from convt3d.backends.triton import tiled
 from convt3d.backends.triton.forward import precision_for
-from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import sweep_layers
+from diag_tma_tiled import ROW_HEADERS, join_operands, measure  # beside this script (sys.path[0])
 
 
 @triton.jit
@@ -125,13 +125,6 @@ def make_descriptors(cfg, plan, x_op, w_op):
             TensorDescriptor.from_tensor(w_op.view(-1, c_in), [w_rows, block_k]))
 
 
-def join_operands(plan, x_op, x_exp, w_op, w_exp):
-    """The operands with the weight's rows (and their exponents) as (kd, kh, kw, co), as JOIN reads them."""
-    c_in, c_out, (kd, kh, kw) = plan.in_channels, plan.out_channels, plan.kernel_size
-    return (x_op, x_exp, w_op.view(kd, kh, c_out, kw, c_in).transpose(2, 3).contiguous(),
-            w_exp.view(kd, kh, c_out, kw).transpose(2, 3).contiguous())
-
-
 CONFIGS = [
     # (BLOCK_M, BLOCK_N, BLOCK_K, warp-specialised, num_warps, stages, join)
     (128, 128, 64, 1, 4, 3, 1),
@@ -181,20 +174,9 @@ def main():
                 variants[label] = (lambda cfg=cfg, out=out, ops=ops, d=descriptors: ws_launch(
                     cfg, plan, *ops, b, out, d), out)
         for label, (fn, out) in variants.items():
-            if args.variants not in label:
-                continue
-            try:
-                fn()
-                torch.cuda.synchronize()
-                note = f"KB {kernelbench_check(out, expected)}, {relative_error(out, reference):.1e}"
-                t = time_cuda(fn, iters=args.iters)
-            except Exception as error:
-                rows.append((layer.name, label, float("nan"), float("nan"), repr(error)[:100]))
-                print(rows[-1], flush=True)
-                continue
-            rows.append((layer.name, label, t.mean_ms, t.min_ms, note))
-            print(rows[-1], flush=True)
-    print(markdown_table(["layer", "variant", "mean ms", "min ms", "check, rel. err. vs float64"], rows))
+            if args.variants in label:
+                rows.append(measure(layer.name, label, fn, out, expected, reference, args.iters))
+    print(markdown_table(ROW_HEADERS, rows))
 
 
 if __name__ == "__main__":
