@@ -17,7 +17,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 @triton.jit
-def mm_host(a_desc, b_desc, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WS: tl.constexpr):
+def _gemm_tile(a_desc, b_desc, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               WS: tl.constexpr):
+    """The program's [BM, BN] tile of C = A B^T, A (M, K) and B (N, K) read through the descriptors."""
     pid = tl.program_id(0)
     pm = pid % (M // BM)
     pn = pid // (M // BM)
@@ -30,18 +32,15 @@ def mm_host(a_desc, b_desc, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, 
 
 
 @triton.jit
+def mm_host(a_desc, b_desc, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WS: tl.constexpr):
+    _gemm_tile(a_desc, b_desc, c_ptr, M, N, K, BM, BN, BK, WS)
+
+
+@triton.jit
 def mm_dev(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WS: tl.constexpr):
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
     b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[K, 1], block_shape=[BN, BK])
-    pid = tl.program_id(0)
-    pm = pid % (M // BM)
-    pn = pid // (M // BM)
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for k in tl.range(0, K, BK, warp_specialize=WS):
-        acc = tl.dot(a_desc.load([pm * BM, k]), b_desc.load([pn * BN, k]).T, acc)
-    offs_m = pm * BM + tl.arange(0, BM)
-    offs_n = pn * BN + tl.arange(0, BN)
-    tl.store(c_ptr + offs_m[:, None] * N + offs_n[None, :], acc)
+    _gemm_tile(a_desc, b_desc, c_ptr, M, N, K, BM, BN, BK, WS)
 
 
 def main():
