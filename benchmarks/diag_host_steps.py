@@ -52,9 +52,9 @@ def steps(layer, calls):
         }
         buffer = torch.empty(1 << 16, device="cuda", dtype=x.dtype)
         pieces["as_strided (an operand's view)"] = lambda: buffer.as_strided((64, 64), (64, 1), 64)
-        if tiled.unsupported_reason(plan) is not None and forward.strides_as_given(x, w, plan) is None:
+        if tiled.unsupported_reason(plan) is not None:
             out = forward.allocate_output(x, w, b, plan)[0]
-            key = forward._chosen_key(x, plan, precision, None, out, b)
+            key = forward._chosen_key(x, plan, precision, out, b)
             main = forward._chosen[key]
             layout, operand_pass = forward._operand_steps(tuple(x.shape), tuple(w.shape), plan.groups,
                                                           forward.flat_input(x)[1], precision)

@@ -1,5 +1,3 @@
-import contextlib
-import itertools
 import os
 import random
 
@@ -116,21 +114,3 @@ def assert_close_rel(actual, expected, rel: float, what: str = ""):
                 for i in worst]
         raise AssertionError(f"{what} relative error {err:.3e} > {rel:.1e}\n" + "\n".join(rows))
     return err
-
-
-_as_given_turns = itertools.cycle((False, True))
-
-
-@contextlib.contextmanager
-def operand_forms_in_turn():
-    """The Triton forward in its two forms, one per use in turn: the operand pass then the main kernel, or the main
-    kernel reading the layer's tensors as given (forward.AS_GIVEN_ELEMENTS, which every test shape is within), so
-    that the tests of either kernel meet both."""
-    from convt3d.backends.triton import forward
-
-    default = forward.AS_GIVEN_ELEMENTS
-    forward.AS_GIVEN_ELEMENTS = default if next(_as_given_turns) else 0
-    try:
-        yield
-    finally:
-        forward.AS_GIVEN_ELEMENTS = default

@@ -9,13 +9,11 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from conftest import (assert_close_rel, layer_args, make_tensors, operand_forms_in_turn, random_config,
-                      run_in_sample)
+from conftest import assert_close_rel, layer_args, make_tensors, random_config, run_in_sample
 
 triton = pytest.importorskip("triton")
-from convt3d.backends.triton import forward  # noqa: E402
 from convt3d.backends.triton.forward import (  # noqa: E402
-    NATIVE, TF32, TF32X3, _configs, _operands, conv_transpose3d_triton, strides_as_given)
+    NATIVE, TF32, TF32X3, _configs, _operands, conv_transpose3d_triton)
 from convt3d.plan import make_plan  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -28,8 +26,7 @@ def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
 
 
 # Each call takes the next tile config in turn, so that every config meets several layers without autotuning
-# (compiling all of them for every layer would take most of the GPU run); autotuning has its own tests. And the next
-# form in turn: operand pass, or operands as given.
+# (compiling all of them for every layer would take most of the GPU run); autotuning has its own tests.
 _next_config = itertools.cycle(_configs())
 
 
@@ -37,8 +34,7 @@ def run(x, w, b, cfg, precision):
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
     for _ in _configs():
         try:
-            with operand_forms_in_turn():
-                y = conv_transpose3d_triton(x, w, b, plan, precision=precision, config=next(_next_config))
+            y = conv_transpose3d_triton(x, w, b, plan, precision=precision, config=next(_next_config))
             break
         except triton.runtime.errors.OutOfResources:  # e.g. the largest tiles with 3xTF32's doubled operands
             continue
@@ -128,41 +124,6 @@ def test_operand_pass_layouts(precision):
     assert torch.equal(x_op, x_expected) and torch.equal(w_op, w_expected)
 
 
-@pytest.mark.parametrize("kernel, dtype, precision", [
-    ("general", torch.float32, TF32X3), ("general", torch.float16, NATIVE), ("tap_columns", torch.float32, TF32)])
-def test_operands_as_given_give_the_operand_passs_bits(monkeypatch, nan_poisoned_allocator, kernel, dtype, precision):
-    """Read as given, the main kernel rounds (TF32) or splits (3xTF32) the operands as it loads them, as the operand
-    pass would have: the same config gives the same bits both ways, here on a strided input with groups."""
-    cfg = dict(CASES[2], batch=1)
-    x, w, b = tensors(cfg, dtype)
-    x = x.transpose(3, 4).contiguous().transpose(3, 4)  # any strides
-    plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
-    config = _configs()[0] if kernel == "general" else forward.tap_columns.configs(plan)[0]
-    assert strides_as_given(x, w, plan) is not None
-    as_given = conv_transpose3d_triton(x, w, b, plan, precision=precision, config=config)
-    monkeypatch.setattr(forward, "AS_GIVEN_ELEMENTS", 0)
-    assert strides_as_given(x, w, plan) is None
-    by_pass = conv_transpose3d_triton(x, w, b, plan, precision=precision, config=config)
-    assert torch.equal(as_given, by_pass)
-    ref = F.conv_transpose3d(x.double(), w.double(), b.double(), **layer_args(cfg))
-    assert_close_rel(as_given, ref, {TF32X3: 1e-6, TF32: 2e-3, NATIVE: 2e-3}[precision])
-
-
-def test_strides_as_given():
-    """The input's strides and the contiguous weight's along (taps, groups, C_out/g, C_in/g), for layers within
-    AS_GIVEN_ELEMENTS; None (the operand pass) past it or for a weight that is not contiguous."""
-    x, w = torch.rand(2, 6, 3, 4, 5), torch.rand(6, 4, 2, 3, 3)
-    plan = make_plan(tuple(x.shape), tuple(w.shape), stride=2, groups=3)
-    taps = 2 * 3 * 3
-    assert strides_as_given(x, w, plan) == (*x.stride(), 1, 2 * 4 * taps, taps, 4 * taps)
-    x_cl = x.to(memory_format=torch.channels_last_3d)
-    assert strides_as_given(x_cl, w, plan)[:5] == x_cl.stride()
-    assert strides_as_given(x, w.transpose(3, 4).contiguous().transpose(3, 4), plan) is None
-    big = torch.rand(1, 8, 64, 32, 32)
-    assert big.numel() + 8 * 4 * 2 > forward.AS_GIVEN_ELEMENTS
-    assert strides_as_given(big, torch.rand(8, 4, 1, 1, 2), make_plan(tuple(big.shape), (8, 4, 1, 1, 2))) is None
-
-
 @pytest.mark.parametrize("seed", range(12))
 def test_random_configs_tf32x3(seed):
     run_in_sample(seed % 2 == 0)
@@ -216,7 +177,6 @@ def test_main_kernel_launched_as_the_passs_dependent(monkeypatch, nan_poisoned_a
     from convt3d.backends.triton import forward, tiled
 
     monkeypatch.setattr(triton_backend, "dependent_launch_mode", mode)
-    monkeypatch.setattr(forward, "AS_GIVEN_ELEMENTS", 0)  # (the forward's small layers have no pass otherwise)
     cfg = CASES[5] if kernel == "forward" else CASES[3]
     x, w, b = tensors(cfg, torch.float32)
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
@@ -365,20 +325,17 @@ def interpreted_at_addresses(launched: list):
     return at_addresses
 
 
-@pytest.mark.parametrize("kernel, dtype, precision, as_given", [
-    ("forward", torch.float32, TF32X3, False), ("forward", torch.bfloat16, NATIVE, False),
-    ("forward", torch.float32, TF32, True), ("tiled", torch.float32, TF32X3, False),
-    ("tiled", torch.float32, TF32, False), ("tiled", torch.float16, NATIVE, True)])
-def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allocator, kernel, dtype, precision,
-                                                  as_given):
+@pytest.mark.parametrize("kernel, dtype, precision", [
+    ("forward", torch.float32, TF32X3), ("forward", torch.bfloat16, NATIVE), ("tiled", torch.float32, TF32X3),
+    ("tiled", torch.float32, TF32), ("tiled", torch.float16, NATIVE)])
+def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allocator, kernel, dtype, precision):
     """After a layer's first call with contiguous operands, backends.triton.conv_transpose3d keeps that call bound
     (the kernel module's prepare()) and serves later calls with it: fresh inputs, bias or none, into NaN-poisoned
     memory, against float64, its launches taking the operands' addresses (natively on a GPU; in the interpreter
     through tensors over those addresses). A misaligned input then goes through the prepared call's launches with
     tensors (what serves where no launch at addresses does: in the interpreter, every other test's later calls), a
     non-contiguous input the whole way again. The config choice is stood in for as in the test above (the
-    interpreter never remembers one). as_given: one launch on the tensors as given (the tiled kernel's half
-    precision; the forward's small layers, forward.strides_as_given), else the operand pass and the main kernel."""
+    interpreter never remembers one)."""
     import convt3d.backends.triton as triton_backend
     from convt3d.backends.triton import forward, launch, tiled
 
@@ -392,7 +349,6 @@ def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allo
     monkeypatch.setattr(module, "_best_config", {})
     monkeypatch.setattr(module, "_chosen", {})
     monkeypatch.setattr(triton_backend, "_prepared", {})
-    monkeypatch.setattr(forward, "AS_GIVEN_ELEMENTS", forward.AS_GIVEN_ELEMENTS if as_given else 0)
     real_at_addresses_else = module.at_addresses_else
     monkeypatch.setattr(module, "at_addresses_else", lambda *args: prepared_at_addresses.append(
         1) or real_at_addresses_else(*args))
@@ -417,7 +373,7 @@ def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allo
             check(x, w, b, plan)
     assert len(whole_calls) == 2 and len(triton_backend._prepared) == 2
     assert len(prepared_at_addresses) == 2
-    launches_per_call = 1 if as_given else 2  # (operand pass,) main kernel
+    launches_per_call = 2 if kernel == "forward" or dtype == torch.float32 else 1  # operand pass, main kernel
     assert len(launched) == (0 if DEVICE == "cuda" else 4 * launches_per_call)  # 4 prepared calls
     misaligned = torch.empty(x.numel() + 1, dtype=dtype, device=DEVICE)[1:].view(x.shape).copy_(x)
     launched.clear()

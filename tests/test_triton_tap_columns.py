@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close_rel, layer_args, operand_forms_in_turn, random_config, run_in_sample
+from conftest import assert_close_rel, layer_args, random_config, run_in_sample
 
 triton = pytest.importorskip("triton")
 from convt3d.backends.triton import forward, tap_columns  # noqa: E402
@@ -52,8 +52,7 @@ CONFIGS = list({repr(cfg): cfg for cfg in (_LIBRARY[0], min(_LIBRARY, key=lambda
 def run(x, w, b, cfg, precision, config):
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
     assert tap_columns.unsupported_reason(plan) is None
-    with operand_forms_in_turn():
-        y = forward.conv_transpose3d_triton(x, w, b, plan, precision=precision, config=config)
+    y = forward.conv_transpose3d_triton(x, w, b, plan, precision=precision, config=config)
     assert y.shape == plan.output_shape
     return y
 

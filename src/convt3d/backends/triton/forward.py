@@ -226,36 +226,32 @@ def _column_taps(v_w: tl.constexpr, u_w0, OW, W, KW, S_W: tl.constexpr, P_W: tl.
 
 
 @triton.jit
-def load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, swc, PRECISION: tl.constexpr,
-                 BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr, AS_GIVEN: tl.constexpr):
-    """A K-step's B tile: the weight at offsets w_rows by channels ci0 + [0, BLOCK_CI) (stride swc: 1 in the operand
-    pass's layout, K-major as TF32 tensor-core operands must be), transposed for the dot, with its low part under
-    3xTF32 (PRECISION 2), else the tile again. Rows not ok and channels past CIN_G load as zeros. AS_GIVEN: the
-    layer's own weight, rounded or split here as the operand pass would have."""
+def load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr,
+                 EVEN_CI: tl.constexpr):
+    """A K-step's B tile: the weight at offsets w_rows by channels ci0 + [0, BLOCK_CI) (contiguous: K-major, as TF32
+    tensor-core operands must be), transposed for the dot, with its low part under 3xTF32 (PRECISION 2), else the tile
+    again. Rows not ok and channels past CIN_G load as zeros."""
     ci = ci0 + tl.arange(0, BLOCK_CI)
     if EVEN_CI:
-        b_offs = w_rows[:, None] + (ci * swc)[None, :]
+        b_offs = w_rows[:, None] + ci[None, :]
         b_ok = w_row_ok[:, None]
     else:
-        b_offs = w_rows[:, None] + (tl.minimum(ci, CIN_G - 1) * swc)[None, :]
+        b_offs = w_rows[:, None] + tl.minimum(ci, CIN_G - 1)[None, :]
         b_ok = w_row_ok[:, None] & (ci < CIN_G)[None, :]
-    b = tl.load(w_base + b_offs, mask=b_ok, other=0.0)
-    if AS_GIVEN:
-        b, b_lo = _as_operand(b, PRECISION)
-    elif PRECISION == 2:
-        b_lo = tl.load(w_lo_base + b_offs, mask=b_ok, other=0.0)
+    b = tl.trans(tl.load(w_base + b_offs, mask=b_ok, other=0.0))
+    if PRECISION == 2:
+        b_lo = tl.trans(tl.load(w_lo_base + b_offs, mask=b_ok, other=0.0))
     else:
         b_lo = b
-    return tl.trans(b), tl.trans(b_lo)
+    return b, b_lo
 
 
 @triton.jit
-def load_operands(x_base, w_base, w_lo_base, rows, row_ok, w_rows, w_row_ok, ci0, CIN_G, sxc, swc,
-                  PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr, AS_GIVEN: tl.constexpr):
+def load_operands(x_base, w_base, w_lo_base, rows, row_ok, w_rows, w_row_ok, ci0, CIN_G, sxc,
+                  PRECISION: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr):
     """One K-step's tiles: A, the input at offsets rows by channels ci0 + [0, BLOCK_CI) (stride sxc), and B
     (load_weights); each with its low part under 3xTF32 (PRECISION 2), else the tile again. Rows not ok and channels
-    past CIN_G load as zeros. Under 3xTF32, A is split here (the operand pass leaves the input whole); AS_GIVEN (the
-    layer's own input), A is TF32-rounded here too."""
+    past CIN_G load as zeros. Under 3xTF32, A is split here (the operand pass leaves the input whole)."""
     ci = ci0 + tl.arange(0, BLOCK_CI)
     if EVEN_CI:  # whole channel blocks: masks constant along channels, so channel rows load as vectors
         a_offs = rows[:, None] + (ci * sxc)[None, :]
@@ -264,9 +260,8 @@ def load_operands(x_base, w_base, w_lo_base, rows, row_ok, w_rows, w_row_ok, ci0
         a_offs = rows[:, None] + (tl.minimum(ci, CIN_G - 1) * sxc)[None, :]
         a_ok = row_ok[:, None] & (ci < CIN_G)[None, :]
     a = tl.load(x_base + a_offs, mask=a_ok, other=0.0)
-    b, b_lo = load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, swc, PRECISION, BLOCK_CI, EVEN_CI,
-                           AS_GIVEN)
-    if PRECISION == 2 or AS_GIVEN:
+    b, b_lo = load_weights(w_base, w_lo_base, w_rows, w_row_ok, ci0, CIN_G, PRECISION, BLOCK_CI, EVEN_CI)
+    if PRECISION == 2:
         a, a_lo = _as_operand(a, PRECISION)
     else:
         a_lo = a
@@ -288,16 +283,15 @@ def count_on(j, j_lo, j_hi, carry, STEP: tl.constexpr = 1):
 def _phase_gemm(
     v_w: tl.constexpr, x_base, w_group, w_lo_group, co, co_ok, m, u_h, u_w, u_w0,
     q_d, m0_d, t0_d, jd_lo, jd_hi, base_h, m0_h, t0_h, jh_lo, jh_hi,
-    D, H, W, OW, KD, KH, KW, CIN_G, COUT_G, sxc, sxd, sxh, sxw, swt, swo, swc,
+    D, H, W, OW, KD, KH, KW, GROUPS, CIN_G, COUT_G, sxc, sxd, sxh, sxw,
     S_W: tl.constexpr, P_W: tl.constexpr, DIL_W: tl.constexpr, STEP_D: tl.constexpr, STEP_H: tl.constexpr,
     STEP_W: tl.constexpr, M_STEP_D: tl.constexpr, M_STEP_H: tl.constexpr,
     PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
-    CI_BLOCKS: tl.constexpr, EVEN_CI: tl.constexpr, AS_GIVEN: tl.constexpr, DIAG: tl.constexpr,
+    CI_BLOCKS: tl.constexpr, EVEN_CI: tl.constexpr, DIAG: tl.constexpr,
 ):
     """The [BLOCK_M, BLOCK_CO] float32 tile of output columns ow = S_W * u_w + v_w: an implicit GEMM over the
-    taps of their phase (in all three axes) and the group's input channels. The weight's strides along taps, output
-    and input channels: swt, swo, swc."""
+    taps of their phase (in all three axes) and the group's input channels."""
     M_STEP_W: tl.constexpr = STEP_W * DIL_W // S_W
     base_w, m0_w, t0_w, jw_lo, jw_hi = _column_taps(v_w, u_w0, OW, W, KW, S_W, P_W, DIL_W, STEP_W, BLOCK_Q)
     if DIAG == 1:  # diagnostic: no GEMM, only its stores
@@ -334,10 +328,10 @@ def _phase_gemm(
             row_ok = ((i_d >= 0) & (i_d < D) & (u_h >= -shift_h) & (u_h < H - shift_h) & (u_w >= -shift_w)
                       & (u_w < W - shift_w))
             rows = tl.where(row_ok, rows_hw + (i_d * sxd + shift_h * sxh + shift_w * sxw), 0)
-        tap_row = ((t_d * KH + t_h) * KW + t_w) * swt
+        tap_row = ((t_d * KH + t_h) * KW + t_w) * GROUPS * CIN_G * COUT_G
         a, a_lo, b, b_lo = load_operands(x_base, w_group, w_lo_group, rows, row_ok,
-                                         tap_row + tl.minimum(co, COUT_G - 1) * swo, co_ok, ci0, CIN_G, sxc, swc,
-                                         PRECISION, BLOCK_CI, EVEN_CI, AS_GIVEN)
+                                         tap_row + tl.minimum(co, COUT_G - 1) * CIN_G, co_ok, ci0, CIN_G, sxc,
+                                         PRECISION, BLOCK_CI, EVEN_CI)
         acc = mma(acc, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
         ci0, carry = count_on(ci0, 0, CI_BLOCKS * BLOCK_CI, True, BLOCK_CI)
         jw, carry = count_on(jw, jw_lo, jw_hi, carry)
@@ -351,7 +345,7 @@ def conv_transpose3d_kernel(
     x_ptr, w_ptr, w_lo_ptr, b_ptr, y_ptr,
     CIN_G, COUT_G, D, H, W, OD, OH, OW,
     KD, KH, KW,
-    sxn, sxc, sxd, sxh, sxw, swt, swg, swo, swc,
+    sxn, sxc, sxd, sxh, sxw,
     syn, syc, syd, syh, syw,
     U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS, GROUPS, ITEMS,
     S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
@@ -360,10 +354,8 @@ def conv_transpose3d_kernel(
     STEP_D: tl.constexpr, STEP_H: tl.constexpr, STEP_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
-    FILL_W: tl.constexpr, CI_BLOCKS: tl.constexpr, EVEN_CI: tl.constexpr, AS_GIVEN: tl.constexpr, PDL: tl.constexpr,
-    DIAG: tl.constexpr = 0,
+    FILL_W: tl.constexpr, CI_BLOCKS: tl.constexpr, EVEN_CI: tl.constexpr, PDL: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
-    # The weight's strides along taps, groups, output and input channels: swt, swg, swo, swc (operands_as_given).
     # DIAG (benchmarks only, to see where time goes): 1 skips the GEMM and stores its zero tiles, 2 runs the
     # GEMM but stores none of its tiles.
     BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
@@ -427,17 +419,17 @@ def conv_transpose3d_kernel(
             u_w = u_w0 + m % BLOCK_Q
             oh = S_H * u_h + v_h
             x_base = x_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
-            w_group = w_ptr + group * swg
-            w_lo_group = w_lo_ptr + group * swg
+            w_group = w_ptr + group * CIN_G * COUT_G
+            w_lo_group = w_lo_ptr + group * CIN_G * COUT_G
             args = (x_base, w_group, w_lo_group, co, co_ok, m, u_h, u_w, u_w0,
                     q_d, m0_d, t0_d, jd_lo, jd_hi, base_h, m0_h, t0_h, jh_lo, jh_hi,
-                    D, H, W, OW, KD, KH, KW, CIN_G, COUT_G, sxc, sxd, sxh, sxw, swt, swo, swc)
+                    D, H, W, OW, KD, KH, KW, GROUPS, CIN_G, COUT_G, sxc, sxd, sxh, sxw)
             for v_w in tl.static_range(S_W):
                 out = _phase_gemm(
                     v_w, *args, S_W=S_W, P_W=P_W, DIL_W=DIL_W, STEP_D=STEP_D, STEP_H=STEP_H, STEP_W=STEP_W,
                     M_STEP_D=M_STEP_D, M_STEP_H=M_STEP_H, PRECISION=PRECISION, INTERPRETED=INTERPRETED,
                     BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI, CI_BLOCKS=CI_BLOCKS,
-                    EVEN_CI=EVEN_CI, AS_GIVEN=AS_GIVEN, DIAG=DIAG,
+                    EVEN_CI=EVEN_CI, DIAG=DIAG,
                 ) + bias[None, :]
                 if DIAG == 2:  # a mask no element passes, but one the compiler cannot drop with the GEMM
                     co_ok = co_ok & (tl.sum(out, axis=0) != tl.sum(out, axis=0))
@@ -584,33 +576,6 @@ def channels_last_strides(plan: Plan) -> tuple[int, ...]:
     return d * h * w * c, 1, h * w * c, w * c, c
 
 
-def tap_major_strides(plan: Plan) -> tuple[int, int, int, int]:
-    """The strides of _operands' weight, (taps, groups, C_out/g, C_in/g) contiguous, along taps, groups, output and
-    input channels (the main kernels' swt, swg, swo, swc)."""
-    cin_g, cout_g = plan.in_channels // plan.groups, plan.out_channels // plan.groups
-    return plan.groups * cout_g * cin_g, cout_g * cin_g, cin_g, 1
-
-
-# Layers whose input and weight together have at most this many elements are read as given: the main kernel reads the
-# layer's own tensors, rounds or splits them as it loads them, and runs without an operand pass, in one launch. On
-# a small layer the pass and its launch took about as long as the GEMM (benchmarks/RESULTS.md, forty-fifth session).
-AS_GIVEN_ELEMENTS = 2**18
-
-
-def strides_as_given(input, weight, plan: Plan):
-    """The strides through which the main kernels read input and weight as given (input's as (N, C, D, H, W), the
-    weight's as tap_major_strides orders them), or None where the operand pass lays them out: a layer past
-    AS_GIVEN_ELEMENTS, a weight not contiguous, or an input whose sample spans 2**31 elements or more (the kernels'
-    offsets within a sample are 32-bit)."""
-    if input.numel() + weight.numel() > AS_GIVEN_ELEMENTS or not weight.is_contiguous():
-        return None
-    if sum((size - 1) * stride for size, stride in zip(input.shape[1:], input.stride()[1:])) >= 2**31:
-        return None
-    cin_g, cout_g = plan.in_channels // plan.groups, plan.out_channels // plan.groups
-    taps = math.prod(plan.kernel_size)
-    return (*input.stride(), 1, cin_g * cout_g * taps, taps, cout_g * taps)
-
-
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -660,40 +625,35 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
     if finished:
         return out
     precision = precision_for(input.dtype) if precision is None else precision
-    strides = strides_as_given(input, weight, plan)
-    key = _chosen_key(input, plan, precision, strides, out, bias)
+    key = _chosen_key(input, plan, precision, out, bias)
     main = _chosen.get(key) if config is None else None
-    x, w, w_lo = _operands(input, weight, plan.groups, precision) if strides is None else (input, weight, weight)
+    x, w, w_lo = _operands(input, weight, plan.groups, precision)
     pointers = (x, w, w_lo, bias if bias is not None else w, out)
     if main is None:
         device_index = out.device.index or 0
         chosen = config if config is not None else pick_config(
             _best_config, key, candidates(plan),
-            lambda cfg: _main_launch(cfg, plan, precision, bias is not None, out.stride(), device_index, strides)(
-                pointers),
+            lambda cfg: _main_launch(cfg, plan, precision, bias is not None, out.stride(), device_index)(pointers),
             input.device)
-        main = _main_launch(chosen, plan, precision, bias is not None, out.stride(), device_index, strides)
+        main = _main_launch(chosen, plan, precision, bias is not None, out.stride(), device_index)
         if config is None and key in _best_config:
             _chosen[key] = main
     main(pointers)
     return out
 
 
-def _chosen_key(input, plan: Plan, precision: int, strides, out, bias):
-    """The key of _best_config and _chosen for a call (strides: strides_as_given's)."""
-    return plan.key, input.dtype, precision, input.device, strides, out.stride(), bias is not None
+def _chosen_key(input, plan: Plan, precision: int, out, bias):
+    """The key of _best_config and _chosen for a call."""
+    return plan.key, input.dtype, precision, input.device, out.stride(), bias is not None
 
 
 def prepare(input, weight, bias, plan: Plan, precision: int, out):
     """After a call of conv_transpose3d_triton with contiguous input and weight that returned out: the same call for
     this layer as a function of (input, weight, bias), its launches and layouts bound, or None where there is none to
     bind (no GEMM, or no tile config chosen yet)."""
-    strides = strides_as_given(input, weight, plan)
-    main = _chosen.get(_chosen_key(input, plan, precision, strides, out, bias))
+    main = _chosen.get(_chosen_key(input, plan, precision, out, bias))
     if main is None:
         return None
-    if strides is not None:  # one launch on the tensors as given
-        return _prepared_as_given(main, input, plan.output_shape)
     layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), plan.groups, flat_input(input)[1],
                                           precision, pass_lets_main_start(input.device))
     shape, dtype, device = plan.output_shape, input.dtype, input.device
@@ -714,19 +674,6 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
         main_at(stream, x, w, w_lo, b_in or w, out)
 
     return at_addresses_else(call, input, shape, layout[0], (operand_pass, main), launch)
-
-
-def _prepared_as_given(main, input, shape):
-    """prepare's call where the main kernel reads the operands as given (strides_as_given): one launch."""
-    def call(input, weight, bias):
-        out = input.new_empty(shape)
-        main((input, weight, weight, weight if bias is None else bias, out))
-        return out
-
-    def launch(launches, stream, x_in, w_in, b_in, operands, out):
-        launches[0](stream, x_in, w_in, w_in, b_in or w_in, out)
-
-    return at_addresses_else(call, input, shape, 0, (main,), launch)
 
 
 def at_addresses_else(call, input, shape, operands_size: int, bounds, launch, dtypes=None, operands_dtype=None):
@@ -815,31 +762,17 @@ def _launch(cfg, plan: Plan, x, w, w_lo, bias, out, precision):
         (x, w, w_lo, bias if bias is not None else w, out))
 
 
-def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_index: int, strides=None):
-    """A config's launch for a layer, bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out), the operand
-    pass's results, or with strides (strides_as_given's) the layer's own input and weight (w_lo the weight again)."""
+def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_index: int):
+    """A config's launch for a layer, bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out)."""
     if cfg.get("KERNEL") == "tap_columns":
-        return tap_columns.bind(cfg, plan, precision, has_bias, out_strides, device_index, strides)
+        return tap_columns.bind(cfg, plan, precision, has_bias, out_strides, device_index)
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_CO"], cfg["BLOCK_CI"], cfg["PER_SM"],
                                                 device_index)
     return _kernel.bind(
-        grid, (*sizes, *operand_strides(plan, strides), *out_strides, *blocks),
+        grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
         (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _kernel.interpreted),
-         ("DIAG", cfg.get("DIAG", 0)), *main_options(device_index, strides), ("num_warps", cfg["num_warps"]),
+         ("DIAG", cfg.get("DIAG", 0)), *dependent_options(device_index), ("num_warps", cfg["num_warps"]),
          ("num_stages", cfg["num_stages"])))
-
-
-def operand_strides(plan: Plan, strides=None) -> tuple[int, ...]:
-    """The main kernels' input and weight strides: the operand pass's layouts, or strides (strides_as_given's)."""
-    return (*channels_last_strides(plan), *tap_major_strides(plan)) if strides is None else strides
-
-
-def main_options(device_index: int, strides=None) -> tuple:
-    """The general and tap_columns kernels' AS_GIVEN and dependent_options: read as given (strides not None), no
-    operand pass runs before them."""
-    if strides is not None:
-        return ("AS_GIVEN", True), ("PDL", False)
-    return ("AS_GIVEN", False), *dependent_options(device_index)
 
 
 def dependent_options(device_index: int) -> tuple:

@@ -39,7 +39,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from . import cdiv, interpreted, next_power_of_2, power_of_2_at_most
-from .forward import (_axis_taps, count_on, load_operands, load_weights, main_options, mma, operand_strides,
+from .forward import (_axis_taps, channels_last_strides, count_on, dependent_options, load_operands, load_weights, mma,
                       wait_for_previous)
 from .launch import Launcher
 
@@ -65,7 +65,7 @@ def unsupported_reason(plan: Plan) -> str | None:
 def tap_columns_kernel(
     x_ptr, w_ptr, w_lo_ptr, b_ptr, y_ptr,
     CIN_G, COUT_G, D, H, W, OD, OH, OW, KD, KH,
-    sxn, sxc, sxd, sxh, sxw, swt, swg, swo, swc,
+    sxn, sxc, sxd, sxh, sxw,
     syn, syc, syd, syh, syw,
     U_H, TILES, CO_BLOCKS, GROUPS,
     S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
@@ -76,7 +76,7 @@ def tap_columns_kernel(
     U_W: tl.constexpr, CI_BLOCKS: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr,
-    AS_GIVEN: tl.constexpr, PDL: tl.constexpr, DIAG: tl.constexpr = 0,
+    PDL: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
     # GEMM columns (t_w, co), co fastest: a tap's weight rows lie together, and each thread's accumulator holds
     # all taps of its columns, so that summing over taps stays in registers. Tensor shapes are powers of two, so the
@@ -121,12 +121,12 @@ def tap_columns_kernel(
 
     x_base = x_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
     slot_ok = (c >= 0) & (c < W) & (u_h < U_H)
-    # B: the weight rows (t_w, co) of each column group, of the taps (t_d, t_h, t_w), through the weight's strides
-    # along taps, groups, output and input channels (swt, swg, swo, swc; as forward.py's kernel).
-    b_rows_a, b_ok_a = _weight_rows(0, KW_A, KW, group, co0, COUT_G, swt, swg, swo, BLOCK_CO)
+    # B: the weight rows (t_w, co) of each column group, of the taps (t_d, t_h, t_w), in the layout (taps, groups,
+    # C_out/g, C_in/g).
+    b_rows_a, b_ok_a = _weight_rows(0, KW_A, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
     acc_a = tl.zeros([BLOCK_M, KW_A * BLOCK_CO], dtype=tl.float32)
     if KW_B > 0:
-        b_rows_b, b_ok_b = _weight_rows(KW_A, KW_B, KW, group, co0, COUT_G, swt, swg, swo, BLOCK_CO)
+        b_rows_b, b_ok_b = _weight_rows(KW_A, KW_B, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
         acc_b = tl.zeros([BLOCK_M, KW_B * BLOCK_CO], dtype=tl.float32)
     # The K-steps walk (depth tap, height tap, channel block), the channels fastest, counted on (forward.count_on)
     # rather than divided out of k: this loop has few steps (video_k3s2p1op1: 2.25 taps of 2 channel blocks). With U_W
@@ -155,13 +155,13 @@ def tap_columns_kernel(
             shift_h = base_h - m0_h - jh * M_STEP_H  # the step reads input row (i_d, u_h + shift_h, c)
             row_ok = slot_ok & (i_d >= 0) & (i_d < D) & (u_h >= -shift_h) & (u_h < H - shift_h)
             rows = tl.where(row_ok, rows_hc + (i_d * sxd + shift_h * sxh), 0)
-        tap_base = (t_d * KH + t_h) * KW * swt
+        tap_base = (t_d * KH + t_h) * KW * GROUPS * COUT_G * CIN_G
         a, a_lo, b, b_lo = load_operands(x_base, w_ptr, w_lo_ptr, rows, row_ok, tap_base + b_rows_a, b_ok_a, ci0,
-                                         CIN_G, sxc, swc, PRECISION, BLOCK_CI, EVEN_CI, AS_GIVEN)
+                                         CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI)
         acc_a = mma(acc_a, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
         if KW_B > 0:
-            b, b_lo = load_weights(w_ptr, w_lo_ptr, tap_base + b_rows_b, b_ok_b, ci0, CIN_G, swc, PRECISION,
-                                   BLOCK_CI, EVEN_CI, AS_GIVEN)
+            b, b_lo = load_weights(w_ptr, w_lo_ptr, tap_base + b_rows_b, b_ok_b, ci0, CIN_G, PRECISION, BLOCK_CI,
+                                   EVEN_CI)
             acc_b = mma(acc_b, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
         # (Past the last step jd runs on; the pipeliner forms those steps' addresses too, clamped above.)
         ci0, carry = count_on(ci0, 0, CI_BLOCKS * BLOCK_CI, True, BLOCK_CI)
@@ -210,14 +210,14 @@ def tap_columns_kernel(
 
 
 @triton.jit
-def _weight_rows(T0: tl.constexpr, TAPS: tl.constexpr, KW, group, co0, COUT_G, swt, swg, swo, BLOCK_CO: tl.constexpr):
+def _weight_rows(T0: tl.constexpr, TAPS: tl.constexpr, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO: tl.constexpr):
     """Offsets (within one (t_d, t_h) tap's block) and validity of the weight rows of the GEMM columns (t_w, co), t_w
     in [T0, T0 + TAPS): the taps past KW and the channels past C_out/g load as zeros, so their columns of P are zero."""
     j = tl.arange(0, TAPS * BLOCK_CO)
     t_w = T0 + j // BLOCK_CO
     co = co0 + j % BLOCK_CO
     ok = (co < COUT_G) & (t_w < KW)
-    return tl.minimum(t_w, KW - 1) * swt + group * swg + tl.minimum(co, COUT_G - 1) * swo, ok
+    return ((tl.minimum(t_w, KW - 1) * GROUPS + group) * COUT_G + tl.minimum(co, COUT_G - 1)) * CIN_G, ok
 
 
 @triton.jit
@@ -314,15 +314,14 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int):
     return grid, sizes, blocks, constexprs
 
 
-def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_index: int, strides=None):
-    """A config's launch for a layer on forward._operands' results (x channels-last, w tap-major and K-major), or
-    with strides (forward.strides_as_given's) on the layer's own input and weight, bound (launch.BoundLaunch): call it
-    with (x, w, w_lo, bias, out)."""
+def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_index: int):
+    """A config's launch for a layer on forward._operands' results (x channels-last, w tap-major and K-major),
+    bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out)."""
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_CI"])
     return _kernel.bind(
-        grid, (*sizes, *operand_strides(plan, strides), *out_strides, *blocks),
+        grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
         (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _kernel.interpreted),
-         ("DIAG", cfg.get("DIAG", 0)), *main_options(device_index, strides), ("num_warps", cfg["num_warps"]),
+         ("DIAG", cfg.get("DIAG", 0)), *dependent_options(device_index), ("num_warps", cfg["num_warps"]),
          ("num_stages", cfg["num_stages"])))
 
 
