@@ -28,7 +28,7 @@ from convt3d.backends.triton import tiled
 from convt3d.backends.triton.forward import precision_for
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import sweep_layers
-from diag_tma_tiled import ROW_HEADERS, join_operands, measure  # beside this script (sys.path[0])
+from diag_tma_tiled import ROW_HEADERS, _tile_origin, join_operands, measure  # beside this script (sys.path[0])
 
 
 @triton.jit
@@ -48,13 +48,12 @@ def ws_tiled_kernel(
     tap = rest % (KD * KH)
     m_block = rest // (KD * KH)  # (n, d, row block)
     m0 = m_block * BLOCK_M
-    nd = m_block // H_BLOCKS
-    h0 = m_block % H_BLOCKS * BLOCK_R
+    h0, n, d, kd, kh = _tile_origin(m_block, tap, D, KH, H_BLOCKS, BLOCK_R)
     m = tl.arange(0, BLOCK_M)
     h = h0 + m // BLOCK_Q
     m_ok = h < H
-    oh = KH * h + tap % KH
-    y_base = y_ptr + (nd // D).to(tl.int64) * syn + (KD * (nd % D) + tap // KH).to(tl.int64) * syd
+    oh = KH * h + kh
+    y_base = y_ptr + n.to(tl.int64) * syn + (KD * d + kd).to(tl.int64) * syd
     if not PLAIN:
         x_hi, x_lo = tiled._inverse_scale_halves(tiled._exponents(x_exp_ptr + m0 + m, m_ok))
     if JOIN:
@@ -81,7 +80,7 @@ def ws_tiled_kernel(
         e = tl.arange(0, 2 * BLOCK_M)
         r = e // (2 * BLOCK_Q)
         ptrs = (y_base + co[:, None].to(tl.int64) * syc
-                + ((KH * (h0 + r) + tap % KH) * syh + e % (2 * BLOCK_Q))[None, :])
+                + ((KH * (h0 + r) + kh) * syh + e % (2 * BLOCK_Q))[None, :])
         tl.store(ptrs, tile_v.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & (h0 + r < H)[None, :])
     else:
         BLOCK_N: tl.constexpr = BLOCK_CO * 2
