@@ -305,7 +305,8 @@ def _phase_gemm(
     jd = jd_lo
     jh = jh_lo
     jw = jw_lo
-    rows_hw = u_h * sxh + u_w * sxw
+    if PRECISION != 2:
+        rows_hw = u_h * sxh + u_w * sxw  # the rows' own part of their input offsets (below)
     for k in range((jd_hi - jd_lo) * (jh_hi - jh_lo) * (jw_hi - jw_lo) * CI_BLOCKS):
         t_d = tl.minimum(t0_d + jd * STEP_D, KD - 1)
         t_h = tl.minimum(t0_h + jh * STEP_H, KH - 1)

@@ -139,7 +139,8 @@ def tap_columns_kernel(
     steps = (jd_hi - jd_lo) * (jh_hi - jh_lo) * CI_BLOCKS
     if DIAG == 2:  # diagnostic: one K-step (a wrong result): the program's time but for its other steps
         steps = tl.minimum(steps, 1)
-    rows_hc = u_h * sxh + c * sxw
+    if PRECISION != 2:
+        rows_hc = u_h * sxh + c * sxw  # the slots' own part of their input offsets (below)
     for k in range(steps):
         t_d = tl.minimum(t0_d + jd * STEP_D, KD - 1)
         t_h = tl.minimum(t0_h + jh * STEP_H, KH - 1)
