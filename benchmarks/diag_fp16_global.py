@@ -32,7 +32,7 @@ import triton.language as tl
 
 import convt3d
 from convt3d.backends.triton import NATIVE, forward
-from convt3d.backends.triton.forward import _round_to_tf32
+from convt3d.backends.triton.forward import _round_to_tf32, let_next_start
 from convt3d.backends.triton.tiled import _fp16_scale_exponent, _power_of_2
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.bench.report import markdown_table
@@ -65,6 +65,11 @@ def _w_chunk(w_ptr, j, C_IN, C_OUT, TAPS, BLOCK_W: tl.constexpr):
 
 
 @triton.jit
+def _scaled(v, e):
+    return (_round_to_tf32(v) * _power_of_2(e)).to(tl.float16)
+
+
+@triton.jit
 def fp16_global_pass_kernel(x_ptr, x_op_ptr, w_ptr, w_op_ptr, sync_ptr,
                             C, S, C_BLOCKS, S_BLOCKS, X_TILES, sxn, sxc, sxs, C_IN, C_OUT, TAPS, W_CHUNKS,
                             BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -74,7 +79,7 @@ def fp16_global_pass_kernel(x_ptr, x_op_ptr, w_ptr, w_op_ptr, sync_ptr,
     reads them again after the barrier. sync_ptr: int32 words [largest |x| bits, largest |w| bits, arrivals,
     departures, e_x, e_w], the first four zero on entry and on exit."""
     if LET_NEXT_START:  # (the main kernel's programs may start; they wait for this launch's end)
-        tl.extra.cuda.gdc_launch_dependents()
+        let_next_start()
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     if REREAD:
@@ -104,13 +109,13 @@ def fp16_global_pass_kernel(x_ptr, x_op_ptr, w_ptr, w_op_ptr, sync_ptr,
     if REREAD:
         for t in range(pid, X_TILES, programs):
             v, ok, offs = _x_tile(x_ptr, t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S)
-            tl.store(x_op_ptr + offs, (_round_to_tf32(v) * _power_of_2(e_x)).to(tl.float16), mask=ok)
+            tl.store(x_op_ptr + offs, _scaled(v, e_x), mask=ok)
         for j in range(pid, W_CHUNKS, programs):
             v, ok, offs = _w_chunk(w_ptr, j, C_IN, C_OUT, TAPS, BLOCK_W)
-            tl.store(w_op_ptr + offs, (_round_to_tf32(v) * _power_of_2(e_w)).to(tl.float16), mask=ok)
+            tl.store(w_op_ptr + offs, _scaled(v, e_w), mask=ok)
     else:
-        tl.store(x_op_ptr + x_offs, (_round_to_tf32(x) * _power_of_2(e_x)).to(tl.float16), mask=x_ok)
-        tl.store(w_op_ptr + w_offs, (_round_to_tf32(w) * _power_of_2(e_w)).to(tl.float16), mask=w_ok)
+        tl.store(x_op_ptr + x_offs, _scaled(x, e_x), mask=x_ok)
+        tl.store(w_op_ptr + w_offs, _scaled(w, e_w), mask=w_ok)
     departed = tl.atomic_add(sync_ptr + 3, 1, sem="acq_rel")
     if departed == programs - 1:  # the last one out: every other has read the maxima
         tl.store(sync_ptr + 4, e_x)
@@ -189,16 +194,17 @@ def measure(layer, args):
     x_op = torch.empty((n, d, h, wd, c), dtype=torch.float16, device="cuda")
     w_op = torch.empty((w[0, 0].numel(), 1, w.shape[1], w.shape[0]), dtype=torch.float16, device="cuda")
     out = torch.full(plan.output_shape, float("nan"), device="cuda")
+    pointers = (x_op, w_op, w_op, w_op, out)  # (x, w, w_lo, the bias (none), out)
     run_pass(x_op, w_op)
     torch.cuda.synchronize()
     key = ("fp16 global", plan.key)
     main_for = lambda cfg: forward._main_launch(cfg, plan, NATIVE, False, out.stride(), 0)  # noqa: E731
     cfg = forward.pick_config(forward._best_config, key, forward.candidates(plan),
-                              lambda cfg: main_for(cfg)((x_op, w_op, w_op, w_op, out)), x.device)
+                              lambda cfg: main_for(cfg)(pointers), x.device)
     main_launch = main_for(cfg)
     out.fill_(float("nan"))
     run_pass(x_op, w_op)
-    main_launch((x_op, w_op, w_op, w_op, out))
+    main_launch(pointers)
     torch.cuda.synchronize()
     e_x, e_w = sync[4].item(), sync[5].item()
     assert sync[:4].tolist() == [0, 0, 0, 0], sync.tolist()
@@ -209,11 +215,11 @@ def measure(layer, args):
 
     def both():
         run_pass(x_op, w_op)
-        main_launch((x_op, w_op, w_op, w_op, out))
+        main_launch(pointers)
 
     for name, fn in [("eager", lambda: module(x)), ("backend=triton, TF32", lambda: ours(x)),
                      ("FP16 global: pass alone", lambda: run_pass(x_op, w_op)),
-                     ("FP16 global: main kernel alone", lambda: main_launch((x_op, w_op, w_op, w_op, out))),
+                     ("FP16 global: main kernel alone", lambda: main_launch(pointers)),
                      ("FP16 global: pass and main kernel", both)]:
         timing = time_cuda(fn, iters=args.iters)
         extra = (check, f"{error:.1e}") if name.endswith("pass and main kernel") else ("", "")
