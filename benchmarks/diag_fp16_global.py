@@ -31,9 +31,9 @@ import triton
 import triton.language as tl
 
 import convt3d
-from convt3d.backends.triton import NATIVE, forward
-from convt3d.backends.triton.forward import _round_to_tf32, let_next_start
-from convt3d.backends.triton.tiled import _fp16_scale_exponent, _power_of_2
+import convt3d.backends.triton as triton_backend
+from convt3d.backends.triton import NATIVE, forward, tensor_scaled
+from convt3d.backends.triton.forward import _fp16_scale_exponent, _power_of_2, _round_to_tf32, let_next_start
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import sweep_layers
@@ -182,6 +182,14 @@ def main():
                           "KernelBench check", "rel. err. fp64"], rows))
 
 
+def use_library_form(as_fp16: bool) -> None:
+    """Later backend="triton" calls take TF32 mode's FP16 operands scaled per tensor, or TF32 ones: prepared calls
+    and bound launches forgotten, configs kept (their keys differ by precision)."""
+    tensor_scaled.TF32_AS_FP16 = as_fp16
+    forward._chosen.clear()
+    triton_backend._prepared.clear()
+
+
 def measure(layer, args):
     """The rows of one layer."""
     rows = []
@@ -217,7 +225,14 @@ def measure(layer, args):
         run_pass(x_op, w_op)
         main_launch(pointers)
 
-    for name, fn in [("eager", lambda: module(x)), ("backend=triton, TF32", lambda: ours(x)),
+    for as_fp16 in (False, True):  # the library's two TF32 forms, each prepared afresh
+        use_library_form(as_fp16)
+        ours(x)
+        timing = time_cuda(lambda: ours(x), iters=args.iters)
+        name = "backend=triton, " + ("FP16 scaled per tensor (library)" if as_fp16 else "TF32 operands")
+        rows.append((label, name, f"{timing.mean_ms:.4f}", f"{timing.min_ms:.4f}", "", ""))
+        print(rows[-1], flush=True)
+    for name, fn in [("eager", lambda: module(x)),
                      ("FP16 global: pass alone", lambda: run_pass(x_op, w_op)),
                      ("FP16 global: main kernel alone", lambda: main_launch(pointers)),
                      ("FP16 global: pass and main kernel", both)]:

@@ -5,10 +5,10 @@ runs: a return inside a constexpr branch followed by TF32 rounding compiled for 
 session, caught only on the GPU). So the library's own host code runs here on CPU tensors with every launch recorded
 instead of made (launch.BoundLaunch, through which every kernel is launched), and each recorded launch is compiled
 with its constexprs and launch options, the main kernels as Hopper launches them (the operand pass's dependents): the
-forward (the general and tap_columns kernels, the tiled GEMM in each of its forms, their operand passes), the
-backward's operand copy and weight gradient, the bias fill and the CUDA phase correlation's operand pass. The
-compile runs in a subprocess without TRITON_INTERPRET, under which triton.jit would have made the kernels interpreted
-functions.
+forward (the general and tap_columns kernels in each precision, the tiled GEMM in each of its forms, their operand
+passes), the backward's operand copy and weight gradient, the bias fill and the CUDA phase correlation's operand pass.
+The compile runs in a subprocess without TRITON_INTERPRET, under which triton.jit would have made the kernels
+interpreted functions.
 """
 
 import os
@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from convt3d.backends import torch_phase
 import convt3d.backends.triton as triton_backend
-from convt3d.backends.triton import backward, fill, forward, launch, tap_columns, tiled, window
+from convt3d.backends.triton import backward, fill, forward, launch, tap_columns, tensor_scaled, tiled, window
 from convt3d.plan import make_plan
 
 recorded = {}
@@ -45,7 +45,7 @@ launch.BoundLaunch.__call__ = record
 # As on Hopper: the main kernels launched as their operand pass's dependents, the passes letting them start early.
 triton_backend._can_launch_dependents = lambda device_index: True
 forward.pass_lets_main_start = tiled.pass_lets_main_start = lambda device: True
-TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32"}
 torch.manual_seed(0)
 
 # The forward: stride 2 with KW = 3 (tap_columns' split column groups), both kernels; the tiled GEMM on k2 s2.
@@ -56,6 +56,14 @@ for dtype, precision in [(torch.float16, forward.NATIVE), (torch.bfloat16, forwa
     plan = make_plan(tuple(x.shape), tuple(w.shape), stride=2, padding=1, output_padding=1)
     for config in (forward._configs()[0], tap_columns.configs(plan)[-1]):
         forward.conv_transpose3d_triton(x, w, b, plan, precision, config=config)
+        if precision == forward.TF32:  # TF32 mode's other form (FP16_TENSOR_SCALED by default)
+            tensor_scaled.TF32_AS_FP16 = not tensor_scaled.TF32_AS_FP16
+            forward.conv_transpose3d_triton(x, w, b, plan, precision, config=config)
+            tensor_scaled.TF32_AS_FP16 = not tensor_scaled.TF32_AS_FP16
+    if precision == forward.TF32:  # a layer whose tiles tensor_scaled's pass holds in registers (one here)
+        x1, w1 = torch.rand(1, 16, 2, 8, 8), torch.rand(16, 8, 3, 3, 3)
+        forward.conv_transpose3d_triton(x1, w1, None, make_plan(tuple(x1.shape), tuple(w1.shape), stride=2),
+                                        precision, config=forward._configs()[0])
     w2 = torch.rand(64, 32, 2, 2, 2, dtype=dtype)
     plan2 = make_plan(tuple(x.shape), tuple(w2.shape), stride=2)
     tiled.conv_transpose3d_tiled(x, w2, b, plan2, precision, config=tiled.configs()[0])
@@ -80,7 +88,8 @@ for split in (0, 1, 2):  # (3xFP16 in grad_input's orientation: its weight halve
 
 failed = []
 for (name, _, _), (bound, dtypes) in recorded.items():
-    options = {k: bound.options[k] for k in ("num_warps", "num_stages", "launch_pdl") if k in bound.options}
+    options = {k: bound.options[k] for k in ("num_warps", "num_stages", "launch_pdl", "launch_cooperative_grid")
+               if k in bound.options}
     constexprs = {k: v for k, v in bound.options.items() if k not in options}
     names = bound.kernel.arg_names
     scalars = dict(zip(names[bound.pointers:], bound.scalars))
@@ -106,8 +115,9 @@ sys.exit(1 if failed else 0)
 # Each kernel, at least this many distinct launches (options, dtypes) among those the script makes.
 EXPECTED = {
     "forward.prepare_operands_kernel": 4,  # float16, bfloat16, TF32, 3xTF32
-    "forward.conv_transpose3d_kernel": 4,
-    "tap_columns.tap_columns_kernel": 4,
+    "tensor_scaled.fp16_operands_kernel": 2,  # TF32 mode's FP16_TENSOR_SCALED: held, read again
+    "forward.conv_transpose3d_kernel": 5,  # float16, bfloat16, TF32 (FP16 scaled per tensor, and TF32), 3xTF32
+    "tap_columns.tap_columns_kernel": 5,
     "tiled.tiled_kernel": 6,
     "tiled.prepare_operands_kernel": 2,  # TF32, 3xTF32: half precision reads its operands as given
     "tiled.prepare_scaled_operands_kernel": 1,  # TF32 mode's FP16_SCALED

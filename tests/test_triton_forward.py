@@ -12,6 +12,7 @@ import convt3d
 from conftest import assert_close_rel, layer_args, make_tensors, random_config, run_in_sample
 
 triton = pytest.importorskip("triton")
+from convt3d.backends.triton import tensor_scaled  # noqa: E402
 from convt3d.backends.triton.forward import (  # noqa: E402
     NATIVE, TF32, TF32X3, _configs, _operands, conv_transpose3d_triton)
 from convt3d.plan import make_plan  # noqa: E402
@@ -68,9 +69,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
-def test_tf32_rounds_operands_to_nearest(cfg):
-    run_in_sample(CASES.index(cfg) % 2 == 0)  # the other cases in tf32x3 below
+# TF32 mode's two forms: operands as FP16 scaled per tensor (tensor_scaled.py, the default) on every case, and TF32
+# itself (CONVT3D_TF32_AS_FP16=0) on two.
+@pytest.mark.parametrize("as_fp16, cfg", [(True, cfg) for cfg in CASES] + [(False, cfg) for cfg in CASES[:2]],
+                         ids=[f"fp16-{i}" for i in range(len(CASES))] + ["tf32-0", "tf32-1"])
+def test_tf32_rounds_operands_to_nearest(as_fp16, cfg, monkeypatch):
+    run_in_sample(CASES.index(cfg) % 2 == 0 or not as_fp16)  # the other cases in tf32x3 below
+    monkeypatch.setattr(tensor_scaled, "TF32_AS_FP16", as_fp16)
     x, w, b = tensors(cfg, torch.float32)
     y = run(x, w, b, cfg, TF32)
     # Exactly the products of the TF32-rounded operands, summed in float32.

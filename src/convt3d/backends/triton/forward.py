@@ -14,7 +14,9 @@ Before it, an operand pass lays the operands out as the GEMM reads them: the inp
 (PRECISION 1: TF32, to nearest with ties away, as cuDNN's conversion does; one TF32 dot) or
 splits the weight (PRECISION 2: TF32 high part and TF32 remainder; three dots, 3xTF32, about
 float32 accuracy), so that loads feed the tensor cores directly; under 3xTF32 the kernels split
-the input as they load it. PRECISION 0 is the native dot of float16/bfloat16 operands.
+the input as they load it. PRECISION 0 is the native dot of float16/bfloat16 operands. In TF32 mode float32
+operands are by default FP16 scaled per tensor instead (tensor_scaled.py's pass, FP16_TENSOR_SCALED): the kernels
+multiply them in FP16 (PRECISION 0) and scale their sums back (SCALED).
 Accumulation is float32 always. On Hopper the kernel is launched as the pass's dependent (dependent_launch): its
 programs start while the pass's last ones run, and wait for the pass's writes before touching memory.
 
@@ -37,7 +39,7 @@ from .. import output_memory_format
 # (NATIVE and TF32 unused here: the tests, benchmarks and backward.py read the precisions from this module.)
 from . import (NATIVE, TF32, TF32X3, cdiv, dependent_launch, interpreted, next_power_of_2, pass_lets_main_start,
                power_of_2_at_most, precision_for)
-from .launch import Launcher, ready_stream
+from .launch import Launcher, _current_stream, ready_stream
 
 logger = logging.getLogger("convt3d")
 
@@ -48,6 +50,28 @@ def _round_to_tf32(x):
     bits = x.to(tl.int32, bitcast=True)
     bits = (bits + 0x1000) & -8192  # -8192 == 0xFFFFE000
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _power_of_2(k):
+    # 2**k as a float32, for integers k in [-126, 127]: the exponent field itself.
+    return ((k + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fp16_scale_exponent(largest):
+    # e with largest * 2**e in [2^14, 2^15), from largest's exponent field; clamped to 126 (zeros, subnormals).
+    return tl.minimum(141 - ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF), 126)
+
+
+@triton.jit
+def inverse_scales(sync_ptr):
+    """(a, b) whose product is 2**-(e_x + e_w), the exponents that tensor_scaled.py's last pass left at sync_ptr + 4
+    and + 5, each factor within float32's normal range where their product may not be (e_x and e_w lie in [-113,
+    126])."""
+    e = tl.load(sync_ptr + 4) + tl.load(sync_ptr + 5)
+    half = e >> 1
+    return _power_of_2(-half), _power_of_2(half - e)
 
 
 @triton.jit
@@ -355,13 +379,17 @@ def conv_transpose3d_kernel(
     STEP_D: tl.constexpr, STEP_H: tl.constexpr, STEP_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
-    FILL_W: tl.constexpr, CI_BLOCKS: tl.constexpr, EVEN_CI: tl.constexpr, PDL: tl.constexpr, DIAG: tl.constexpr = 0,
+    FILL_W: tl.constexpr, CI_BLOCKS: tl.constexpr, EVEN_CI: tl.constexpr, SCALED: tl.constexpr, PDL: tl.constexpr,
+    DIAG: tl.constexpr = 0,
 ):
     # DIAG (benchmarks only, to see where time goes): 1 skips the GEMM and stores its zero tiles, 2 runs the
-    # GEMM but stores none of its tiles.
+    # GEMM but stores none of its tiles. SCALED: FP16 operands scaled per tensor (tensor_scaled.py), w_lo_ptr
+    # pointing at their pass's sync words.
     BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
     if PDL:
         wait_for_previous()
+    if SCALED:
+        scale_a, scale_b = inverse_scales(w_lo_ptr)
     # Each program walks the work items (blocks of output rows) with a stride of the grid size: one item per
     # program with a full grid, or many with a persistent one (configs choose).
     for item in range(tl.program_id(0), ITEMS, tl.num_programs(0)):
@@ -431,7 +459,10 @@ def conv_transpose3d_kernel(
                     M_STEP_D=M_STEP_D, M_STEP_H=M_STEP_H, PRECISION=PRECISION, INTERPRETED=INTERPRETED,
                     BLOCK_M=BLOCK_M, BLOCK_Q=BLOCK_Q, BLOCK_CO=BLOCK_CO, BLOCK_CI=BLOCK_CI, CI_BLOCKS=CI_BLOCKS,
                     EVEN_CI=EVEN_CI, DIAG=DIAG,
-                ) + bias[None, :]
+                )
+                if SCALED:
+                    out = out * scale_a * scale_b
+                out += bias[None, :]
                 if DIAG == 2:  # a mask no element passes, but one the compiler cannot drop with the GEMM
                     co_ok = co_ok & (tl.sum(out, axis=0) != tl.sum(out, axis=0))
                 if S_W != 2:
@@ -484,25 +515,41 @@ def _configs():
 def _operands(input, weight, groups, precision):
     """(x, w, w_lo) as the GEMM reads them, by the operand pass: the input channels-last, (N, D, H, W, C_in), and the
     weight tap-major and K-major, (taps, groups, C_out/g, C_in/g); for float32 both TF32-rounded, or under 3xTF32 the
-    weight split into high and low parts and the input as it is (w_lo is w where unused)."""
+    weight split into high and low parts and the input as it is (w_lo is w where unused), or under
+    FP16_TENSOR_SCALED both FP16 scaled per tensor, w_lo the pass's sync words (tensor_scaled.py)."""
     flat, flat_strides = flat_input(input)
     layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), groups, flat_strides, precision,
-                                          pass_lets_main_start(input.device))
-    x, _, w, w_lo = allocate_operands(layout, input.dtype, input.device)
+                                          pass_lets_main_start(input.device), tensor_scaled.cuda_index(input.device))
+    x, _, w, w_lo = allocate_operands(layout, _operand_dtype(input.dtype, precision), input.device)
+    if precision == tensor_scaled.FP16_TENSOR_SCALED:
+        w_lo = tensor_scaled.sync_words(input.device, current_stream(input.device))
     operand_pass((flat, x, weight.contiguous(), w, w_lo))
     return x, w, w_lo
 
 
+def _operand_dtype(dtype: torch.dtype, precision: int) -> torch.dtype:
+    return torch.float16 if precision == tensor_scaled.FP16_TENSOR_SCALED else dtype
+
+
 @functools.lru_cache(maxsize=256)
-def _operand_steps(input_shape, weight_shape, groups: int, flat_strides, precision: int, let_next_start: bool = False):
+def _operand_steps(input_shape, weight_shape, groups: int, flat_strides, precision: int, let_next_start: bool = False,
+                   device_index=None):
     """(the operands' _operand_layout, the bound operand pass) of a layer, for an input with these strides (as (N, C,
     D*H*W)): what _operands uses on every call and a prepared call keeps."""
     n, c, d, h, w = input_shape
     c_in, c_out_g, kd, kh, kw = weight_shape
     layout = _operand_layout((n, d, h, w, c), (kd * kh * kw, groups, c_out_g, c_in // groups), precision == TF32X3,
                              False)
+    if precision == tensor_scaled.FP16_TENSOR_SCALED:
+        return layout, tensor_scaled.operand_pass(input_shape, weight_shape, groups, flat_strides, let_next_start,
+                                                  device_index)
     return layout, _operand_pass(input_shape, weight_shape, groups, flat_strides, precision,
                                  let_next_start=let_next_start)
+
+
+def current_stream(device: torch.device) -> int:
+    """The raw handle of device's current stream (0 off CUDA): the key of tensor_scaled.sync_words."""
+    return _current_stream(device.index) if device.type == "cuda" else 0
 
 
 def flat_input(input):
@@ -625,7 +672,8 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
     out, finished = allocate_output(input, weight, bias, plan)
     if finished:
         return out
-    precision = precision_for(input.dtype) if precision is None else precision
+    precision = tensor_scaled.operand_precision(input, weight,
+                                                precision_for(input.dtype) if precision is None else precision)
     key = _chosen_key(input, plan, precision, out, bias)
     main = _chosen.get(key) if config is None else None
     x, w, w_lo = _operands(input, weight, plan.groups, precision)
@@ -652,29 +700,43 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
     """After a call of conv_transpose3d_triton with contiguous input and weight that returned out: the same call for
     this layer as a function of (input, weight, bias), its launches and layouts bound, or None where there is none to
     bind (no GEMM, or no tile config chosen yet)."""
+    precision = tensor_scaled.operand_precision(input, weight, precision)
     main = _chosen.get(_chosen_key(input, plan, precision, out, bias))
     if main is None:
         return None
     layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), plan.groups, flat_input(input)[1],
-                                          precision, pass_lets_main_start(input.device))
+                                          precision, pass_lets_main_start(input.device),
+                                          tensor_scaled.cuda_index(input.device))
     shape, dtype, device = plan.output_shape, input.dtype, input.device
+    scaled = precision == tensor_scaled.FP16_TENSOR_SCALED
+    operand_dtype = _operand_dtype(dtype, precision)
 
     def call(input, weight, bias):
         out = input.new_empty(shape)
-        x, _, w, w_lo = allocate_operands(layout, dtype, device)
+        x, _, w, w_lo = allocate_operands(layout, operand_dtype, device)
+        if scaled:
+            w_lo = tensor_scaled.sync_words(device, current_stream(device))
         operand_pass((input, x, weight, w, w_lo))
         main((x, w, w_lo, w if bias is None else bias, out))
         return out
 
-    x_at, _, w_at, w_lo_at = operand_offsets(layout, input.element_size())
+    x_at, _, w_at, w_lo_at = operand_offsets(layout, operand_dtype.itemsize)
 
     def launch(launches, stream, x_in, w_in, b_in, operands, out):
         pass_at, main_at = launches
-        x, w, w_lo = operands + x_at, operands + w_at, operands + w_lo_at
+        x, w = operands + x_at, operands + w_at
+        sync = tensor_scaled.sync_words(device, stream) if scaled else None  # (kept until the launches are queued)
+        w_lo = sync.data_ptr() if scaled else operands + w_lo_at
         pass_at(stream, x_in, x, w_in, w, w_lo)
         main_at(stream, x, w, w_lo, b_in or w, out)
 
-    return at_addresses_else(call, input, shape, layout[0], (operand_pass, main), launch)
+    # The pointers' dtypes: the input's and the operands', the sync words' (int32) under FP16_TENSOR_SCALED, and as the
+    # first call gave them, the bias (or w) and out.
+    lo_dtype = torch.int32 if scaled else dtype
+    pointer_dtypes = ((dtype, operand_dtype, dtype, operand_dtype, lo_dtype),
+                      (operand_dtype, operand_dtype, lo_dtype, dtype if bias is not None else operand_dtype, dtype))
+    return at_addresses_else(call, input, shape, layout[0], (operand_pass, main), launch, pointer_dtypes,
+                             operand_dtype)
 
 
 def at_addresses_else(call, input, shape, operands_size: int, bounds, launch, dtypes=None, operands_dtype=None):
@@ -771,9 +833,16 @@ def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, d
                                                 device_index)
     return _kernel.bind(
         grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
-        (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _kernel.interpreted),
+        (*constexprs, ("HAS_BIAS", has_bias), *mma_precision(precision), ("INTERPRETED", _kernel.interpreted),
          ("DIAG", cfg.get("DIAG", 0)), *dependent_options(device_index), ("num_warps", cfg["num_warps"]),
          ("num_stages", cfg["num_stages"])))
+
+
+def mma_precision(precision: int) -> tuple:
+    """A main kernel's PRECISION and SCALED constexprs for an operand precision: FP16_TENSOR_SCALED's operands
+    multiply in FP16 (NATIVE), their sums scaled back in the epilogue."""
+    scaled = precision == tensor_scaled.FP16_TENSOR_SCALED
+    return ("PRECISION", NATIVE if scaled else precision), ("SCALED", scaled)
 
 
 def dependent_options(device_index: int) -> tuple:
@@ -805,5 +874,7 @@ def _autotune(launch, candidates, key):
     return candidates[best]
 
 
-# Last: tap_columns builds on this module's device functions (mma and the phase arithmetic).
+# Last: tap_columns and tensor_scaled build on this module's device functions (mma, the phase arithmetic, the
+# rounding).
 from . import tap_columns  # noqa: E402
+from . import tensor_scaled  # noqa: E402

@@ -39,8 +39,8 @@ import triton.language as tl
 
 from ...plan import Plan
 from . import cdiv, interpreted, next_power_of_2, power_of_2_at_most
-from .forward import (_axis_taps, channels_last_strides, count_on, dependent_options, load_operands, load_weights, mma,
-                      wait_for_previous)
+from .forward import (_axis_taps, channels_last_strides, count_on, dependent_options, inverse_scales,
+                      load_operands, load_weights, mma, mma_precision, wait_for_previous)
 from .launch import Launcher
 
 
@@ -76,7 +76,7 @@ def tap_columns_kernel(
     U_W: tl.constexpr, CI_BLOCKS: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr,
-    PDL: tl.constexpr, DIAG: tl.constexpr = 0,
+    SCALED: tl.constexpr, PDL: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
     # GEMM columns (t_w, co), co fastest: a tap's weight rows lie together, and each thread's accumulator holds
     # all taps of its columns, so that summing over taps stays in registers. Tensor shapes are powers of two, so the
@@ -182,6 +182,10 @@ def tap_columns_kernel(
         even_b, odd_b = _phase_sums(acc_b, KW_A, KW_B, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
         out_even += even_b
         out_odd += odd_b
+    if SCALED:  # FP16 operands scaled per tensor (tensor_scaled.py), w_lo_ptr pointing at their pass's sync words
+        scale_a, scale_b = inverse_scales(w_lo_ptr)
+        out_even = out_even * scale_a * scale_b
+        out_odd = out_odd * scale_a * scale_b
     co_t = co0 + tl.arange(0, BLOCK_CO)
     co_ok = co_t < COUT_G
     if DIAG == 3:  # diagnostic: a mask that no element passes, but one the compiler cannot drop with the GEMM
@@ -321,7 +325,7 @@ def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_in
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_CI"])
     return _kernel.bind(
         grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
-        (*constexprs, ("HAS_BIAS", has_bias), ("PRECISION", precision), ("INTERPRETED", _kernel.interpreted),
+        (*constexprs, ("HAS_BIAS", has_bias), *mma_precision(precision), ("INTERPRETED", _kernel.interpreted),
          ("DIAG", cfg.get("DIAG", 0)), *dependent_options(device_index), ("num_warps", cfg["num_warps"]),
          ("num_stages", cfg["num_stages"])))
 

@@ -34,9 +34,10 @@ import triton.language as tl
 
 from ...plan import Plan
 from . import NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2, pass_lets_main_start, precision_for
-from .forward import (_channels_last, _operand_layout, _round_to_tf32, _store_operand, allocate_operands,
-                      allocate_output, at_addresses_else, contiguous_views, dependent_options, flat_input,
-                      let_next_start, mma, operand_offsets, pick_config, wait_for_previous)
+from .forward import (_channels_last, _fp16_scale_exponent, _operand_layout, _power_of_2, _round_to_tf32,
+                      _store_operand, allocate_operands, allocate_output, at_addresses_else, contiguous_views,
+                      dependent_options, flat_input, let_next_start, mma, operand_offsets, pick_config,
+                      wait_for_previous)
 from .launch import Launcher
 
 # TF32 mode's operands as FP16 scaled by powers of two (the module docstring); set before a layer's first call, as
@@ -91,22 +92,10 @@ def prepare_operands_kernel(
 
 
 @triton.jit
-def _power_of_2(k):
-    # 2**k as a float32, for integers k in [-126, 127]: the exponent field itself.
-    return ((k + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _rounded_chunk(src_ptr, src_rows, row_ok, k, K, sk):
     """(values, mask): the rows' values at channels k (those below K), TF32-rounded; zeros elsewhere."""
     ok = row_ok[:, None] & (k < K)[None, :]
     return _round_to_tf32(tl.load(src_ptr + src_rows[:, None] + (k * sk)[None, :], mask=ok, other=0.0)), ok
-
-
-@triton.jit
-def _fp16_scale_exponent(largest):
-    # e with largest * 2**e in [2^14, 2^15), from largest's exponent field; clamped to 126 (zeros, subnormals).
-    return tl.minimum(141 - ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF), 126)
 
 
 @triton.jit

@@ -1,0 +1,212 @@
+"""TF32 mode's float32 operands for the general and tap_columns kernels as FP16 with one power-of-two scale per tensor.
+
+FP16 keeps TF32's 11 significant bits, and Hopper's tensor cores multiply FP16 at twice TF32's rate on half the
+bytes: on the H200 the two kernels alone took 11-31% less time on FP16 operands than on TF32 ones (benchmarks/
+RESULTS.md, thirty-first and forty-sixth sessions). Their sums mix input positions and weight taps, so a scale per
+row (the tiled kernel's, tiled.py) would not factor out of them; one scale per tensor does. The operand pass
+TF32-rounds each tensor, multiplies it by 2**e, e putting its largest finite magnitude in [2^14, 2^15), and stores it
+as FP16 in the layouts forward.py's pass makes (input channels-last, weight tap-major and K-major); the main kernel
+multiplies each sum by 2**-(e_x + e_w) in its epilogue (forward.inverse_scales). Every value within 2^28 of its
+tensor's largest finite magnitude is then exactly its TF32 rounding; smaller ones lie in FP16's subnormals and keep
+fewer bits, and those below about 2^-39 of it become zeros. Infinities and NaNs stay what they are.
+
+The largest magnitudes are found in the same launch: a cooperative grid (every program resident at once) reads its
+share of both tensors, posts its largest magnitudes (atomic maxima on their bits) and meets the others at a grid-wide
+barrier (an atomic counter), then scales and stores its share, which it held in registers (under the interpreter,
+whose grid is one program, larger layers read theirs again). A launch of its own for the maxima cost more host time
+than the FP16 kernels saved (thirty-first session, a47d641). The counters live in a few words per device and stream
+(sync_words), zero between launches: the last program out of a launch resets them and leaves the scale exponents for
+the main kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from . import TF32, cdiv, interpreted, next_power_of_2
+from .forward import _fp16_scale_exponent, _power_of_2, _round_to_tf32, let_next_start
+from .launch import Launcher
+
+# This module's precision, beside NATIVE, TF32 and TF32X3 (forward.py) and tiled.FP16_SCALED (3).
+FP16_TENSOR_SCALED = 4
+# TF32 mode's float32 operands as FP16 (the module docstring); CONVT3D_TF32_AS_FP16=0 keeps TF32, as it does for the
+# tiled and CUDA kernels. Set before a layer's first call, as calls are prepared per layer.
+TF32_AS_FP16 = os.environ.get("CONVT3D_TF32_AS_FP16", "1") != "0"
+# The sync words: [largest |x| bits, largest |w| bits, arrivals, departures] (zero between launches), then the
+# exponents e_x and e_w of the last launch, which its main kernel reads.
+SYNC_WORDS = 8
+# The pass's programs: an input tile of 64 channels by 256 positions and a weight chunk of up to 4,096 elements, held
+# in registers from the first read to the store, 8 warps, one program per multiprocessor (so for layers of up to
+# 16,384 input values per multiprocessor). Under the interpreter, where the grid is one program, larger layers read
+# their tiles again after the barrier (READ_AGAIN). On the H200 that form, with two programs of 4 warps per
+# multiprocessor, made the pass 0.004 ms slower than the held one on video_k3s2p1op1, about what FP16 saved in the
+# main kernel (benchmarks/RESULTS.md, forty-sixth session), so on a GPU larger layers keep TF32 operands.
+BLOCK_C, BLOCK_S, MAX_BLOCK_W, NUM_WARPS = 64, 256, 4096, 8
+READ_AGAIN_BLOCK_W = 2048
+
+
+def operand_precision(input: torch.Tensor, weight: torch.Tensor, precision: int) -> int:
+    """The precision the general and tap_columns kernels compute a layer in: FP16_TENSOR_SCALED for TF32 on float32
+    where TF32_AS_FP16 and the pass holds the layer (_geometry), else precision (forward.py's)."""
+    if precision != TF32 or input.dtype != torch.float32 or not TF32_AS_FP16:
+        return precision
+    held = _geometry(tuple(input.shape), tuple(weight.shape), cuda_index(input.device))[-1]
+    return FP16_TENSOR_SCALED if held or cuda_index(input.device) is None else precision
+
+
+def cuda_index(device: torch.device):
+    """device's index where the pass runs natively on CUDA, else None (the interpreter, or another device)."""
+    return None if device.type != "cuda" or interpreted() else (device.index or 0)
+
+
+@functools.lru_cache(maxsize=256)
+def _geometry(input_shape, weight_shape, device_index):
+    """(programs, input tiles, weight chunks, BLOCK_W, held) of the pass for a layer on CUDA device device_index
+    (None under the interpreter or off CUDA: one program)."""
+    n, c = input_shape[:2]
+    s = input_shape[2] * input_shape[3] * input_shape[4]
+    weights = weight_shape[0] * weight_shape[1] * weight_shape[2] * weight_shape[3] * weight_shape[4]
+    multiprocessors = (1 if device_index is None
+                       else torch.cuda.get_device_properties(device_index).multi_processor_count)
+    x_tiles = n * cdiv(c, BLOCK_C) * cdiv(s, BLOCK_S)
+    block_w = max(16, next_power_of_2(cdiv(weights, x_tiles)))
+    if x_tiles <= multiprocessors and block_w <= MAX_BLOCK_W:
+        return max(x_tiles, cdiv(weights, block_w)), x_tiles, cdiv(weights, block_w), block_w, True
+    # (interpreted, programs run one after another: a second would wait at the barrier for ever)
+    return 1, x_tiles, cdiv(weights, READ_AGAIN_BLOCK_W), READ_AGAIN_BLOCK_W, False
+
+
+@triton.jit
+def _x_tile(x_ptr, t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C: tl.constexpr,
+            BLOCK_S: tl.constexpr):
+    """(values, mask, offsets in the channels-last operand) of input tile t of x (N, C, S) (none past X_TILES):
+    BLOCK_C channels by BLOCK_S positions, the positions along the input's contiguous axis."""
+    n = (t // (S_BLOCKS * C_BLOCKS)).to(tl.int64)
+    c = (t // S_BLOCKS % C_BLOCKS) * BLOCK_C + tl.arange(0, BLOCK_C)
+    sp = (t % S_BLOCKS) * BLOCK_S + tl.arange(0, BLOCK_S)
+    ok = (c[:, None] < C) & (sp[None, :] < S * (t < X_TILES))  # (a scalar mask broadcast: the interpreter's way)
+    v = tl.load(x_ptr + n * sxn + c[:, None].to(tl.int64) * sxc + sp[None, :].to(tl.int64) * sxs, mask=ok, other=0.0)
+    return v, ok, n * S * C + sp[None, :].to(tl.int64) * C + c[:, None]
+
+
+@triton.jit
+def _w_chunk(w_ptr, j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W: tl.constexpr):
+    """(values, mask, offsets) of weight chunk j: BLOCK_W elements of the operand (taps, groups, C_out/g, C_in/g),
+    read from the contiguous weight (C_in, C_out/g, taps) (as forward._tap_major)."""
+    f = j * BLOCK_W + tl.arange(0, BLOCK_W)
+    ok = f < TAPS * C_IN * COUT_G
+    within = f % (C_IN * COUT_G)  # (group, co, ci) of one tap
+    ci = within // (COUT_G * CIN_G) * CIN_G + within % CIN_G
+    co = within // CIN_G % COUT_G
+    tap = f // (C_IN * COUT_G)
+    return tl.load(w_ptr + (ci * COUT_G + co) * TAPS + tap, mask=ok, other=0.0), ok, f
+
+
+@triton.jit
+def _largest_finite(v):
+    a = tl.abs(v)
+    return tl.max(tl.where(a < float("inf"), a, 0.0))  # (NaN compares false)
+
+
+@triton.jit
+def _scaled(v, e):
+    return (_round_to_tf32(v) * _power_of_2(e)).to(tl.float16)
+
+
+@triton.jit
+def fp16_operands_kernel(
+    x_ptr, x_op_ptr, w_ptr, w_op_ptr, sync_ptr,
+    C, S, C_BLOCKS, S_BLOCKS, X_TILES, sxn, sxc, sxs, C_IN, CIN_G, COUT_G, TAPS, W_CHUNKS,
+    BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr, HELD: tl.constexpr,
+    LET_NEXT_START: tl.constexpr,
+):
+    """Both operands as FP16 scaled per tensor (module docstring). Program p takes input tiles p, p + programs, ...
+    (_x_tile) and the weight chunks the same way (_w_chunk); HELD: at most one of each, kept in registers from the
+    first read to the store, else read again after the barrier. Launched cooperatively: the barrier below waits for
+    every program."""
+    if LET_NEXT_START:
+        let_next_start()
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    if HELD:
+        x, x_ok, x_offs = _x_tile(x_ptr, pid, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S)
+        w, w_ok, w_offs = _w_chunk(w_ptr, pid, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+        x_largest = _largest_finite(x)
+        w_largest = _largest_finite(w)
+    else:
+        x_largest = 0.0
+        for t in range(pid, X_TILES, programs):
+            v, ok, offs = _x_tile(x_ptr, t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S)
+            x_largest = tl.maximum(x_largest, _largest_finite(v))
+        w_largest = 0.0
+        for j in range(pid, W_CHUNKS, programs):
+            v, ok, offs = _w_chunk(w_ptr, j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+            w_largest = tl.maximum(w_largest, _largest_finite(v))
+    # Non-negative floats order as their bits do.
+    tl.atomic_max(sync_ptr, x_largest.to(tl.int32, bitcast=True), sem="relaxed")
+    tl.atomic_max(sync_ptr + 1, w_largest.to(tl.int32, bitcast=True), sem="relaxed")
+    tl.atomic_add(sync_ptr + 2, 1, sem="release")
+    arrived = tl.load(sync_ptr + 2, volatile=True)
+    while arrived < programs:  # (polled by loads: atomics here slowed every program's arrival)
+        arrived = tl.load(sync_ptr + 2, volatile=True)
+    tl.atomic_add(sync_ptr + 2, 0, sem="acquire")  # every program's maxima, seen below
+    e_x = _fp16_scale_exponent(tl.load(sync_ptr, volatile=True).to(tl.float32, bitcast=True))
+    e_w = _fp16_scale_exponent(tl.load(sync_ptr + 1, volatile=True).to(tl.float32, bitcast=True))
+    if HELD:
+        tl.store(x_op_ptr + x_offs, _scaled(x, e_x), mask=x_ok)
+        tl.store(w_op_ptr + w_offs, _scaled(w, e_w), mask=w_ok)
+    else:
+        for t in range(pid, X_TILES, programs):
+            v, ok, offs = _x_tile(x_ptr, t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S)
+            tl.store(x_op_ptr + offs, _scaled(v, e_x), mask=ok)
+        for j in range(pid, W_CHUNKS, programs):
+            v, ok, offs = _w_chunk(w_ptr, j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+            tl.store(w_op_ptr + offs, _scaled(v, e_w), mask=ok)
+    if tl.atomic_add(sync_ptr + 3, 1, sem="acq_rel") == programs - 1:  # the last one out: all have read the maxima
+        tl.store(sync_ptr + 4, e_x)
+        tl.store(sync_ptr + 5, e_w)
+        for i in tl.static_range(4):
+            tl.store(sync_ptr + i, 0)
+
+
+# Per (device, stream): the sync words of the passes launched on it, which run one after another.
+_sync: dict = {}
+
+
+def sync_words(device: torch.device, stream: int) -> torch.Tensor:
+    """The sync words for a pass on this device and stream (a raw stream handle). Passes on one stream run in turn,
+    so they share them; a CUDA graph capture gets words of its own, zeroed inside the graph, so that its replays
+    share them with nothing else."""
+    if device.type != "cuda":
+        return torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
+    words = _sync.get((device.index, stream))
+    if words is None:
+        words = _sync[device.index, stream] = torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
+    return words
+
+
+@functools.lru_cache(maxsize=256)
+def operand_pass(input_shape, weight_shape, groups: int, flat_strides, let_next_start: bool, device_index):
+    """The pass for a layer that operand_precision gives FP16_TENSOR_SCALED, for an input with these strides (as (N,
+    C, D*H*W)), on CUDA device device_index (None under the interpreter or off CUDA), bound (launch.BoundLaunch): call
+    it with (x as (N, C, D*H*W), x_op, the contiguous weight, w_op, sync words)."""
+    c = input_shape[1]
+    s = input_shape[2] * input_shape[3] * input_shape[4]
+    c_in, cout_g = weight_shape[:2]
+    programs, x_tiles, w_chunks, block_w, held = _geometry(input_shape, weight_shape, device_index)
+    return _pass.bind(
+        (programs,),
+        (c, s, cdiv(c, BLOCK_C), cdiv(s, BLOCK_S), x_tiles, *flat_strides, c_in, c_in // groups, cout_g,
+         weight_shape[2] * weight_shape[3] * weight_shape[4], w_chunks),
+        (("BLOCK_C", BLOCK_C), ("BLOCK_S", BLOCK_S), ("BLOCK_W", block_w), ("HELD", held),
+         ("LET_NEXT_START", let_next_start), ("num_warps", NUM_WARPS), ("launch_cooperative_grid", True)))
+
+
+_pass = Launcher(fp16_operands_kernel)
