@@ -55,7 +55,8 @@ def operand_precision(input: torch.Tensor, weight: torch.Tensor, precision: int)
     where TF32_AS_FP16 and the pass holds the layer (_geometry), else precision (forward.py's)."""
     if precision != TF32 or input.dtype != torch.float32 or not TF32_AS_FP16:
         return precision
-    held = _geometry(tuple(input.shape), tuple(weight.shape), cuda_index(input.device))[-1]
+    narrow = sum((size - 1) * stride for size, stride in zip(input.shape, input.stride())) < 2**31
+    held = _geometry(tuple(input.shape), tuple(weight.shape), cuda_index(input.device), narrow)[-1]
     return FP16_TENSOR_SCALED if held or cuda_index(input.device) is None else precision
 
 
@@ -65,9 +66,10 @@ def cuda_index(device: torch.device):
 
 
 @functools.lru_cache(maxsize=256)
-def _geometry(input_shape, weight_shape, device_index):
+def _geometry(input_shape, weight_shape, device_index, narrow: bool):
     """(programs, input tiles, weight chunks, BLOCK_W, held) of the pass for a layer on CUDA device device_index
-    (None under the interpreter or off CUDA: one program)."""
+    (None under the interpreter or off CUDA: one program). narrow: the input's element offsets fit 32 bits, as the
+    held form indexes it (64-bit offsets held beside the tile pushed it into spills)."""
     n, c = input_shape[:2]
     s = input_shape[2] * input_shape[3] * input_shape[4]
     weights = weight_shape[0] * weight_shape[1] * weight_shape[2] * weight_shape[3] * weight_shape[4]
@@ -75,36 +77,39 @@ def _geometry(input_shape, weight_shape, device_index):
                        else torch.cuda.get_device_properties(device_index).multi_processor_count)
     x_tiles = n * cdiv(c, BLOCK_C) * cdiv(s, BLOCK_S)
     block_w = max(16, next_power_of_2(cdiv(weights, x_tiles)))
-    if x_tiles <= multiprocessors and block_w <= MAX_BLOCK_W:
+    if x_tiles <= multiprocessors and block_w <= MAX_BLOCK_W and narrow:
         return max(x_tiles, cdiv(weights, block_w)), x_tiles, cdiv(weights, block_w), block_w, True
     # (interpreted, programs run one after another: a second would wait at the barrier for ever)
     return 1, x_tiles, cdiv(weights, READ_AGAIN_BLOCK_W), READ_AGAIN_BLOCK_W, False
 
 
 @triton.jit
-def _x_tile(x_ptr, t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C: tl.constexpr,
-            BLOCK_S: tl.constexpr):
-    """(values, mask, offsets in the channels-last operand) of input tile t of x (N, C, S) (none past X_TILES):
-    BLOCK_C channels by BLOCK_S positions, the positions along the input's contiguous axis."""
-    n = (t // (S_BLOCKS * C_BLOCKS)).to(tl.int64)
+def _x_tile(t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr,
+            WIDE: tl.constexpr):
+    """(offsets in x, mask, offsets in the channels-last operand) of input tile t of x (N, C, S) (none past X_TILES):
+    BLOCK_C channels by BLOCK_S positions, the positions along the input's contiguous axis. WIDE: 64-bit offsets."""
+    n = t // (S_BLOCKS * C_BLOCKS)
     c = (t // S_BLOCKS % C_BLOCKS) * BLOCK_C + tl.arange(0, BLOCK_C)
     sp = (t % S_BLOCKS) * BLOCK_S + tl.arange(0, BLOCK_S)
     ok = (c[:, None] < C) & (sp[None, :] < S * (t < X_TILES))  # (a scalar mask broadcast: the interpreter's way)
-    v = tl.load(x_ptr + n * sxn + c[:, None].to(tl.int64) * sxc + sp[None, :].to(tl.int64) * sxs, mask=ok, other=0.0)
-    return v, ok, n * S * C + sp[None, :].to(tl.int64) * C + c[:, None]
+    if WIDE:
+        n = n.to(tl.int64)
+        c = c.to(tl.int64)
+        sp = sp.to(tl.int64)
+    return n * sxn + c[:, None] * sxc + sp[None, :] * sxs, ok, n * S * C + sp[None, :] * C + c[:, None]
 
 
 @triton.jit
-def _w_chunk(w_ptr, j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W: tl.constexpr):
-    """(values, mask, offsets) of weight chunk j: BLOCK_W elements of the operand (taps, groups, C_out/g, C_in/g),
-    read from the contiguous weight (C_in, C_out/g, taps) (as forward._tap_major)."""
+def _w_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W: tl.constexpr):
+    """(offsets in the contiguous weight (C_in, C_out/g, taps), mask, offsets in the operand) of weight chunk j:
+    BLOCK_W elements of the operand (taps, groups, C_out/g, C_in/g) (as forward._tap_major)."""
     f = j * BLOCK_W + tl.arange(0, BLOCK_W)
     ok = f < TAPS * C_IN * COUT_G
     within = f % (C_IN * COUT_G)  # (group, co, ci) of one tap
     ci = within // (COUT_G * CIN_G) * CIN_G + within % CIN_G
     co = within // CIN_G % COUT_G
     tap = f // (C_IN * COUT_G)
-    return tl.load(w_ptr + (ci * COUT_G + co) * TAPS + tap, mask=ok, other=0.0), ok, f
+    return (ci * COUT_G + co) * TAPS + tap, ok, f
 
 
 @triton.jit
@@ -134,19 +139,21 @@ def fp16_operands_kernel(
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     if HELD:
-        x, x_ok, x_offs = _x_tile(x_ptr, pid, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S)
-        w, w_ok, w_offs = _w_chunk(w_ptr, pid, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+        x_offs, x_ok, _ = _x_tile(pid, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, False)
+        x = tl.load(x_ptr + x_offs, mask=x_ok, other=0.0)
+        w_offs, w_ok, _ = _w_chunk(pid, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+        w = tl.load(w_ptr + w_offs, mask=w_ok, other=0.0)
         x_largest = _largest_finite(x)
         w_largest = _largest_finite(w)
     else:
         x_largest = 0.0
         for t in range(pid, X_TILES, programs):
-            v, ok, offs = _x_tile(x_ptr, t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S)
-            x_largest = tl.maximum(x_largest, _largest_finite(v))
+            offs, ok, _ = _x_tile(t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, True)
+            x_largest = tl.maximum(x_largest, _largest_finite(tl.load(x_ptr + offs, mask=ok, other=0.0)))
         w_largest = 0.0
         for j in range(pid, W_CHUNKS, programs):
-            v, ok, offs = _w_chunk(w_ptr, j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
-            w_largest = tl.maximum(w_largest, _largest_finite(v))
+            offs, ok, _ = _w_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+            w_largest = tl.maximum(w_largest, _largest_finite(tl.load(w_ptr + offs, mask=ok, other=0.0)))
     # Non-negative floats order as their bits do.
     tl.atomic_max(sync_ptr, x_largest.to(tl.int32, bitcast=True), sem="relaxed")
     tl.atomic_max(sync_ptr + 1, w_largest.to(tl.int32, bitcast=True), sem="relaxed")
@@ -157,16 +164,20 @@ def fp16_operands_kernel(
     tl.atomic_add(sync_ptr + 2, 0, sem="acquire")  # every program's maxima, seen below
     e_x = _fp16_scale_exponent(tl.load(sync_ptr, volatile=True).to(tl.float32, bitcast=True))
     e_w = _fp16_scale_exponent(tl.load(sync_ptr + 1, volatile=True).to(tl.float32, bitcast=True))
+    # The offsets and masks are formed again here rather than held across the barrier: held, they pushed the pass
+    # past 255 registers into spills (benchmarks/RESULTS.md, forty-sixth session).
     if HELD:
-        tl.store(x_op_ptr + x_offs, _scaled(x, e_x), mask=x_ok)
-        tl.store(w_op_ptr + w_offs, _scaled(w, e_w), mask=w_ok)
+        _, x_ok, x_op_offs = _x_tile(pid, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, False)
+        tl.store(x_op_ptr + x_op_offs, _scaled(x, e_x), mask=x_ok)
+        _, w_ok, w_op_offs = _w_chunk(pid, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+        tl.store(w_op_ptr + w_op_offs, _scaled(w, e_w), mask=w_ok)
     else:
         for t in range(pid, X_TILES, programs):
-            v, ok, offs = _x_tile(x_ptr, t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S)
-            tl.store(x_op_ptr + offs, _scaled(v, e_x), mask=ok)
+            offs, ok, op_offs = _x_tile(t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, True)
+            tl.store(x_op_ptr + op_offs, _scaled(tl.load(x_ptr + offs, mask=ok, other=0.0), e_x), mask=ok)
         for j in range(pid, W_CHUNKS, programs):
-            v, ok, offs = _w_chunk(w_ptr, j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
-            tl.store(w_op_ptr + offs, _scaled(v, e_w), mask=ok)
+            offs, ok, op_offs = _w_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+            tl.store(w_op_ptr + op_offs, _scaled(tl.load(w_ptr + offs, mask=ok, other=0.0), e_w), mask=ok)
     if tl.atomic_add(sync_ptr + 3, 1, sem="acq_rel") == programs - 1:  # the last one out: all have read the maxima
         tl.store(sync_ptr + 4, e_x)
         tl.store(sync_ptr + 5, e_w)
@@ -200,7 +211,8 @@ def operand_pass(input_shape, weight_shape, groups: int, flat_strides, let_next_
     c = input_shape[1]
     s = input_shape[2] * input_shape[3] * input_shape[4]
     c_in, cout_g = weight_shape[:2]
-    programs, x_tiles, w_chunks, block_w, held = _geometry(input_shape, weight_shape, device_index)
+    narrow = sum((size - 1) * stride for size, stride in zip((input_shape[0], c, s), flat_strides)) < 2**31
+    programs, x_tiles, w_chunks, block_w, held = _geometry(input_shape, weight_shape, device_index, narrow)
     return _pass.bind(
         (programs,),
         (c, s, cdiv(c, BLOCK_C), cdiv(s, BLOCK_S), x_tiles, *flat_strides, c_in, c_in // groups, cout_g,
