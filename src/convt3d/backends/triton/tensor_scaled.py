@@ -40,13 +40,14 @@ TF32_AS_FP16 = os.environ.get("CONVT3D_TF32_AS_FP16", "1") != "0"
 # The sync words: [largest |x| bits, largest |w| bits, arrivals, departures] (zero between launches), then the
 # exponents e_x and e_w of the last launch, which its main kernel reads.
 SYNC_WORDS = 8
-# The pass's programs: an input tile of 64 channels by 256 positions and a weight chunk of up to 4,096 elements, held
+# The pass's programs: an input tile of 64 channels by 256 positions and a weight chunk of up to 8,192 elements, held
 # in registers from the first read to the store, 8 warps, one program per multiprocessor (so for layers of up to
-# 16,384 input values per multiprocessor). Under the interpreter, where the grid is one program, larger layers read
-# their tiles again after the barrier (READ_AGAIN). On the H200 that form, with two programs of 4 warps per
+# 16,384 input values and 8,192 weights per multiprocessor; compiled for sm_90, 124-228 registers and no spills at
+# chunks of 512-8,192, 255 and spills at 16,384). Under the interpreter, where the grid is one program, larger layers
+# read their tiles again after the barrier (READ_AGAIN). On the H200 that form, with two programs of 4 warps per
 # multiprocessor, made the pass 0.004 ms slower than the held one on video_k3s2p1op1, about what FP16 saved in the
 # main kernel (benchmarks/RESULTS.md, forty-sixth session), so on a GPU larger layers keep TF32 operands.
-BLOCK_C, BLOCK_S, MAX_BLOCK_W, NUM_WARPS = 64, 256, 4096, 8
+BLOCK_C, BLOCK_S, MAX_BLOCK_W, NUM_WARPS = 64, 256, 8192, 8
 READ_AGAIN_BLOCK_W = 2048
 
 
@@ -76,7 +77,7 @@ def _geometry(input_shape, weight_shape, device_index, narrow: bool):
     multiprocessors = (1 if device_index is None
                        else torch.cuda.get_device_properties(device_index).multi_processor_count)
     x_tiles = n * cdiv(c, BLOCK_C) * cdiv(s, BLOCK_S)
-    block_w = max(16, next_power_of_2(cdiv(weights, x_tiles)))
+    block_w = max(16, next_power_of_2(cdiv(weights, multiprocessors)))
     if x_tiles <= multiprocessors and block_w <= MAX_BLOCK_W and narrow:
         return max(x_tiles, cdiv(weights, block_w)), x_tiles, cdiv(weights, block_w), block_w, True
     # (interpreted, programs run one after another: a second would wait at the barrier for ever)
