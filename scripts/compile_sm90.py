@@ -46,7 +46,7 @@ def forward(block_m=128, block_co=64, block_ci=32, warps=4, stages=3, precision=
     constexprs = dict(S_D=2, S_H=2, S_W=2, P_D=1, P_H=1, P_W=1, DIL_D=2, DIL_H=2, DIL_W=2, STEP_D=1, STEP_H=1,
                       STEP_W=1, HAS_BIAS=False, PRECISION=precision, INTERPRETED=False, BLOCK_R=block_m // block_q,
                       BLOCK_Q=block_q, BLOCK_CO=block_co, BLOCK_CI=block_ci, FILL_W=2 * block_q,
-                      CI_BLOCKS=cdiv(32, block_ci), EVEN_CI=32 % block_ci == 0, DIAG=diag, sxc=1, syw=1,
+                      CI_BLOCKS=cdiv(32, block_ci), EVEN_CI=32 % block_ci == 0, SCALED=False, DIAG=diag, sxc=1, syw=1,
                       PDL=True)  # launched as the operand pass's dependent, as on the H200
     divisible = [n for n in conv_transpose3d_kernel.arg_names if n not in constexprs and n not in FORWARD_RUNTIME]
     options = dict(num_warps=warps, num_stages=stages, launch_pdl=True, **({"maxnreg": maxnreg} if maxnreg else {}))

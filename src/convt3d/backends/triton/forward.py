@@ -160,14 +160,21 @@ def _channels_last(x_ptr, hi_ptr, lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PR
 @triton.jit
 def _tap_major(w_ptr, hi_ptr, lo_ptr, pid, C_IN, CIN_G, C_OUT_G, TAPS, PRECISION: tl.constexpr,
                BLOCK: tl.constexpr):
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    w_offs, ok, offs = tap_major_chunk(pid, C_IN, CIN_G, C_OUT_G, TAPS, BLOCK)
+    _store_operand(hi_ptr, lo_ptr, offs, tl.load(w_ptr + w_offs, mask=ok), ok, PRECISION)
+
+
+@triton.jit
+def tap_major_chunk(j, C_IN, CIN_G, C_OUT_G, TAPS, BLOCK: tl.constexpr):
+    """(offsets in the contiguous weight (C_in, C_out/g, taps), mask, offsets in the operand) of chunk j of the
+    tap-major, K-major weight operand (taps, groups, C_out/g, C_in/g): BLOCK elements."""
+    offs = j * BLOCK + tl.arange(0, BLOCK)
     ok = offs < TAPS * C_IN * C_OUT_G
     within = offs % (C_IN * C_OUT_G)  # (group, co, ci) of one tap
     ci = within // (C_OUT_G * CIN_G) * CIN_G + within % CIN_G
     co = within // CIN_G % C_OUT_G
     tap = offs // (C_IN * C_OUT_G)
-    w = tl.load(w_ptr + (ci * C_OUT_G + co) * TAPS + tap, mask=ok)
-    _store_operand(hi_ptr, lo_ptr, offs, w, ok, PRECISION)
+    return (ci * C_OUT_G + co) * TAPS + tap, ok, offs
 
 
 @triton.jit

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from . import TF32, cdiv, interpreted, next_power_of_2
-from .forward import _fp16_scale_exponent, _power_of_2, _round_to_tf32, let_next_start
+from .forward import _fp16_scale_exponent, _power_of_2, _round_to_tf32, let_next_start, tap_major_chunk
 from .launch import Launcher
 
 # This module's precision, beside NATIVE, TF32 and TF32X3 (forward.py) and tiled.FP16_SCALED (3).
@@ -101,19 +101,6 @@ def _x_tile(t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C: tl.con
 
 
 @triton.jit
-def _w_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W: tl.constexpr):
-    """(offsets in the contiguous weight (C_in, C_out/g, taps), mask, offsets in the operand) of weight chunk j:
-    BLOCK_W elements of the operand (taps, groups, C_out/g, C_in/g) (as forward._tap_major)."""
-    f = j * BLOCK_W + tl.arange(0, BLOCK_W)
-    ok = f < TAPS * C_IN * COUT_G
-    within = f % (C_IN * COUT_G)  # (group, co, ci) of one tap
-    ci = within // (COUT_G * CIN_G) * CIN_G + within % CIN_G
-    co = within // CIN_G % COUT_G
-    tap = f // (C_IN * COUT_G)
-    return (ci * COUT_G + co) * TAPS + tap, ok, f
-
-
-@triton.jit
 def _largest_finite(v):
     a = tl.abs(v)
     return tl.max(tl.where(a < float("inf"), a, 0.0))  # (NaN compares false)
@@ -132,9 +119,9 @@ def fp16_operands_kernel(
     LET_NEXT_START: tl.constexpr,
 ):
     """Both operands as FP16 scaled per tensor (module docstring). Program p takes input tiles p, p + programs, ...
-    (_x_tile) and the weight chunks the same way (_w_chunk); HELD: at most one of each, kept in registers from the
-    first read to the store, else read again after the barrier. Launched cooperatively: the barrier below waits for
-    every program."""
+    (_x_tile) and the weight chunks the same way (forward.tap_major_chunk); HELD: at most one of each, kept in
+    registers from the first read to the store, else read again after the barrier. Launched cooperatively: the
+    barrier below waits for every program."""
     if LET_NEXT_START:
         let_next_start()
     pid = tl.program_id(0)
@@ -142,7 +129,7 @@ def fp16_operands_kernel(
     if HELD:
         x_offs, x_ok, _ = _x_tile(pid, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, False)
         x = tl.load(x_ptr + x_offs, mask=x_ok, other=0.0)
-        w_offs, w_ok, _ = _w_chunk(pid, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+        w_offs, w_ok, _ = tap_major_chunk(pid, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
         w = tl.load(w_ptr + w_offs, mask=w_ok, other=0.0)
         x_largest = _largest_finite(x)
         w_largest = _largest_finite(w)
@@ -153,7 +140,7 @@ def fp16_operands_kernel(
             x_largest = tl.maximum(x_largest, _largest_finite(tl.load(x_ptr + offs, mask=ok, other=0.0)))
         w_largest = 0.0
         for j in range(pid, W_CHUNKS, programs):
-            offs, ok, _ = _w_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+            offs, ok, _ = tap_major_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
             w_largest = tl.maximum(w_largest, _largest_finite(tl.load(w_ptr + offs, mask=ok, other=0.0)))
     # Non-negative floats order as their bits do.
     tl.atomic_max(sync_ptr, x_largest.to(tl.int32, bitcast=True), sem="relaxed")
@@ -170,14 +157,14 @@ def fp16_operands_kernel(
     if HELD:
         _, x_ok, x_op_offs = _x_tile(pid, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, False)
         tl.store(x_op_ptr + x_op_offs, _scaled(x, e_x), mask=x_ok)
-        _, w_ok, w_op_offs = _w_chunk(pid, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+        _, w_ok, w_op_offs = tap_major_chunk(pid, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
         tl.store(w_op_ptr + w_op_offs, _scaled(w, e_w), mask=w_ok)
     else:
         for t in range(pid, X_TILES, programs):
             offs, ok, op_offs = _x_tile(t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, True)
             tl.store(x_op_ptr + op_offs, _scaled(tl.load(x_ptr + offs, mask=ok, other=0.0), e_x), mask=ok)
         for j in range(pid, W_CHUNKS, programs):
-            offs, ok, op_offs = _w_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+            offs, ok, op_offs = tap_major_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
             tl.store(w_op_ptr + op_offs, _scaled(tl.load(w_ptr + offs, mask=ok, other=0.0), e_w), mask=ok)
     if tl.atomic_add(sync_ptr + 3, 1, sem="acq_rel") == programs - 1:  # the last one out: all have read the maxima
         tl.store(sync_ptr + 4, e_x)
