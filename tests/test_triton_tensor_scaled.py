@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close_rel, layer_args
+from conftest import assert_close_rel, layer_args, run_in_sample
 
 triton = pytest.importorskip("triton")
 from convt3d.backends.triton import forward, tap_columns, tensor_scaled  # noqa: E402
@@ -54,6 +54,7 @@ KERNEL_CASES = [("general", i) for i in range(len(CASES))] + [("tap_columns", i)
 def test_results_are_the_tf32_rounded_operands_sums(kernel, case):
     """Values within 2^28 of their tensor's largest convert to FP16 exactly, so each sum is that of the TF32-rounded
     operands, also with one input value 2^20 above the others (checked per element, so that the others count)."""
+    run_in_sample(case != 1)  # (CASES[1], the largest, took 40 s of the interpreter's time)
     cfg = CASES[case]
     x, w, b = tensors(cfg, torch.float32)
     # Every value within 2^28 of the largest, as the claim needs: the few normal draws below 2^-8 (about 0.3% of
@@ -74,10 +75,10 @@ def test_results_are_the_tf32_rounded_operands_sums(kernel, case):
 def test_infinities_and_nans_stay_and_leave_the_scale_to_the_finite_values(monkeypatch):
     """The scale comes from the largest finite magnitude, so an infinity does not push the other values into
     FP16's subnormals: every output is what TF32 operands give, the infinite and NaN ones included."""
-    cfg = CASES[1]
+    cfg = CASES[3]  # (a small one: the interpreter runs the layer twice)
     x, w, b = tensors(cfg, torch.float32)
     x[0, 0, 0, 1, 2] = float("inf")
-    x[0, 3, 1, 4, 7] = float("nan")
+    x[0, 3, 1, 2, 3] = float("nan")
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
     config = forward._configs()[0]
     y = forward.conv_transpose3d_triton(x, w, b, plan, FP16_TENSOR_SCALED, config=config)
