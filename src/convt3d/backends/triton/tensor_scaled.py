@@ -1,8 +1,9 @@
 """TF32 mode's float32 operands for the general and tap_columns kernels as FP16 with one power-of-two scale per tensor.
 
 FP16 keeps TF32's 11 significant bits, and Hopper's tensor cores multiply FP16 at twice TF32's rate on half the
-bytes: on the H200 the two kernels alone took 11-31% less time on FP16 operands than on TF32 ones (benchmarks/
-RESULTS.md, thirty-first and forty-sixth sessions). Their sums mix input positions and weight taps, so a scale per
+bytes: on the H200 the two kernels alone took 11-31% less time on FP16 operands than on TF32 ones, and whole calls
+with this pass 13-23% less by the minima on four of five sweep layers (benchmarks/RESULTS.md, thirty-first,
+forty-sixth and forty-seventh sessions). Their sums mix input positions and weight taps, so a scale per
 row (the tiled kernel's, tiled.py) would not factor out of them; one scale per tensor does. The operand pass
 TF32-rounds each tensor, multiplies it by 2**e, e putting its largest finite magnitude in [2^14, 2^15), and stores it
 as FP16 in the layouts forward.py's pass makes (input channels-last, weight tap-major and K-major); the main kernel
