@@ -117,12 +117,14 @@ def fp16_operands_kernel(
     x_ptr, x_op_ptr, w_ptr, w_op_ptr, sync_ptr,
     C, S, C_BLOCKS, S_BLOCKS, X_TILES, sxn, sxc, sxs, C_IN, CIN_G, COUT_G, TAPS, W_CHUNKS,
     BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr, HELD: tl.constexpr,
-    LET_NEXT_START: tl.constexpr,
+    LET_NEXT_START: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
     """Both operands as FP16 scaled per tensor (module docstring). Program p takes input tiles p, p + programs, ...
     (_x_tile) and the weight chunks the same way (forward.tap_major_chunk); HELD: at most one of each, kept in
     registers from the first read to the store, else read again after the barrier. Launched cooperatively: the
-    barrier below waits for every program."""
+    barrier below waits for every program. DIAG (benchmarks only, to see where the pass's time goes; the operands
+    are then wrong): 1 arrives at the barrier without waiting there, 2 posts no maxima, skips the barrier and scales
+    by 1."""
     if LET_NEXT_START:
         let_next_start()
     pid = tl.program_id(0)
@@ -143,16 +145,21 @@ def fp16_operands_kernel(
         for j in range(pid, W_CHUNKS, programs):
             offs, ok, _ = tap_major_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
             w_largest = tl.maximum(w_largest, _largest_finite(tl.load(w_ptr + offs, mask=ok, other=0.0)))
-    # Non-negative floats order as their bits do.
-    tl.atomic_max(sync_ptr, x_largest.to(tl.int32, bitcast=True), sem="relaxed")
-    tl.atomic_max(sync_ptr + 1, w_largest.to(tl.int32, bitcast=True), sem="relaxed")
-    tl.atomic_add(sync_ptr + 2, 1, sem="release")
-    arrived = tl.load(sync_ptr + 2, volatile=True)
-    while arrived < programs:  # (polled by loads: atomics here slowed every program's arrival)
-        arrived = tl.load(sync_ptr + 2, volatile=True)
-    tl.atomic_add(sync_ptr + 2, 0, sem="acquire")  # every program's maxima, seen below
-    e_x = _fp16_scale_exponent(tl.load(sync_ptr, volatile=True).to(tl.float32, bitcast=True))
-    e_w = _fp16_scale_exponent(tl.load(sync_ptr + 1, volatile=True).to(tl.float32, bitcast=True))
+    if DIAG < 2:
+        # Non-negative floats order as their bits do.
+        tl.atomic_max(sync_ptr, x_largest.to(tl.int32, bitcast=True), sem="relaxed")
+        tl.atomic_max(sync_ptr + 1, w_largest.to(tl.int32, bitcast=True), sem="relaxed")
+        tl.atomic_add(sync_ptr + 2, 1, sem="release")
+        if DIAG == 0:
+            arrived = tl.load(sync_ptr + 2, volatile=True)
+            while arrived < programs:  # (polled by loads: atomics here slowed every program's arrival)
+                arrived = tl.load(sync_ptr + 2, volatile=True)
+            tl.atomic_add(sync_ptr + 2, 0, sem="acquire")  # every program's maxima, seen below
+        e_x = _fp16_scale_exponent(tl.load(sync_ptr, volatile=True).to(tl.float32, bitcast=True))
+        e_w = _fp16_scale_exponent(tl.load(sync_ptr + 1, volatile=True).to(tl.float32, bitcast=True))
+    else:
+        e_x = tl.full((), 0, tl.int32)
+        e_w = tl.full((), 0, tl.int32)
     # The offsets and masks are formed again here rather than held across the barrier: held, they pushed the pass
     # past 255 registers into spills (benchmarks/RESULTS.md, forty-sixth session).
     if HELD:
@@ -193,10 +200,11 @@ def sync_words(device: torch.device, stream: int) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=256)
-def operand_pass(input_shape, weight_shape, groups: int, flat_strides, let_next_start: bool, device_index):
+def operand_pass(input_shape, weight_shape, groups: int, flat_strides, let_next_start: bool, device_index,
+                 diag: int = 0):
     """The pass for a layer that operand_precision gives FP16_TENSOR_SCALED, for an input with these strides (as (N,
     C, D*H*W)), on CUDA device device_index (None under the interpreter or off CUDA), bound (launch.BoundLaunch): call
-    it with (x as (N, C, D*H*W), x_op, the contiguous weight, w_op, sync words)."""
+    it with (x as (N, C, D*H*W), x_op, the contiguous weight, w_op, sync words). diag: the kernel's DIAG."""
     c = input_shape[1]
     s = input_shape[2] * input_shape[3] * input_shape[4]
     c_in, cout_g = weight_shape[:2]
@@ -207,7 +215,8 @@ def operand_pass(input_shape, weight_shape, groups: int, flat_strides, let_next_
         (c, s, cdiv(c, BLOCK_C), cdiv(s, BLOCK_S), x_tiles, *flat_strides, c_in, c_in // groups, cout_g,
          weight_shape[2] * weight_shape[3] * weight_shape[4], w_chunks),
         (("BLOCK_C", BLOCK_C), ("BLOCK_S", BLOCK_S), ("BLOCK_W", block_w), ("HELD", held),
-         ("LET_NEXT_START", let_next_start), ("num_warps", NUM_WARPS), ("launch_cooperative_grid", True)))
+         ("LET_NEXT_START", let_next_start), ("DIAG", diag), ("num_warps", NUM_WARPS),
+         ("launch_cooperative_grid", True)))
 
 
 _pass = Launcher(fp16_operands_kernel)
