@@ -160,8 +160,8 @@ def fp16_operands_kernel(
     else:
         e_x = tl.full((), 0, tl.int32)
         e_w = tl.full((), 0, tl.int32)
-    # The offsets and masks are formed again here rather than held across the barrier: held, they pushed the pass
-    # past 255 registers into spills (benchmarks/RESULTS.md, forty-sixth session).
+    # The offsets and masks are formed again here rather than held across the barrier: held (and 64-bit), they pushed
+    # the pass past 255 registers into spills (benchmarks/RESULTS.md, forty-sixth and forty-seventh sessions).
     if HELD:
         _, x_ok, x_op_offs = _x_tile(pid, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, False)
         tl.store(x_op_ptr + x_op_offs, _scaled(x, e_x), mask=x_ok)
