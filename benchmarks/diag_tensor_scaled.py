@@ -68,7 +68,7 @@ def measure(layer, iters):
         return rows
     layout = forward._operand_steps(*shapes, groups, flat_strides, scaled, False, device_index)[0]
     x_op, _, w_op, _ = forward.allocate_operands(layout, torch.float16, x.device)
-    sync = tensor_scaled.sync_words(x.device, forward.current_stream(x.device))
+    sync = tensor_scaled.sync_words(x.device)
     pointers = (flat, x_op, w.contiguous(), w_op, sync)
     expected = forward._operands(x, w, groups, scaled)[:2]
     for diag, name in [(0, "FP16 per tensor (library)"), (1, "FP16 per tensor, DIAG 1: no wait at the barrier"),

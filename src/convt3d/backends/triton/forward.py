@@ -39,7 +39,7 @@ from .. import output_memory_format
 # (NATIVE and TF32 unused here: the tests, benchmarks and backward.py read the precisions from this module.)
 from . import (NATIVE, TF32, TF32X3, cdiv, dependent_launch, interpreted, next_power_of_2, pass_lets_main_start,
                power_of_2_at_most, precision_for)
-from .launch import Launcher, _current_stream, ready_stream
+from .launch import Launcher, ready_stream
 
 logger = logging.getLogger("convt3d")
 
@@ -527,15 +527,22 @@ def _operands(input, weight, groups, precision):
     flat, flat_strides = flat_input(input)
     layout, operand_pass = _operand_steps(tuple(input.shape), tuple(weight.shape), groups, flat_strides, precision,
                                           pass_lets_main_start(input.device), tensor_scaled.cuda_index(input.device))
-    x, _, w, w_lo = allocate_operands(layout, _operand_dtype(input.dtype, precision), input.device)
-    if precision == tensor_scaled.FP16_TENSOR_SCALED:
-        w_lo = tensor_scaled.sync_words(input.device, current_stream(input.device))
+    x, w, w_lo = _operand_buffers(layout, input.dtype, precision, input.device)
     operand_pass((flat, x, weight.contiguous(), w, w_lo))
     return x, w, w_lo
 
 
 def _operand_dtype(dtype: torch.dtype, precision: int) -> torch.dtype:
     return torch.float16 if precision == tensor_scaled.FP16_TENSOR_SCALED else dtype
+
+
+def _operand_buffers(layout, dtype: torch.dtype, precision: int, device) -> tuple:
+    """(x, w, w_lo) for the operand pass to fill, allocated by layout; under FP16_TENSOR_SCALED w_lo is the pass's
+    sync words on the current stream."""
+    x, _, w, w_lo = allocate_operands(layout, _operand_dtype(dtype, precision), device)
+    if precision == tensor_scaled.FP16_TENSOR_SCALED:
+        w_lo = tensor_scaled.sync_words(device)
+    return x, w, w_lo
 
 
 @functools.lru_cache(maxsize=256)
@@ -552,11 +559,6 @@ def _operand_steps(input_shape, weight_shape, groups: int, flat_strides, precisi
                                                   device_index)
     return layout, _operand_pass(input_shape, weight_shape, groups, flat_strides, precision,
                                  let_next_start=let_next_start)
-
-
-def current_stream(device: torch.device) -> int:
-    """The raw handle of device's current stream (0 off CUDA): the key of tensor_scaled.sync_words."""
-    return _current_stream(device.index) if device.type == "cuda" else 0
 
 
 def flat_input(input):
@@ -720,9 +722,7 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
 
     def call(input, weight, bias):
         out = input.new_empty(shape)
-        x, _, w, w_lo = allocate_operands(layout, operand_dtype, device)
-        if scaled:
-            w_lo = tensor_scaled.sync_words(device, current_stream(device))
+        x, w, w_lo = _operand_buffers(layout, dtype, precision, device)
         operand_pass((input, x, weight, w, w_lo))
         main((x, w, w_lo, w if bias is None else bias, out))
         return out

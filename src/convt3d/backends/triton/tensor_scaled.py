@@ -31,7 +31,7 @@ import triton.language as tl
 
 from . import TF32, cdiv, interpreted, next_power_of_2
 from .forward import _fp16_scale_exponent, _power_of_2, _round_to_tf32, let_next_start, tap_major_chunk
-from .launch import Launcher
+from .launch import Launcher, _current_stream
 
 # This module's precision, beside NATIVE, TF32 and TF32X3 (forward.py) and tiled.FP16_SCALED (3).
 FP16_TENSOR_SCALED = 4
@@ -57,9 +57,15 @@ def operand_precision(input: torch.Tensor, weight: torch.Tensor, precision: int)
     where TF32_AS_FP16 and the pass holds the layer (_geometry), else precision (forward.py's)."""
     if precision != TF32 or input.dtype != torch.float32 or not TF32_AS_FP16:
         return precision
-    narrow = sum((size - 1) * stride for size, stride in zip(input.shape, input.stride())) < 2**31
-    held = _geometry(tuple(input.shape), tuple(weight.shape), cuda_index(input.device), narrow)[-1]
-    return FP16_TENSOR_SCALED if held or cuda_index(input.device) is None else precision
+    device_index = cuda_index(input.device)
+    narrow = _fits_32_bits(input.shape, input.stride())
+    held = _geometry(tuple(input.shape), tuple(weight.shape), device_index, narrow)[-1]
+    return FP16_TENSOR_SCALED if held or device_index is None else precision
+
+
+def _fits_32_bits(sizes, strides) -> bool:
+    """Whether every element offset of a tensor with these sizes and strides fits 32-bit indexing."""
+    return sum((size - 1) * stride for size, stride in zip(sizes, strides)) < 2**31
 
 
 def cuda_index(device: torch.device):
@@ -185,14 +191,14 @@ def fp16_operands_kernel(
 _sync: dict = {}
 
 
-def sync_words(device: torch.device, stream: int) -> torch.Tensor:
-    """The sync words for a pass on this device and stream (a raw stream handle). Passes on one stream run in turn,
-    so they share them; a CUDA graph capture gets words of its own, zeroed inside the graph, so that its replays
-    share them with nothing else."""
-    if device.type != "cuda":
+def sync_words(device: torch.device, stream: int | None = None) -> torch.Tensor:
+    """The sync words for a pass on this device and stream (a raw stream handle; None: the device's current one).
+    Passes on one stream run in turn, so they share them; a CUDA graph capture gets words of its own, zeroed inside
+    the graph, so that its replays share them with nothing else."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
-    if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
+    if stream is None:
+        stream = _current_stream(device.index)
     words = _sync.get((device.index, stream))
     if words is None:
         words = _sync[device.index, stream] = torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
@@ -208,8 +214,8 @@ def operand_pass(input_shape, weight_shape, groups: int, flat_strides, let_next_
     c = input_shape[1]
     s = input_shape[2] * input_shape[3] * input_shape[4]
     c_in, cout_g = weight_shape[:2]
-    narrow = sum((size - 1) * stride for size, stride in zip((input_shape[0], c, s), flat_strides)) < 2**31
-    programs, x_tiles, w_chunks, block_w, held = _geometry(input_shape, weight_shape, device_index, narrow)
+    programs, x_tiles, w_chunks, block_w, held = _geometry(input_shape, weight_shape, device_index,
+                                                           _fits_32_bits((input_shape[0], c, s), flat_strides))
     return _pass.bind(
         (programs,),
         (c, s, cdiv(c, BLOCK_C), cdiv(s, BLOCK_S), x_tiles, *flat_strides, c_in, c_in // groups, cout_g,
