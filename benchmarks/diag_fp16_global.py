@@ -33,7 +33,8 @@ import triton.language as tl
 import convt3d
 import convt3d.backends.triton as triton_backend
 from convt3d.backends.triton import NATIVE, forward, tensor_scaled
-from convt3d.backends.triton.forward import _fp16_scale_exponent, _power_of_2, _round_to_tf32, let_next_start
+from convt3d.backends.triton.forward import _fp16_scale_exponent, let_next_start
+from convt3d.backends.triton.tensor_scaled import _scaled
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import sweep_layers
@@ -62,11 +63,6 @@ def _w_chunk(w_ptr, j, C_IN, C_OUT, TAPS, BLOCK_W: tl.constexpr):
     tap = f // (C_IN * C_OUT)
     ok = f < TAPS * C_IN * C_OUT
     return tl.load(w_ptr + (ci * C_OUT + co) * TAPS + tap, mask=ok, other=0.0), ok, f
-
-
-@triton.jit
-def _scaled(v, e):
-    return (_round_to_tf32(v) * _power_of_2(e)).to(tl.float16)
 
 
 @triton.jit
