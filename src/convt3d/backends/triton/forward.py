@@ -61,7 +61,19 @@ def _power_of_2(k):
 @triton.jit
 def _fp16_scale_exponent(largest):
     # e with largest * 2**e in [2^14, 2^15), from largest's exponent field; clamped to 126 (zeros, subnormals).
-    return tl.minimum(141 - ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF), 126)
+    return fp16_scale_exponent_of_field(exponent_field(largest))
+
+
+@triton.jit
+def exponent_field(v):
+    # The exponent field of non-negative float32 v: all that _fp16_scale_exponent(v) depends on, and, as it grows
+    # with v, the largest of several values' fields is their largest value's.
+    return (v.to(tl.int32, bitcast=True) >> 23) & 0xFF
+
+
+@triton.jit
+def fp16_scale_exponent_of_field(field):
+    return tl.minimum(141 - field, 126)
 
 
 @triton.jit

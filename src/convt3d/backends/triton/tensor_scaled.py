@@ -12,12 +12,13 @@ tensor's largest finite magnitude is then exactly its TF32 rounding; smaller one
 fewer bits, and those below about 2^-39 of it become zeros. Infinities and NaNs stay what they are.
 
 The largest magnitudes are found in the same launch: a cooperative grid (every program resident at once) reads its
-share of both tensors, posts its largest magnitudes (atomic maxima on their bits) and meets the others at a grid-wide
-barrier (an atomic counter), then scales and stores its share, which it held in registers (under the interpreter,
-whose grid is one program, larger layers read theirs again). A launch of its own for the maxima cost more host time
-than the FP16 kernels saved (thirty-first session, a47d641). The counters live in a few words per device and stream
-(sync_words), zero between launches: the last program out of a launch resets them and leaves the scale exponents for
-the main kernel.
+share of both tensors, posts the exponent fields of its largest magnitudes (all that e depends on) in a word of its
+own, marked as posted, and reads every program's word until all are posted: a grid-wide barrier whose arrivals carry
+the maxima, with no atomic read-modify-write or fence on the way. Then it scales and stores its share, which it held
+in registers (under the interpreter, whose grid is one program, larger layers read theirs again). A launch of its own
+for the maxima cost more host time than the FP16 kernels saved (thirty-first session, a47d641). The words live per
+device and stream (sync_words), zero between launches: the last program out of a launch (an atomic counter) clears
+them and leaves the scale exponents for the main kernel.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import triton
 import triton.language as tl
 
 from . import TF32, cdiv, interpreted, next_power_of_2
-from .forward import _fp16_scale_exponent, _power_of_2, _round_to_tf32, let_next_start, tap_major_chunk
+from .forward import (_power_of_2, _round_to_tf32, exponent_field, fp16_scale_exponent_of_field, let_next_start,
+                      tap_major_chunk)
 from .launch import Launcher, _current_stream
 
 # This module's precision, beside NATIVE, TF32 and TF32X3 (forward.py) and tiled.FP16_SCALED (3).
@@ -38,9 +40,12 @@ FP16_TENSOR_SCALED = 4
 # TF32 mode's float32 operands as FP16 (the module docstring); CONVT3D_TF32_AS_FP16=0 keeps TF32, as it does for the
 # tiled and CUDA kernels. Set before a layer's first call, as calls are prepared per layer.
 TF32_AS_FP16 = os.environ.get("CONVT3D_TF32_AS_FP16", "1") != "0"
-# The sync words: [largest |x| bits, largest |w| bits, arrivals, departures] (zero between launches), then the
-# exponents e_x and e_w of the last launch, which its main kernel reads.
-SYNC_WORDS = 8
+# The sync words: the departures (word 0), the exponents e_x and e_w of the last launch, which its main kernel reads
+# (words 4 and 5), and from word POSTS one word per program, POSTED | x's field << 8 | w's field once it has posted;
+# all but e_x and e_w zero between launches.
+# (constexpr: a kernel reads no other globals)
+POSTS, POSTED, MAX_PROGRAMS = tl.constexpr(8), tl.constexpr(1 << 16), 1024
+SYNC_WORDS = POSTS.value + MAX_PROGRAMS
 # The pass's programs: an input tile of 64 channels by 256 positions and a weight chunk of up to 8,192 elements, held
 # in registers from the first read to the store, 8 warps, one program per multiprocessor (so for layers of up to
 # 16,384 input values and 8,192 weights per multiprocessor; compiled for sm_90, 124-228 registers and no spills at
@@ -85,7 +90,7 @@ def _geometry(input_shape, weight_shape, device_index, narrow: bool):
                        else torch.cuda.get_device_properties(device_index).multi_processor_count)
     x_tiles = n * cdiv(c, BLOCK_C) * cdiv(s, BLOCK_S)
     block_w = max(16, next_power_of_2(cdiv(weights, multiprocessors)))
-    if x_tiles <= multiprocessors and block_w <= MAX_BLOCK_W and narrow:
+    if x_tiles <= multiprocessors <= MAX_PROGRAMS and block_w <= MAX_BLOCK_W and narrow:
         return max(x_tiles, cdiv(weights, block_w)), x_tiles, cdiv(weights, block_w), block_w, True
     # (interpreted, programs run one after another: a second would wait at the barrier for ever)
     return 1, x_tiles, cdiv(weights, READ_AGAIN_BLOCK_W), READ_AGAIN_BLOCK_W, False
@@ -123,14 +128,14 @@ def fp16_operands_kernel(
     x_ptr, x_op_ptr, w_ptr, w_op_ptr, sync_ptr,
     C, S, C_BLOCKS, S_BLOCKS, X_TILES, sxn, sxc, sxs, C_IN, CIN_G, COUT_G, TAPS, W_CHUNKS,
     BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr, HELD: tl.constexpr,
-    LET_NEXT_START: tl.constexpr, DIAG: tl.constexpr = 0,
+    PROGRAMS_P2: tl.constexpr, LET_NEXT_START: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
     """Both operands as FP16 scaled per tensor (module docstring). Program p takes input tiles p, p + programs, ...
     (_x_tile) and the weight chunks the same way (forward.tap_major_chunk); HELD: at most one of each, kept in
     registers from the first read to the store, else read again after the barrier. Launched cooperatively: the
-    barrier below waits for every program. DIAG (benchmarks only, to see where the pass's time goes; the operands
-    are then wrong): 1 arrives at the barrier without waiting there, 2 posts no maxima, skips the barrier and scales
-    by 1."""
+    barrier below waits for every program. PROGRAMS_P2: the programs, rounded up to a power of two. DIAG (benchmarks
+    only, to see where the pass's time goes; the operands are then wrong): 1 arrives at the barrier without waiting
+    there, 2 posts no maxima, skips the barrier and scales by 1."""
     if LET_NEXT_START:
         let_next_start()
     pid = tl.program_id(0)
@@ -151,18 +156,18 @@ def fp16_operands_kernel(
         for j in range(pid, W_CHUNKS, programs):
             offs, ok, _ = tap_major_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
             w_largest = tl.maximum(w_largest, _largest_finite(tl.load(w_ptr + offs, mask=ok, other=0.0)))
+    others = tl.arange(0, PROGRAMS_P2)
     if DIAG < 2:
-        # Non-negative floats order as their bits do.
-        tl.atomic_max(sync_ptr, x_largest.to(tl.int32, bitcast=True), sem="relaxed")
-        tl.atomic_max(sync_ptr + 1, w_largest.to(tl.int32, bitcast=True), sem="relaxed")
-        tl.atomic_add(sync_ptr + 2, 1, sem="release")
+        # The posts carry the maxima themselves, so reading them needs no fence; they are polled by loads (atomics
+        # polling an arrival counter slowed every program's arrival).
+        post = POSTED | exponent_field(x_largest) << 8 | exponent_field(w_largest)
+        tl.atomic_xchg(sync_ptr + POSTS + pid, post, sem="relaxed")
+        posts = tl.load(sync_ptr + POSTS + others, mask=others < programs, other=POSTED, volatile=True)
         if DIAG == 0:
-            arrived = tl.load(sync_ptr + 2, volatile=True)
-            while arrived < programs:  # (polled by loads: atomics here slowed every program's arrival)
-                arrived = tl.load(sync_ptr + 2, volatile=True)
-            tl.atomic_add(sync_ptr + 2, 0, sem="acquire")  # every program's maxima, seen below
-        e_x = _fp16_scale_exponent(tl.load(sync_ptr, volatile=True).to(tl.float32, bitcast=True))
-        e_w = _fp16_scale_exponent(tl.load(sync_ptr + 1, volatile=True).to(tl.float32, bitcast=True))
+            while tl.min(posts) < POSTED:
+                posts = tl.load(sync_ptr + POSTS + others, mask=others < programs, other=POSTED, volatile=True)
+        e_x = fp16_scale_exponent_of_field(tl.max(posts >> 8 & 0xFF))
+        e_w = fp16_scale_exponent_of_field(tl.max(posts & 0xFF))
     else:
         e_x = tl.full((), 0, tl.int32)
         e_w = tl.full((), 0, tl.int32)
@@ -180,11 +185,11 @@ def fp16_operands_kernel(
         for j in range(pid, W_CHUNKS, programs):
             offs, ok, op_offs = tap_major_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
             tl.store(w_op_ptr + op_offs, _scaled(tl.load(w_ptr + offs, mask=ok, other=0.0), e_w), mask=ok)
-    if tl.atomic_add(sync_ptr + 3, 1, sem="acq_rel") == programs - 1:  # the last one out: all have read the maxima
+    if tl.atomic_add(sync_ptr, 1, sem="acq_rel") == programs - 1:  # the last one out: all have read the posts
         tl.store(sync_ptr + 4, e_x)
         tl.store(sync_ptr + 5, e_w)
-        for i in tl.static_range(4):
-            tl.store(sync_ptr + i, 0)
+        tl.store(sync_ptr, 0)
+        tl.store(sync_ptr + POSTS + others, 0, mask=others < programs)
 
 
 # Per (device, stream): the sync words of the passes launched on it, which run one after another.
@@ -205,6 +210,11 @@ def sync_words(device: torch.device, stream: int | None = None) -> torch.Tensor:
     return words
 
 
+def cleared(sync: torch.Tensor) -> bool:
+    """Whether sync words are as a launch leaves them: all zero but the exponents (words 4 and 5)."""
+    return not sync[:4].any() and not sync[6:].any()
+
+
 @functools.lru_cache(maxsize=256)
 def operand_pass(input_shape, weight_shape, groups: int, flat_strides, let_next_start: bool, device_index,
                  diag: int = 0):
@@ -221,8 +231,8 @@ def operand_pass(input_shape, weight_shape, groups: int, flat_strides, let_next_
         (c, s, cdiv(c, BLOCK_C), cdiv(s, BLOCK_S), x_tiles, *flat_strides, c_in, c_in // groups, cout_g,
          weight_shape[2] * weight_shape[3] * weight_shape[4], w_chunks),
         (("BLOCK_C", BLOCK_C), ("BLOCK_S", BLOCK_S), ("BLOCK_W", block_w), ("HELD", held),
-         ("LET_NEXT_START", let_next_start), ("DIAG", diag), ("num_warps", NUM_WARPS),
-         ("launch_cooperative_grid", True)))
+         ("PROGRAMS_P2", next_power_of_2(programs)), ("LET_NEXT_START", let_next_start), ("DIAG", diag),
+         ("num_warps", NUM_WARPS), ("launch_cooperative_grid", True)))
 
 
 _pass = Launcher(fp16_operands_kernel)
