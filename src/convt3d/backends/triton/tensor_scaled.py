@@ -48,7 +48,7 @@ POSTS, POSTED, MAX_PROGRAMS = tl.constexpr(8), tl.constexpr(1 << 16), 1024
 SYNC_WORDS = POSTS.value + MAX_PROGRAMS
 # The pass's programs: an input tile of 64 channels by 256 positions and a weight chunk of up to 8,192 elements, held
 # in registers from the first read to the store, 8 warps, one program per multiprocessor (so for layers of up to
-# 16,384 input values and 8,192 weights per multiprocessor; compiled for sm_90, 124-228 registers and no spills at
+# 16,384 input values and 8,192 weights per multiprocessor; compiled for sm_90, 127-234 registers and no spills at
 # chunks of 512-8,192, 255 and spills at 16,384). Under the interpreter, where the grid is one program, larger layers
 # read their tiles again after the barrier (READ_AGAIN). On the H200 that form, with two programs of 4 warps per
 # multiprocessor, made the pass 0.004 ms slower than the held one on video_k3s2p1op1, about what FP16 saved in the
