@@ -184,3 +184,37 @@ def test_shifts_and_halo():
     assert tap_columns.w_shifts(make_plan((1, 1, 2, 2, 2), (1, 1, 4, 4, 4), stride=2, padding=1)) == (-1, 2)
     # k2 s2 (kernel == stride): every tap from input column u.
     assert tap_columns.w_shifts(make_plan((1, 1, 2, 2, 2), (1, 1, 2, 2, 2), stride=2)) == (0, 0)
+
+
+@pytest.mark.parametrize("kernel, stride, padding, dilation, order", [
+    (3, 2, 1, 1, 1),  # k3 s2 p1: phase 1 has taps 0 and 2, phase 0 tap 1
+    (3, 2, 1, 2, 1),  # problem 77: every tap in phase 1
+    (4, 2, 1, 1, -1),  # two taps a phase: the order of v
+    (3, 1, 1, 1, -1),  # one phase
+    (2, 3, 1, 2, 1 | 2 << 4),  # taps in phases 2 and 1, none in 0: (1, 2, 0)
+    (3, 9, 0, 1, -1),  # above 8 phases
+])
+def test_phase_order(kernel, stride, padding, dilation, order):
+    assert tap_columns.phase_order(kernel, stride, padding, dilation) == order
+
+
+def test_planes_by_taps_on_small_grids_only():
+    plan = make_plan((1, 64, 8, 64, 64), (64, 32, 3, 3, 3), stride=2, padding=1, output_padding=1)
+
+    def by_taps(multiprocessors):
+        return dict(tap_columns._geometry(plan, 128, 128, 32, multiprocessors, None)[3])["BY_TAPS"]
+
+    planes = 16 * 2 * 33  # (od, v_h) planes by 33 tiles of 127 output slots, one channel block
+    assert by_taps(None) and by_taps(-(-planes // tap_columns.BY_TAPS_WAVES))
+    assert not by_taps(planes // tap_columns.BY_TAPS_WAVES - 1)
+    balanced = make_plan((1, 64, 8, 64, 64), (64, 32, 4, 4, 4), stride=2, padding=1)
+    assert not dict(tap_columns._geometry(balanced, 128, 128, 32, None, None)[3])["BY_TAPS"]
+
+
+# Both plane orders on layers whose phases differ, depth planes past the output's included (OD odd: problem 77 in
+# miniature; S_D = 3 with one empty phase).
+@pytest.mark.parametrize("by_taps", [False, True])
+@pytest.mark.parametrize("cfg", [CASES[1], CASES[4], CASES[5]], ids=range(3))
+def test_both_plane_orders(cfg, by_taps):
+    x, w, b = tensors(cfg, torch.float32)
+    assert_close_rel(run(x, w, b, cfg, TF32X3, dict(CONFIGS[0], BY_TAPS=by_taps)), reference(x, w, b, cfg), 1e-6)

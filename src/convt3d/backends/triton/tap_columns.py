@@ -39,7 +39,7 @@ import triton.language as tl
 
 from ...plan import Plan
 from . import cdiv, interpreted, next_power_of_2, power_of_2_at_most
-from .forward import (_axis_taps, channels_last_strides, count_on, dependent_options, inverse_scales,
+from .forward import (_axis_taps, _sm_count, channels_last_strides, count_on, dependent_options, inverse_scales,
                       load_operands, load_weights, mma, mma_precision, wait_for_previous)
 from .launch import Launcher
 
@@ -67,7 +67,7 @@ def tap_columns_kernel(
     CIN_G, COUT_G, D, H, W, OD, OH, OW, KD, KH,
     sxn, sxc, sxd, sxh, sxw,
     syn, syc, syd, syh, syw,
-    U_H, TILES, CO_BLOCKS, GROUPS,
+    U_H, TILES, CO_BLOCKS, GROUPS, U_D,
     S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
     P_D: tl.constexpr, P_H: tl.constexpr, P_W: tl.constexpr,
     DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
@@ -76,7 +76,8 @@ def tap_columns_kernel(
     U_W: tl.constexpr, CI_BLOCKS: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr,
-    SCALED: tl.constexpr, PDL: tl.constexpr, DIAG: tl.constexpr = 0,
+    SCALED: tl.constexpr, PDL: tl.constexpr, BY_TAPS: tl.constexpr, ORDER_D: tl.constexpr, ORDER_H: tl.constexpr,
+    DIAG: tl.constexpr = 0,
 ):
     # GEMM columns (t_w, co), co fastest: a tap's weight rows lie together, and each thread's accumulator holds
     # all taps of its columns, so that summing over taps stays in registers. Tensor shapes are powers of two, so the
@@ -94,10 +95,21 @@ def tap_columns_kernel(
     pid = pid // (CO_BLOCKS * GROUPS)
     tile = pid % TILES
     pid = pid // TILES
-    v_h = pid % S_H
-    pid = pid // S_H
-    od = pid % OD
-    n = pid // OD
+    if BY_TAPS:
+        # Then the planes (od, v_h) by their phases, the phases with the most taps first (ORDER_D, ORDER_H: the phases
+        # in that order, phase_order), so that the grid ends on its lightest programs (see plane_order); U_D =
+        # cdiv(OD, S_D) planes a depth phase, those past OD empty.
+        u_d = pid % U_D
+        pid = pid // U_D
+        v_h = _phase(ORDER_H, pid % S_H)
+        pid = pid // S_H
+        od = S_D * u_d + _phase(ORDER_D, pid % S_D)
+        n = pid // S_D
+    else:
+        v_h = pid % S_H
+        pid = pid // S_H
+        od = pid % OD
+        n = pid // OD
     group = co_block // CO_BLOCKS
     co0 = (co_block % CO_BLOCKS) * BLOCK_CO
 
@@ -136,7 +148,7 @@ def tap_columns_kernel(
     ci0 = jd_lo * 0
     jd = jd_lo
     jh = jh_lo
-    steps = (jd_hi - jd_lo) * (jh_hi - jh_lo) * CI_BLOCKS
+    steps = tl.where(od < OD, (jd_hi - jd_lo) * (jh_hi - jh_lo) * CI_BLOCKS, 0)
     if DIAG == 2:  # diagnostic: one K-step (a wrong result): the program's time but for its other steps
         steps = tl.minimum(steps, 1)
     if PRECISION != 2:
@@ -187,7 +199,7 @@ def tap_columns_kernel(
         out_even = out_even * scale_a * scale_b
         out_odd = out_odd * scale_a * scale_b
     co_t = co0 + tl.arange(0, BLOCK_CO)
-    co_ok = co_t < COUT_G
+    co_ok = (co_t < COUT_G) & (od + co_t * 0 < OD)  # (nothing of an empty plane)
     if DIAG == 3:  # diagnostic: a mask that no element passes, but one the compiler cannot drop with the GEMM
         co_ok = co_ok & (tl.sum(out_even, axis=0) != tl.sum(out_even, axis=0))
     if HAS_BIAS:
@@ -212,6 +224,14 @@ def tap_columns_kernel(
         ok2 = (e // 2 < OUTPUTS) & (slot % row_slots < U_W) & (oh2 < OH) & (ow2 < OW)
         tl.store(y_base + co_t[:, None] * syc + (oh2 * syh + ow2 * syw)[None, :],
                  tile_out.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok2[None, :])
+
+
+@triton.jit
+def _phase(ORDER: tl.constexpr, rank):
+    """The phase of this rank in an order of phase_order's."""
+    if ORDER < 0:
+        return rank
+    return ORDER >> 4 * rank & 15
 
 
 @triton.jit
@@ -292,9 +312,31 @@ def column_layout(plan: Plan, block_n: int) -> tuple[int, int, int]:
     return max(block_co, 16 // kw_p2), kw_p2, 0
 
 
+# Planes by their phases' taps (the kernel's BY_TAPS) on grids of at most this many programs per multiprocessor, where
+# the last wave is a large part of the time. On the H200 (benchmarks/RESULTS.md, fiftieth session), the best kernel
+# alone: wide_256to128_k3s2 (640 and 1,280 programs) 0.0358-0.0366 -> 0.0307-0.0314 ms in TF32 and 0.125-0.126 ->
+# 0.109-0.113 in 3xTF32; video_k3s2p1op1 (1,056) within 1% in TF32, 2-3% less in 3xTF32. At 4,608-18,432 programs
+# (batch32_k3s2 at batch 8 and 32) it took 3xTF32 2-4.5% longer, and TF32 the same.
+BY_TAPS_WAVES = 16
+
+
+def phase_order(kernel: int, stride: int, padding: int, dilation: int) -> int:
+    """The output phases v = o mod stride along an axis, those that more taps reach first (ties in the order of v), 4
+    bits each from the lowest: the kernel's ORDER_D / ORDER_H. -1 (the order of v) where that is the order already or
+    the stride is above 8 (a 32-bit constant holds 8 phases)."""
+    taps = [sum((dilation * t - padding) % stride == v for t in range(kernel)) for v in range(stride)]
+    order = sorted(range(stride), key=lambda v: -taps[v])
+    if stride > 8 or order == list(range(stride)):
+        return -1
+    return sum(v << 4 * rank for rank, v in enumerate(order))
+
+
 @functools.lru_cache(maxsize=256)
-def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int):
-    """(grid, the kernel's sizes, blocks, constexprs) of a config for a layer: once per layer, as host time shows."""
+def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int, multiprocessors: int | None,
+              by_taps: bool | None):
+    """(grid, the kernel's sizes, blocks, constexprs) of a config for a layer: once per layer, as host time shows.
+    multiprocessors: the GPU's (None under the interpreter: no limit on BY_TAPS). by_taps: BY_TAPS as given, or None
+    for where its phases differ and the grid is at most BY_TAPS_WAVES per multiprocessor."""
     d_min, halo = w_shifts(plan)
     n, c_in, (d, h, w_in) = plan.batch, plan.in_channels, plan.input_spatial
     groups = plan.groups
@@ -307,22 +349,31 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int):
     u_h, u_w = cdiv(oh, s_h), cdiv(ow, s_w)
     tiles = cdiv(u_h * (u_w + halo) - halo, block_m - halo)
     co_blocks = cdiv(cout_g, block_co)
-    grid = (n * od * s_h * tiles * co_blocks * groups,)
+    order_d, order_h = phase_order(kd, s_d, p_d, dl_d), phase_order(kh, s_h, p_h, dl_h)
+    u_d = cdiv(od, s_d)
+    programs_by_taps = n * s_d * u_d * s_h * tiles * co_blocks * groups
+    if by_taps is None:
+        by_taps = (max(order_d, order_h) >= 0
+                   and (multiprocessors is None or programs_by_taps <= BY_TAPS_WAVES * multiprocessors))
+    grid = (programs_by_taps if by_taps else n * od * s_h * tiles * co_blocks * groups,)
     sizes = (cin_g, cout_g, d, h, w_in, od, oh, ow, kd, kh)
-    blocks = (u_h, tiles, co_blocks, groups)
+    blocks = (u_h, tiles, co_blocks, groups, u_d)
     constexprs = (
         ("S_D", s_d), ("S_H", s_h), ("S_W", s_w), ("P_D", p_d), ("P_H", p_h), ("P_W", p_w),
         ("DIL_D", dl_d), ("DIL_H", dl_h), ("DIL_W", dl_w), ("STEP_D", s_d // math.gcd(s_d, dl_d)),
         ("STEP_H", s_h // math.gcd(s_h, dl_h)), ("KW", kw), ("KW_A", kw_a), ("KW_B", kw_b), ("DMIN", d_min),
         ("HALO", halo), ("U_W", u_w), ("CI_BLOCKS", cdiv(cin_g, block_ci)), ("BLOCK_M", block_m),
-        ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci), ("EVEN_CI", cin_g % block_ci == 0))
+        ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci), ("EVEN_CI", cin_g % block_ci == 0),
+        ("BY_TAPS", by_taps), ("ORDER_D", order_d if by_taps else -1), ("ORDER_H", order_h if by_taps else -1))
     return grid, sizes, blocks, constexprs
 
 
 def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_index: int):
     """A config's launch for a layer on forward._operands' results (x channels-last, w tap-major and K-major),
     bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out)."""
-    grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_CI"])
+    multiprocessors = None if _kernel.interpreted else _sm_count(device_index)
+    grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_CI"], multiprocessors,
+                                                cfg.get("BY_TAPS"))
     return _kernel.bind(
         grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
         (*constexprs, ("HAS_BIAS", has_bias), *mma_precision(precision), ("INTERPRETED", _kernel.interpreted),
