@@ -313,10 +313,10 @@ def column_layout(plan: Plan, block_n: int) -> tuple[int, int, int]:
 
 
 # Planes by their phases' taps (the kernel's BY_TAPS) on grids of at most this many programs per multiprocessor, where
-# the last wave is a large part of the time. On the H200 (benchmarks/RESULTS.md, fiftieth session), the best kernel
-# alone: wide_256to128_k3s2 (640 and 1,280 programs) 0.0358-0.0366 -> 0.0307-0.0314 ms in TF32 and 0.125-0.126 ->
-# 0.109-0.113 in 3xTF32; video_k3s2p1op1 (1,056) within 1% in TF32, 2-3% less in 3xTF32. At 4,608-18,432 programs
-# (batch32_k3s2 at batch 8 and 32) it took 3xTF32 2-4.5% longer, and TF32 the same.
+# the last wave is a large part of the time. On the H200 (benchmarks/RESULTS.md, fiftieth session), the best config
+# alone: wide_256to128_k3s2 (640 and 1,280 programs) 0.0359-0.0366 -> 0.0307-0.0314 ms in TF32 and 0.125-0.126 ->
+# 0.109-0.111 in 3xTF32; video_k3s2p1op1 (1,056) within 1% in TF32, 2-3% less in 3xTF32; batch32_k3s2 at batch 2
+# (1,152) 2-4% less. At 4,608-18,432 programs (batch 8 and 32) 3xTF32 took 1.5-4.5% longer, TF32 the same.
 BY_TAPS_WAVES = 16
 
 
