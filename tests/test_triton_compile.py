@@ -45,6 +45,7 @@ launch.BoundLaunch.__call__ = record
 # As on Hopper: the main kernels launched as their operand pass's dependents, the passes letting them start early.
 triton_backend._can_launch_dependents = lambda device_index: True
 forward.pass_lets_main_start = tiled.pass_lets_main_start = lambda device: True
+tap_columns._sm_count = lambda device_index: 132  # an H200's multiprocessors (tap_columns' plane order)
 TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32"}
 torch.manual_seed(0)
 
