@@ -315,9 +315,10 @@ def column_layout(plan: Plan, block_n: int) -> tuple[int, int, int]:
 # Planes by their phases' taps (the kernel's BY_TAPS) on grids of at most this many programs per multiprocessor, where
 # the last wave is a large part of the time. On the H200 (132 multiprocessors; benchmarks/RESULTS.md, fiftieth
 # session), each config alone, old order -> new: wide_256to128_k3s2's best at 640 and 1,280 programs 0.0359-0.0366 ->
-# 0.0307-0.0314 ms (TF32) and 0.125-0.126 -> 0.109-0.111 (3xTF32); 2-4% less at 2,144-2,176 and 4,352 programs
-# (video_k3s2p1op1 and batch32_k3s2 at batches 2 and 4, 3xTF32), within 1% at 1,056-2,304 in TF32; 0-5% more at
-# 4,608-34,816 (batch32_k3s2 at batches 8 and 32, 3xTF32).
+# 0.0307-0.0314 ms (TF32) and 0.125-0.126 -> 0.109-0.111 (3xTF32); in 3xTF32 2-4% less at 2,144-2,176 and 4,352
+# programs (64-slot tiles: video_k3s2p1op1, batch32_k3s2 at batches 2 and 4) but 1-3% more at 1,152-2,304 (128-slot
+# tiles, batch32_k3s2 at batches 2 and 4), 0-5% more at 4,608-34,816 (batch32_k3s2 at batches 8 and 32); in TF32
+# within 1% from 1,056 to 18,432 programs but 3-5% less at 1,152 (batch32_k3s2 at batch 2).
 BY_TAPS_WAVES = 32
 
 
