@@ -204,9 +204,9 @@ def test_planes_by_taps_on_small_grids_only():
     def by_taps(multiprocessors):
         return dict(tap_columns._geometry(plan, 128, 128, 32, multiprocessors, None)[3])["BY_TAPS"]
 
-    planes = 16 * 2 * 33  # (od, v_h) planes by 33 tiles of 127 output slots, one channel block
-    assert by_taps(None) and by_taps(-(-planes // tap_columns.BY_TAPS_WAVES))
-    assert not by_taps(planes // tap_columns.BY_TAPS_WAVES - 1)
+    programs = 16 * 2 * 33  # (od, v_h) planes by 33 tiles of 127 output slots, one channel block
+    assert by_taps(None) and by_taps(-(-programs // tap_columns.BY_TAPS_WAVES))
+    assert not by_taps(programs // tap_columns.BY_TAPS_WAVES - 1)
     balanced = make_plan((1, 64, 8, 64, 64), (64, 32, 4, 4, 4), stride=2, padding=1)
     assert not dict(tap_columns._geometry(balanced, 128, 128, 32, None, None)[3])["BY_TAPS"]
 

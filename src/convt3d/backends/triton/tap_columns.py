@@ -97,8 +97,8 @@ def tap_columns_kernel(
     pid = pid // TILES
     if BY_TAPS:
         # Then the planes (od, v_h) by their phases, the phases with the most taps first (ORDER_D, ORDER_H: the phases
-        # in that order, phase_order), so that the grid ends on its lightest programs (see plane_order); U_D =
-        # cdiv(OD, S_D) planes a depth phase, those past OD empty.
+        # in that order, phase_order), so that the grid ends on its lightest programs (BY_TAPS_WAVES says where); U_D
+        # = cdiv(OD, S_D) planes a depth phase, those past OD empty.
         u_d = pid % U_D
         pid = pid // U_D
         v_h = _phase(ORDER_H, pid % S_H)
