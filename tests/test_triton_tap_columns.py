@@ -12,7 +12,7 @@ from conftest import assert_close_rel, layer_args, random_config, run_in_sample
 triton = pytest.importorskip("triton")
 from convt3d.backends.triton import forward, tap_columns  # noqa: E402
 from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402
-from convt3d.plan import make_plan  # noqa: E402
+from convt3d.plan import make_plan, plan_axis  # noqa: E402
 from test_triton_forward import round_to_tf32, tensors  # noqa: E402
 
 
@@ -195,7 +195,7 @@ def test_shifts_and_halo():
     (3, 9, 0, 1, -1),  # above 8 phases
 ])
 def test_phase_order(kernel, stride, padding, dilation, order):
-    assert tap_columns.phase_order(kernel, stride, padding, dilation) == order
+    assert tap_columns.phase_order(plan_axis(4, kernel, stride, padding, dilation, 0)) == order
 
 
 def test_planes_by_taps_on_small_grids_only():

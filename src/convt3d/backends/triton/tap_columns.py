@@ -37,7 +37,7 @@ import math
 import triton
 import triton.language as tl
 
-from ...plan import Plan
+from ...plan import AxisPlan, Plan
 from . import cdiv, interpreted, next_power_of_2, power_of_2_at_most
 from .forward import (_axis_taps, _sm_count, channels_last_strides, count_on, dependent_options, inverse_scales,
                       load_operands, load_weights, mma, mma_precision, wait_for_previous)
@@ -322,13 +322,13 @@ def column_layout(plan: Plan, block_n: int) -> tuple[int, int, int]:
 BY_TAPS_WAVES = 32
 
 
-def phase_order(kernel: int, stride: int, padding: int, dilation: int) -> int:
-    """The output phases v = o mod stride along an axis, those that more taps reach first (ties in the order of v), 4
-    bits each from the lowest: the kernel's ORDER_D / ORDER_H. -1 (the order of v) where that is the order already or
-    the stride is above 8 (a 32-bit constant holds 8 phases)."""
-    taps = [sum((dilation * t - padding) % stride == v for t in range(kernel)) for v in range(stride)]
-    order = sorted(range(stride), key=lambda v: -taps[v])
-    if stride > 8 or order == list(range(stride)):
+def phase_order(axis: AxisPlan) -> int:
+    """An axis's output phases v = o mod stride, those that more taps reach first (ties in the order of v), 4 bits each
+    from the lowest: the kernel's ORDER_D / ORDER_H. -1 (the order of v) where that is the order already or the stride
+    is above 8 (a 32-bit constant holds 8 phases)."""
+    taps = {phase.out_start % axis.stride: len(phase.taps) for phase in axis.phases}
+    order = sorted(range(axis.stride), key=lambda v: -taps[v])
+    if axis.stride > 8 or order == list(range(axis.stride)):
         return -1
     return sum(v << 4 * rank for rank, v in enumerate(order))
 
@@ -351,7 +351,7 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int, multiproces
     u_h, u_w = cdiv(oh, s_h), cdiv(ow, s_w)
     tiles = cdiv(u_h * (u_w + halo) - halo, block_m - halo)
     co_blocks = cdiv(cout_g, block_co)
-    order_d, order_h = phase_order(kd, s_d, p_d, dl_d), phase_order(kh, s_h, p_h, dl_h)
+    order_d, order_h = phase_order(plan.axes[0]), phase_order(plan.axes[1])
     u_d = cdiv(od, s_d)
     programs_by_taps = n * s_d * u_d * s_h * tiles * co_blocks * groups
     if by_taps is None:
