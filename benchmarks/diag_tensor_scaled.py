@@ -63,7 +63,7 @@ def measure(layer, iters):
         forward._operands(x, w, groups, TF32)[:2], 4 * elements, 4 * elements)
 
     scaled = tensor_scaled.FP16_TENSOR_SCALED
-    if tensor_scaled.operand_precision(x, w, TF32) != scaled:
+    if tensor_scaled.operand_precision(x, w, groups, TF32) != scaled:
         rows.append((layer.name, "FP16 per tensor: not held, TF32 operands", "", "", "", ""))
         return rows
     layout = forward._operand_steps(*shapes, groups, flat_strides, scaled, False, device_index)[0]

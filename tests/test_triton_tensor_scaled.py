@@ -32,7 +32,8 @@ def test_operands_are_tf32_rounded_and_scaled_into_fp16(cfg, held):
     x, w, _ = tensors(cfg, torch.float32)
     x = (x * 3.0).transpose(3, 4)  # any strides, a largest magnitude not a power of two
     # (a GPU holds these small layers whole)
-    assert tensor_scaled._geometry(tuple(x.shape), tuple(w.shape), tensor_scaled.cuda_index(x.device), True)[-1] == (
+    assert tensor_scaled._geometry(tuple(x.shape), tuple(w.shape), cfg["groups"], tensor_scaled.cuda_index(x.device),
+                                   True)[-1] == (
         held or DEVICE == "cuda")
     x_op, w_op, sync = forward._operands(x, w, cfg["groups"], FP16_TENSOR_SCALED)
     e_x, e_w = sync[4].item(), sync[5].item()
@@ -44,6 +45,18 @@ def test_operands_are_tf32_rounded_and_scaled_into_fp16(cfg, held):
     assert x_op.dtype == w_op.dtype == torch.float16
     assert torch.equal(x_op, scaled_fp16(x.permute(0, 2, 3, 4, 1), e_x))
     assert torch.equal(w_op, scaled_fp16(w_expected, e_w))
+
+
+def test_weight_tiles_over_several_channel_and_column_blocks():
+    """The weight in tiles of 64 channels of one group by (co, tap) columns: here two groups of 96 channels (a second,
+    partial channel block) by 5 x 8 columns (more than one column block under the interpreter's 2,048-element
+    tiles, the last partial)."""
+    assert tensor_scaled._geometry((1, 192, 1, 2, 2), (192, 5, 2, 2, 2), 2, None, True)[2:5] == (2 * 2 * 2, 64, 32)
+    x, w = torch.rand(1, 192, 1, 2, 2, device=DEVICE) - 0.5, torch.randn(192, 5, 2, 2, 2, device=DEVICE)
+    x_op, w_op, sync = forward._operands(x, w, 2, FP16_TENSOR_SCALED)
+    w_expected = w.reshape(2, 96, 5, -1).permute(3, 0, 2, 1)
+    assert torch.equal(w_op, scaled_fp16(w_expected, sync[5].item()))
+    assert torch.equal(x_op, scaled_fp16(x.permute(0, 2, 3, 4, 1), sync[4].item()))
 
 
 # Each kernel on a case it serves: the general one on every case, tap_columns on those with W stride 1 or 2.
@@ -94,20 +107,20 @@ def test_tf32_mode_takes_this_form_where_the_pass_holds_the_layer(monkeypatch):
     """Float32 in TF32 mode only, unless switched off; natively only layers whose tiles the pass holds (here, a GPU's
     multiprocessors made 2: two tiles of 64 channels by 256 positions)."""
     x, w = torch.rand(2, 64, 1, 16, 16), torch.rand(64, 2, 3, 3, 3)
-    assert tensor_scaled.operand_precision(x, w, forward.TF32) == FP16_TENSOR_SCALED
-    assert tensor_scaled.operand_precision(x, w, forward.TF32X3) == forward.TF32X3
-    assert tensor_scaled.operand_precision(x.half(), w.half(), forward.NATIVE) == forward.NATIVE
+    assert tensor_scaled.operand_precision(x, w, 1, forward.TF32) == FP16_TENSOR_SCALED
+    assert tensor_scaled.operand_precision(x, w, 1, forward.TF32X3) == forward.TF32X3
+    assert tensor_scaled.operand_precision(x.half(), w.half(), 1, forward.NATIVE) == forward.NATIVE
     monkeypatch.setattr(tensor_scaled, "cuda_index", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: type("P", (), {"multi_processor_count": 2}))
     tensor_scaled._geometry.cache_clear()
-    assert tensor_scaled.operand_precision(x, w, forward.TF32) == FP16_TENSOR_SCALED
-    assert tensor_scaled._geometry((2, 64, 1, 16, 16), (64, 2, 3, 3, 3), 0, True) == (2, 2, 2, 2048, True)
+    assert tensor_scaled.operand_precision(x, w, 1, forward.TF32) == FP16_TENSOR_SCALED
+    assert tensor_scaled._geometry((2, 64, 1, 16, 16), (64, 2, 3, 3, 3), 1, 0, True) == (2, 2, 2, 64, 32, True)
     # (held, the pass indexes the input in 32 bits: an input whose offsets do not fit is not held)
-    assert tensor_scaled._geometry((2, 64, 1, 16, 16), (64, 2, 3, 3, 3), 0, False)[-1] is False
-    assert tensor_scaled.operand_precision(torch.rand(3, 64, 1, 16, 16), w, forward.TF32) == forward.TF32
+    assert tensor_scaled._geometry((2, 64, 1, 16, 16), (64, 2, 3, 3, 3), 1, 0, False)[-1] is False
+    assert tensor_scaled.operand_precision(torch.rand(3, 64, 1, 16, 16), w, 1, forward.TF32) == forward.TF32
     tensor_scaled._geometry.cache_clear()
     monkeypatch.setattr(tensor_scaled, "TF32_AS_FP16", False)
-    assert tensor_scaled.operand_precision(x, w, forward.TF32) == forward.TF32
+    assert tensor_scaled.operand_precision(x, w, 1, forward.TF32) == forward.TF32
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="sync words per stream are CUDA's")

@@ -697,7 +697,7 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
     out, finished = allocate_output(input, weight, bias, plan)
     if finished:
         return out
-    precision = tensor_scaled.operand_precision(input, weight,
+    precision = tensor_scaled.operand_precision(input, weight, plan.groups,
                                                 precision_for(input.dtype) if precision is None else precision)
     key = _chosen_key(input, plan, precision, out, bias)
     main = _chosen.get(key) if config is None else None
@@ -725,7 +725,7 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
     """After a call of conv_transpose3d_triton with contiguous input and weight that returned out: the same call for
     this layer as a function of (input, weight, bias), its launches and layouts bound, or None where there is none to
     bind (no GEMM, or no tile config chosen yet)."""
-    precision = tensor_scaled.operand_precision(input, weight, precision)
+    precision = tensor_scaled.operand_precision(input, weight, plan.groups, precision)
     main = _chosen.get(_chosen_key(input, plan, precision, out, bias))
     if main is None:
         return None

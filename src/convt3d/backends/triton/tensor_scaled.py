@@ -31,8 +31,7 @@ import triton
 import triton.language as tl
 
 from . import TF32, cdiv, interpreted, next_power_of_2
-from .forward import (_power_of_2, _round_to_tf32, exponent_field, fp16_scale_exponent_of_field, let_next_start,
-                      tap_major_chunk)
+from .forward import _power_of_2, _round_to_tf32, exponent_field, fp16_scale_exponent_of_field, let_next_start
 from .launch import Launcher, _current_stream
 
 # This module's precision, beside NATIVE, TF32 and TF32X3 (forward.py) and tiled.FP16_SCALED (3).
@@ -55,16 +54,18 @@ SYNC_WORDS = POSTS.value + MAX_PROGRAMS
 # main kernel (benchmarks/RESULTS.md, forty-sixth session), so on a GPU larger layers keep TF32 operands.
 BLOCK_C, BLOCK_S, MAX_BLOCK_W, NUM_WARPS = 64, 256, 8192, 8
 READ_AGAIN_BLOCK_W = 2048
+# A weight tile's input channels (_w_tile): 64 FP16 values, 128 bytes stored together.
+W_BLOCK_CI = 64
 
 
-def operand_precision(input: torch.Tensor, weight: torch.Tensor, precision: int) -> int:
+def operand_precision(input: torch.Tensor, weight: torch.Tensor, groups: int, precision: int) -> int:
     """The precision the general and tap_columns kernels compute a layer in: FP16_TENSOR_SCALED for TF32 on float32
     where TF32_AS_FP16 and the pass holds the layer (_geometry), else precision (forward.py's)."""
     if precision != TF32 or input.dtype != torch.float32 or not TF32_AS_FP16:
         return precision
     device_index = cuda_index(input.device)
     narrow = _fits_32_bits(input.shape, input.stride())
-    held = _geometry(tuple(input.shape), tuple(weight.shape), device_index, narrow)[-1]
+    held = _geometry(tuple(input.shape), tuple(weight.shape), groups, device_index, narrow)[-1]
     return FP16_TENSOR_SCALED if held or device_index is None else precision
 
 
@@ -79,21 +80,33 @@ def cuda_index(device: torch.device):
 
 
 @functools.lru_cache(maxsize=256)
-def _geometry(input_shape, weight_shape, device_index, narrow: bool):
-    """(programs, input tiles, weight chunks, BLOCK_W, held) of the pass for a layer on CUDA device device_index
-    (None under the interpreter or off CUDA: one program). narrow: the input's element offsets fit 32 bits, as the
-    held form indexes it (64-bit offsets held beside the tile pushed it into spills)."""
+def _geometry(input_shape, weight_shape, groups: int, device_index, narrow: bool):
+    """(programs, input tiles, weight tiles (_w_tile), their channels and (co, tap) columns, held) of the pass for a
+    layer on CUDA device device_index (None under the interpreter or off CUDA: one program). narrow: the input's
+    element offsets fit 32 bits, as the held form indexes it (64-bit offsets held beside the tile pushed it into
+    spills)."""
     n, c = input_shape[:2]
     s = input_shape[2] * input_shape[3] * input_shape[4]
-    weights = weight_shape[0] * weight_shape[1] * weight_shape[2] * weight_shape[3] * weight_shape[4]
+    cin_g, columns = weight_shape[0] // groups, weight_shape[1] * weight_shape[2] * weight_shape[3] * weight_shape[4]
     multiprocessors = (1 if device_index is None
                        else torch.cuda.get_device_properties(device_index).multi_processor_count)
     x_tiles = n * cdiv(c, BLOCK_C) * cdiv(s, BLOCK_S)
-    block_w = max(16, next_power_of_2(cdiv(weights, multiprocessors)))
+    block_ci = min(W_BLOCK_CI, next_power_of_2(cin_g))
+
+    def w_tiles(block_w):
+        block_k = max(1, block_w // block_ci)
+        return groups * cdiv(cin_g, block_ci) * cdiv(columns, block_k), block_k
+
+    # The smallest tiles that take the weight in as many programs as there are multiprocessors, at most.
+    block_w = max(16, next_power_of_2(cdiv(groups * cin_g * columns, multiprocessors)))
+    while w_tiles(block_w)[0] > multiprocessors and block_w <= MAX_BLOCK_W:
+        block_w *= 2
     if x_tiles <= multiprocessors <= MAX_PROGRAMS and block_w <= MAX_BLOCK_W and narrow:
-        return max(x_tiles, cdiv(weights, block_w)), x_tiles, cdiv(weights, block_w), block_w, True
+        tiles, block_k = w_tiles(block_w)
+        return max(x_tiles, tiles), x_tiles, tiles, block_ci, block_k, True
     # (interpreted, programs run one after another: a second would wait at the barrier for ever)
-    return 1, x_tiles, cdiv(weights, READ_AGAIN_BLOCK_W), READ_AGAIN_BLOCK_W, False
+    tiles, block_k = w_tiles(READ_AGAIN_BLOCK_W)
+    return 1, x_tiles, tiles, block_ci, block_k, False
 
 
 @triton.jit
@@ -113,6 +126,25 @@ def _x_tile(t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C: tl.con
 
 
 @triton.jit
+def _w_tile(t, W_TILES, GROUPS, CIN_G, C_OUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_CI: tl.constexpr,
+            BLOCK_K: tl.constexpr):
+    """(offsets in the contiguous weight (C_in, C_out/g * taps), mask, offsets in the tap-major, K-major operand
+    (taps, groups, C_out/g, C_in/g)) of weight tile t (none past W_TILES): BLOCK_CI input channels of one group by
+    BLOCK_K columns (co, tap), read along the columns, which lie together in the weight, and stored along the
+    channels, which lie together in the operand. (A chunk in the operand's own order, as forward.tap_major_chunk,
+    reads each element from a sector of its own, C_out/g * taps elements after the last.)"""
+    columns = C_OUT_G * TAPS
+    g = t // (CI_BLOCKS * K_BLOCKS)
+    ci = (t // K_BLOCKS % CI_BLOCKS) * BLOCK_CI + tl.arange(0, BLOCK_CI)
+    k = (t % K_BLOCKS) * BLOCK_K + tl.arange(0, BLOCK_K)
+    ok = (ci[:, None] < CIN_G) & (k[None, :] < columns * (t < W_TILES))  # (a scalar mask broadcast)
+    co = k // TAPS
+    tap = k - co * TAPS
+    return (((g * CIN_G + ci) * columns)[:, None] + k[None, :], ok,
+            (((tap * GROUPS + g) * C_OUT_G + co) * CIN_G)[None, :] + ci[:, None])
+
+
+@triton.jit
 def _largest_finite(v):
     a = tl.abs(v)
     return tl.max(tl.where(a < float("inf"), a, 0.0))  # (NaN compares false)
@@ -126,12 +158,12 @@ def _scaled(v, e):
 @triton.jit
 def fp16_operands_kernel(
     x_ptr, x_op_ptr, w_ptr, w_op_ptr, sync_ptr,
-    C, S, C_BLOCKS, S_BLOCKS, X_TILES, sxn, sxc, sxs, C_IN, CIN_G, COUT_G, TAPS, W_CHUNKS,
-    BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr, HELD: tl.constexpr,
+    C, S, C_BLOCKS, S_BLOCKS, X_TILES, sxn, sxc, sxs, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, W_TILES,
+    BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_WCI: tl.constexpr, BLOCK_WK: tl.constexpr, HELD: tl.constexpr,
     PROGRAMS_P2: tl.constexpr, LET_NEXT_START: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
     """Both operands as FP16 scaled per tensor (module docstring). Program p takes input tiles p, p + programs, ...
-    (_x_tile) and the weight chunks the same way (forward.tap_major_chunk); HELD: at most one of each, kept in
+    (_x_tile) and the weight tiles the same way (_w_tile); HELD: at most one of each, kept in
     registers from the first read to the store, else read again after the barrier. Launched cooperatively: the
     barrier below waits for every program. PROGRAMS_P2: the programs, rounded up to a power of two. DIAG (benchmarks
     only, to see where the pass's time goes; the operands are then wrong): 1 arrives at the barrier without waiting
@@ -143,7 +175,7 @@ def fp16_operands_kernel(
     if HELD:
         x_offs, x_ok, _ = _x_tile(pid, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, False)
         x = tl.load(x_ptr + x_offs, mask=x_ok, other=0.0)
-        w_offs, w_ok, _ = tap_major_chunk(pid, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+        w_offs, w_ok, _ = _w_tile(pid, W_TILES, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_WCI, BLOCK_WK)
         w = tl.load(w_ptr + w_offs, mask=w_ok, other=0.0)
         x_largest = _largest_finite(x)
         w_largest = _largest_finite(w)
@@ -153,8 +185,8 @@ def fp16_operands_kernel(
             offs, ok, _ = _x_tile(t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, True)
             x_largest = tl.maximum(x_largest, _largest_finite(tl.load(x_ptr + offs, mask=ok, other=0.0)))
         w_largest = 0.0
-        for j in range(pid, W_CHUNKS, programs):
-            offs, ok, _ = tap_major_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+        for j in range(pid, W_TILES, programs):
+            offs, ok, _ = _w_tile(j, W_TILES, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_WCI, BLOCK_WK)
             w_largest = tl.maximum(w_largest, _largest_finite(tl.load(w_ptr + offs, mask=ok, other=0.0)))
     others = tl.arange(0, PROGRAMS_P2)
     if DIAG < 2:
@@ -176,14 +208,16 @@ def fp16_operands_kernel(
     if HELD:
         _, x_ok, x_op_offs = _x_tile(pid, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, False)
         tl.store(x_op_ptr + x_op_offs, _scaled(x, e_x), mask=x_ok)
-        _, w_ok, w_op_offs = tap_major_chunk(pid, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+        _, w_ok, w_op_offs = _w_tile(pid, W_TILES, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_WCI,
+                                     BLOCK_WK)
         tl.store(w_op_ptr + w_op_offs, _scaled(w, e_w), mask=w_ok)
     else:
         for t in range(pid, X_TILES, programs):
             offs, ok, op_offs = _x_tile(t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, True)
             tl.store(x_op_ptr + op_offs, _scaled(tl.load(x_ptr + offs, mask=ok, other=0.0), e_x), mask=ok)
-        for j in range(pid, W_CHUNKS, programs):
-            offs, ok, op_offs = tap_major_chunk(j, C_IN, CIN_G, COUT_G, TAPS, BLOCK_W)
+        for j in range(pid, W_TILES, programs):
+            offs, ok, op_offs = _w_tile(j, W_TILES, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_WCI,
+                                        BLOCK_WK)
             tl.store(w_op_ptr + op_offs, _scaled(tl.load(w_ptr + offs, mask=ok, other=0.0), e_w), mask=ok)
     if tl.atomic_add(sync_ptr, 1, sem="acq_rel") == programs - 1:  # the last one out: all have read the posts
         tl.store(sync_ptr + 4, e_x)
@@ -224,13 +258,14 @@ def operand_pass(input_shape, weight_shape, groups: int, flat_strides, let_next_
     c = input_shape[1]
     s = input_shape[2] * input_shape[3] * input_shape[4]
     c_in, cout_g = weight_shape[:2]
-    programs, x_tiles, w_chunks, block_w, held = _geometry(input_shape, weight_shape, device_index,
-                                                           _fits_32_bits((input_shape[0], c, s), flat_strides))
+    programs, x_tiles, w_tiles, block_ci, block_k, held = _geometry(
+        input_shape, weight_shape, groups, device_index, _fits_32_bits((input_shape[0], c, s), flat_strides))
+    cin_g, taps = c_in // groups, weight_shape[2] * weight_shape[3] * weight_shape[4]
     return _pass.bind(
         (programs,),
-        (c, s, cdiv(c, BLOCK_C), cdiv(s, BLOCK_S), x_tiles, *flat_strides, c_in, c_in // groups, cout_g,
-         weight_shape[2] * weight_shape[3] * weight_shape[4], w_chunks),
-        (("BLOCK_C", BLOCK_C), ("BLOCK_S", BLOCK_S), ("BLOCK_W", block_w), ("HELD", held),
+        (c, s, cdiv(c, BLOCK_C), cdiv(s, BLOCK_S), x_tiles, *flat_strides, groups, cin_g, cout_g, taps,
+         cdiv(cin_g, block_ci), cdiv(cout_g * taps, block_k), w_tiles),
+        (("BLOCK_C", BLOCK_C), ("BLOCK_S", BLOCK_S), ("BLOCK_WCI", block_ci), ("BLOCK_WK", block_k), ("HELD", held),
          ("PROGRAMS_P2", next_power_of_2(programs)), ("LET_NEXT_START", let_next_start), ("DIAG", diag),
          ("num_warps", NUM_WARPS), ("launch_cooperative_grid", True)))
 
