@@ -95,7 +95,7 @@ def _geometry(input_shape, weight_shape, groups: int, device_index, narrow: bool
 
     def w_tiles(block_w):
         block_k = max(1, block_w // block_ci)
-        return groups * cdiv(cin_g, block_ci) * cdiv(columns, block_k), block_k
+        return _w_blocks(groups, cin_g, columns, block_ci, block_k)[2], block_k
 
     # The smallest tiles that take the weight in as many programs as there are multiprocessors, at most.
     block_w = max(16, next_power_of_2(cdiv(groups * cin_g * columns, multiprocessors)))
@@ -107,6 +107,13 @@ def _geometry(input_shape, weight_shape, groups: int, device_index, narrow: bool
     # (interpreted, programs run one after another: a second would wait at the barrier for ever)
     tiles, block_k = w_tiles(READ_AGAIN_BLOCK_W)
     return 1, x_tiles, tiles, block_ci, block_k, False
+
+
+def _w_blocks(groups: int, cin_g: int, columns: int, block_ci: int, block_k: int) -> tuple[int, int, int]:
+    """(channel blocks, column blocks, tiles) of a weight of groups x cin_g channels by columns (co, tap) columns in
+    _w_tile's tiles of block_ci channels by block_k columns."""
+    ci_blocks, k_blocks = cdiv(cin_g, block_ci), cdiv(columns, block_k)
+    return ci_blocks, k_blocks, groups * ci_blocks * k_blocks
 
 
 @triton.jit
@@ -261,10 +268,11 @@ def operand_pass(input_shape, weight_shape, groups: int, flat_strides, let_next_
     programs, x_tiles, w_tiles, block_ci, block_k, held = _geometry(
         input_shape, weight_shape, groups, device_index, _fits_32_bits((input_shape[0], c, s), flat_strides))
     cin_g, taps = c_in // groups, weight_shape[2] * weight_shape[3] * weight_shape[4]
+    ci_blocks, k_blocks, _ = _w_blocks(groups, cin_g, cout_g * taps, block_ci, block_k)
     return _pass.bind(
         (programs,),
-        (c, s, cdiv(c, BLOCK_C), cdiv(s, BLOCK_S), x_tiles, *flat_strides, groups, cin_g, cout_g, taps,
-         cdiv(cin_g, block_ci), cdiv(cout_g * taps, block_k), w_tiles),
+        (c, s, cdiv(c, BLOCK_C), cdiv(s, BLOCK_S), x_tiles, *flat_strides, groups, cin_g, cout_g, taps, ci_blocks,
+         k_blocks, w_tiles),
         (("BLOCK_C", BLOCK_C), ("BLOCK_S", BLOCK_S), ("BLOCK_WCI", block_ci), ("BLOCK_WK", block_k), ("HELD", held),
          ("PROGRAMS_P2", next_power_of_2(programs)), ("LET_NEXT_START", let_next_start), ("DIAG", diag),
          ("num_warps", NUM_WARPS), ("launch_cooperative_grid", True)))
