@@ -1,12 +1,12 @@
 """Where the per-tensor FP16 operand pass's time goes (backends/triton/tensor_scaled.py), beside the TF32 pass it
-replaces (forward.py's), on sweep layers (GPU).
+replaces (forward.py's, which TF32 off also runs as 3xTF32), on sweep layers (GPU).
 
     PYTHONPATH=src python3 benchmarks/diag_tensor_scaled.py [--iters 100] [--layers video_k3s2p1op1,...]
 
 On the H200 the FP16 pass alone took 0.012-0.015 ms on layers whose main kernel took 0.02-0.05 (forty-sixth and
 forty-seventh sessions, benchmarks/RESULTS.md): a third of video_k3s2p1op1's time. Rows per layer, each pass alone,
 bench.protocol.time_cuda's cold-L2 mean and minimum in ms and the bytes it reads and writes over the mean:
-- the TF32 pass, its operands checked equal to the library's;
+- the TF32 pass, its operands checked equal to the library's, and the same for the 3xTF32 pass (TF32 off);
 - the FP16 pass as the library runs it (DIAG 0), its operands checked equal to the library's and its sync words
   checked zero again;
 - DIAG 1: arriving at the grid-wide barrier without waiting there (the wait's cost);
@@ -19,7 +19,7 @@ import argparse
 
 import torch
 
-from convt3d.backends.triton import TF32, forward, tensor_scaled
+from convt3d.backends.triton import TF32, TF32X3, forward, tensor_scaled
 from convt3d.bench.protocol import time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import sweep_layers
@@ -61,6 +61,10 @@ def measure(layer, iters):
     x_op, _, w_op, w_lo = forward.allocate_operands(layout, x.dtype, x.device)
     row("TF32", tf32_pass, (flat, x_op, w.contiguous(), w_op, w_lo), (x_op, w_op),
         forward._operands(x, w, groups, TF32)[:2], 4 * elements, 4 * elements)
+    layout, tf32x3_pass = forward._operand_steps(*shapes, groups, flat_strides, TF32X3)
+    x_op, _, w_op, w_lo = forward.allocate_operands(layout, x.dtype, x.device)
+    row("3xTF32 (TF32 off)", tf32x3_pass, (flat, x_op, w.contiguous(), w_op, w_lo), (x_op, w_op, w_lo),
+        forward._operands(x, w, groups, TF32X3), 4 * elements, 4 * elements + 4 * w.numel())
 
     scaled = tensor_scaled.FP16_TENSOR_SCALED
     if tensor_scaled.operand_precision(x, w, groups, TF32) != scaled:

@@ -14,7 +14,7 @@ from conftest import assert_close_rel, layer_args, make_tensors, random_config, 
 triton = pytest.importorskip("triton")
 from convt3d.backends.triton import tensor_scaled  # noqa: E402
 from convt3d.backends.triton.forward import (  # noqa: E402
-    NATIVE, TF32, TF32X3, _configs, _operands, conv_transpose3d_triton)
+    NATIVE, TF32, TF32X3, _configs, _operands, conv_transpose3d_triton, operand_pass_weight_tile, weight_tiles)
 from convt3d.plan import make_plan  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -127,6 +127,21 @@ def test_operand_pass_layouts(precision):
     if precision != TF32X3:
         assert w_lo is w_op
     assert torch.equal(x_op, x_expected) and torch.equal(w_op, w_expected)
+
+
+@pytest.mark.parametrize("precision", [TF32, TF32X3])
+def test_operand_pass_weight_tiles(precision):
+    """The pass reads the weight in tiles of up to 32 channels of one group by 1,024 / 32 (co, tap) columns
+    (forward.tap_major_tile): here two groups of 48 channels (a second, partial channel block) by 5 x 8 columns (a
+    second, partial column block)."""
+    assert operand_pass_weight_tile(48) == (32, 32) and operand_pass_weight_tile(3) == (4, 256)
+    assert weight_tiles(2, 48, 5 * 8, 32, 32) == (2, 2, 2 * 2 * 2)
+    x, w = torch.rand(1, 96, 1, 2, 2, device=DEVICE) - 0.5, torch.randn(96, 5, 2, 2, 2, device=DEVICE)
+    _, w_op, w_lo = _operands(x, w, 2, precision)
+    w_expected = w.reshape(2, 48, 5, -1).permute(3, 0, 2, 1)
+    assert torch.equal(w_op, round_to_tf32(w_expected))
+    if precision == TF32X3:
+        assert torch.equal(w_lo, round_to_tf32(w_expected - round_to_tf32(w_expected)))
 
 
 @pytest.mark.parametrize("seed", range(12))

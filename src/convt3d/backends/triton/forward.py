@@ -116,16 +116,17 @@ def _store_operand(hi_ptr, lo_ptr, offs, x, mask, PRECISION: tl.constexpr):
 @triton.jit
 def prepare_operands_kernel(
     x_ptr, x_op_ptr, w_ptr, w_hi_ptr, w_lo_ptr,
-    C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs, C_IN, CIN_G, C_OUT_G, TAPS,
-    PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr,
-    LET_NEXT_START: tl.constexpr,
+    C, S, S_BLOCKS, X_PROGRAMS, sxn, sxc, sxs, GROUPS, CIN_G, C_OUT_G, TAPS, CI_BLOCKS, K_BLOCKS, W_TILES,
+    PRECISION: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_WCI: tl.constexpr,
+    BLOCK_WK: tl.constexpr, LET_NEXT_START: tl.constexpr,
 ):
     """Both GEMM operands as the main kernel reads them, in one launch (a launch costs more host time than this
     work takes on the GPU for a small layer). Programs [0, X_PROGRAMS) lay the input out channels-last,
     x (N, C, S) with strides (sxn, sxc, sxs) -> (N, S, C) contiguous, so that the reduction axis is contiguous
     and each position's channel row loads as wide vectors; the others lay the contiguous weight
     (C_in, C_out/g, taps) out tap-major and K-major, (taps, groups, C_out/g, C_in/g), so that each tap's weight is
-    one contiguous tile with the reduction axis contiguous, as TF32 tensor-core operands must be. Float32 operands
+    one contiguous tile with the reduction axis contiguous, as TF32 tensor-core operands must be, in tiles of BLOCK_WCI
+    channels by BLOCK_WK columns (tap_major_tile). Float32 operands
     are TF32-rounded (PRECISION 1); under 3xTF32 (PRECISION 2) the weight is split and the input left as it is: the
     kernels split A as they load it, which moves half the bytes that loading both parts did (the tap_columns kernel
     took 14-22% less time on four of seven sweep layers and no more on the others: benchmarks/RESULTS.md,
@@ -140,7 +141,9 @@ def prepare_operands_kernel(
             _channels_last(x_ptr, x_op_ptr, x_op_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PRECISION, BLOCK_C,
                            BLOCK_S)
     else:
-        _tap_major(w_ptr, w_hi_ptr, w_lo_ptr, pid - X_PROGRAMS, C_IN, CIN_G, C_OUT_G, TAPS, PRECISION, BLOCK_W)
+        w_offs, ok, offs = tap_major_tile(pid - X_PROGRAMS, W_TILES, GROUPS, CIN_G, C_OUT_G, TAPS, CI_BLOCKS,
+                                          K_BLOCKS, BLOCK_WCI, BLOCK_WK)
+        _store_operand(w_hi_ptr, w_lo_ptr, offs, tl.load(w_ptr + w_offs, mask=ok), ok, PRECISION)
 
 
 @triton.jit
@@ -170,23 +173,29 @@ def _channels_last(x_ptr, hi_ptr, lo_ptr, pid, C, S, S_BLOCKS, sxn, sxc, sxs, PR
 
 
 @triton.jit
-def _tap_major(w_ptr, hi_ptr, lo_ptr, pid, C_IN, CIN_G, C_OUT_G, TAPS, PRECISION: tl.constexpr,
-               BLOCK: tl.constexpr):
-    w_offs, ok, offs = tap_major_chunk(pid, C_IN, CIN_G, C_OUT_G, TAPS, BLOCK)
-    _store_operand(hi_ptr, lo_ptr, offs, tl.load(w_ptr + w_offs, mask=ok), ok, PRECISION)
+def tap_major_tile(t, W_TILES, GROUPS, CIN_G, C_OUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_CI: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """(offsets in the contiguous weight (C_in, C_out/g * taps), mask, offsets in the tap-major, K-major operand
+    (taps, groups, C_out/g, C_in/g)) of weight tile t (none past W_TILES; weight_tiles counts them): BLOCK_CI input
+    channels of one group by BLOCK_K columns (co, tap), read along the columns, which lie together in the weight, and
+    stored along the channels, which lie together in the operand. (A chunk in the operand's own order read each
+    element from a sector of its own, C_out/g * taps elements after the last.)"""
+    columns = C_OUT_G * TAPS
+    g = t // (CI_BLOCKS * K_BLOCKS)
+    ci = (t // K_BLOCKS % CI_BLOCKS) * BLOCK_CI + tl.arange(0, BLOCK_CI)
+    k = (t % K_BLOCKS) * BLOCK_K + tl.arange(0, BLOCK_K)
+    ok = (ci[:, None] < CIN_G) & (k[None, :] < columns * (t < W_TILES))  # (a scalar mask broadcast)
+    co = k // TAPS
+    tap = k - co * TAPS
+    return (((g * CIN_G + ci) * columns)[:, None] + k[None, :], ok,
+            (((tap * GROUPS + g) * C_OUT_G + co) * CIN_G)[None, :] + ci[:, None])
 
 
-@triton.jit
-def tap_major_chunk(j, C_IN, CIN_G, C_OUT_G, TAPS, BLOCK: tl.constexpr):
-    """(offsets in the contiguous weight (C_in, C_out/g, taps), mask, offsets in the operand) of chunk j of the
-    tap-major, K-major weight operand (taps, groups, C_out/g, C_in/g): BLOCK elements."""
-    offs = j * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < TAPS * C_IN * C_OUT_G
-    within = offs % (C_IN * C_OUT_G)  # (group, co, ci) of one tap
-    ci = within // (C_OUT_G * CIN_G) * CIN_G + within % CIN_G
-    co = within // CIN_G % C_OUT_G
-    tap = offs // (C_IN * C_OUT_G)
-    return (ci * C_OUT_G + co) * TAPS + tap, ok, offs
+def weight_tiles(groups: int, cin_g: int, columns: int, block_ci: int, block_k: int) -> tuple[int, int, int]:
+    """(channel blocks, column blocks, tiles) of a weight of groups x cin_g channels by columns (co, tap) columns in
+    tap_major_tile's tiles of block_ci channels by block_k columns."""
+    ci_blocks, k_blocks = cdiv(cin_g, block_ci), cdiv(columns, block_k)
+    return ci_blocks, k_blocks, groups * ci_blocks * k_blocks
 
 
 @triton.jit
@@ -631,16 +640,24 @@ def _operand_pass(input_shape, weight_shape, groups: int, flat_strides, precisio
     its input tiles are block_c channels by block_s positions. Of eight tiles on six sweep layers on the H200, 32 x 128
     was the fastest or within 0.5 us of it on each (benchmarks/diag_operand_pass.py, twentieth session)."""
     n, c, d, h, w = input_shape
-    c_in, c_out_g = weight_shape[:2]
+    cin_g, c_out_g = weight_shape[0] // groups, weight_shape[1]
     taps = math.prod(weight_shape[2:])
-    block_w = 1024
+    block_wci, block_wk = operand_pass_weight_tile(cin_g)
+    ci_blocks, k_blocks, w_tiles = weight_tiles(groups, cin_g, c_out_g * taps, block_wci, block_wk)
     s_blocks = cdiv(d * h * w, block_s)
     x_programs = n * cdiv(c, block_c) * s_blocks
     return _prepare.bind(
-        (x_programs + cdiv(taps * c_in * c_out_g, block_w),),
-        (c, d * h * w, s_blocks, x_programs, *flat_strides, c_in, c_in // groups, c_out_g, taps),
-        (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s), ("BLOCK_W", block_w),
-         ("LET_NEXT_START", let_next_start), ("num_warps", num_warps)))
+        (x_programs + w_tiles,),
+        (c, d * h * w, s_blocks, x_programs, *flat_strides, groups, cin_g, c_out_g, taps, ci_blocks, k_blocks, w_tiles),
+        (("PRECISION", precision), ("BLOCK_C", block_c), ("BLOCK_S", block_s), ("BLOCK_WCI", block_wci),
+         ("BLOCK_WK", block_wk), ("LET_NEXT_START", let_next_start), ("num_warps", num_warps)))
+
+
+def operand_pass_weight_tile(cin_g: int) -> tuple[int, int]:
+    """(channels, columns) of _operand_pass's weight tiles (tap_major_tile): up to 32 channels, 128 float32 bytes
+    stored together, by as many columns as make 1,024 elements."""
+    block_ci = min(32, next_power_of_2(cin_g))
+    return block_ci, 1024 // block_ci
 
 
 def channels_last_strides(plan: Plan) -> tuple[int, ...]:

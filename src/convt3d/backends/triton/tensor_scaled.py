@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from . import TF32, cdiv, interpreted, next_power_of_2
-from .forward import _power_of_2, _round_to_tf32, exponent_field, fp16_scale_exponent_of_field, let_next_start
+from .forward import (_power_of_2, _round_to_tf32, exponent_field, fp16_scale_exponent_of_field, let_next_start,
+                      tap_major_tile, weight_tiles)
 from .launch import Launcher, _current_stream
 
 # This module's precision, beside NATIVE, TF32 and TF32X3 (forward.py) and tiled.FP16_SCALED (3).
@@ -54,7 +55,7 @@ SYNC_WORDS = POSTS.value + MAX_PROGRAMS
 # main kernel (benchmarks/RESULTS.md, forty-sixth session), so on a GPU larger layers keep TF32 operands.
 BLOCK_C, BLOCK_S, MAX_BLOCK_W, NUM_WARPS = 64, 256, 8192, 8
 READ_AGAIN_BLOCK_W = 2048
-# A weight tile's input channels (_w_tile): 64 FP16 values, 128 bytes stored together.
+# A weight tile's input channels (forward.tap_major_tile): 64 FP16 values, 128 bytes stored together.
 W_BLOCK_CI = 64
 
 
@@ -81,10 +82,10 @@ def cuda_index(device: torch.device):
 
 @functools.lru_cache(maxsize=256)
 def _geometry(input_shape, weight_shape, groups: int, device_index, narrow: bool):
-    """(programs, input tiles, weight tiles (_w_tile), their channels and (co, tap) columns, held) of the pass for a
-    layer on CUDA device device_index (None under the interpreter or off CUDA: one program). narrow: the input's
-    element offsets fit 32 bits, as the held form indexes it (64-bit offsets held beside the tile pushed it into
-    spills)."""
+    """(programs, input tiles, weight tiles (forward.tap_major_tile), their channels and (co, tap) columns, held) of
+    the pass for a layer on CUDA device device_index (None under the interpreter or off CUDA: one program). narrow:
+    the input's element offsets fit 32 bits, as the held form indexes it (64-bit offsets held beside the tile pushed
+    it into spills)."""
     n, c = input_shape[:2]
     s = input_shape[2] * input_shape[3] * input_shape[4]
     cin_g, columns = weight_shape[0] // groups, weight_shape[1] * weight_shape[2] * weight_shape[3] * weight_shape[4]
@@ -95,7 +96,7 @@ def _geometry(input_shape, weight_shape, groups: int, device_index, narrow: bool
 
     def w_tiles(block_w):
         block_k = max(1, block_w // block_ci)
-        return _w_blocks(groups, cin_g, columns, block_ci, block_k)[2], block_k
+        return weight_tiles(groups, cin_g, columns, block_ci, block_k)[2], block_k
 
     # The smallest tiles that take the weight in as many programs as there are multiprocessors, at most.
     block_w = max(16, next_power_of_2(cdiv(groups * cin_g * columns, multiprocessors)))
@@ -107,13 +108,6 @@ def _geometry(input_shape, weight_shape, groups: int, device_index, narrow: bool
     # (interpreted, programs run one after another: a second would wait at the barrier for ever)
     tiles, block_k = w_tiles(READ_AGAIN_BLOCK_W)
     return 1, x_tiles, tiles, block_ci, block_k, False
-
-
-def _w_blocks(groups: int, cin_g: int, columns: int, block_ci: int, block_k: int) -> tuple[int, int, int]:
-    """(channel blocks, column blocks, tiles) of a weight of groups x cin_g channels by columns (co, tap) columns in
-    _w_tile's tiles of block_ci channels by block_k columns."""
-    ci_blocks, k_blocks = cdiv(cin_g, block_ci), cdiv(columns, block_k)
-    return ci_blocks, k_blocks, groups * ci_blocks * k_blocks
 
 
 @triton.jit
@@ -130,25 +124,6 @@ def _x_tile(t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C: tl.con
         c = c.to(tl.int64)
         sp = sp.to(tl.int64)
     return n * sxn + c[:, None] * sxc + sp[None, :] * sxs, ok, n * S * C + sp[None, :] * C + c[:, None]
-
-
-@triton.jit
-def _w_tile(t, W_TILES, GROUPS, CIN_G, C_OUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_CI: tl.constexpr,
-            BLOCK_K: tl.constexpr):
-    """(offsets in the contiguous weight (C_in, C_out/g * taps), mask, offsets in the tap-major, K-major operand
-    (taps, groups, C_out/g, C_in/g)) of weight tile t (none past W_TILES): BLOCK_CI input channels of one group by
-    BLOCK_K columns (co, tap), read along the columns, which lie together in the weight, and stored along the
-    channels, which lie together in the operand. (A chunk in the operand's own order, as forward.tap_major_chunk,
-    reads each element from a sector of its own, C_out/g * taps elements after the last.)"""
-    columns = C_OUT_G * TAPS
-    g = t // (CI_BLOCKS * K_BLOCKS)
-    ci = (t // K_BLOCKS % CI_BLOCKS) * BLOCK_CI + tl.arange(0, BLOCK_CI)
-    k = (t % K_BLOCKS) * BLOCK_K + tl.arange(0, BLOCK_K)
-    ok = (ci[:, None] < CIN_G) & (k[None, :] < columns * (t < W_TILES))  # (a scalar mask broadcast)
-    co = k // TAPS
-    tap = k - co * TAPS
-    return (((g * CIN_G + ci) * columns)[:, None] + k[None, :], ok,
-            (((tap * GROUPS + g) * C_OUT_G + co) * CIN_G)[None, :] + ci[:, None])
 
 
 @triton.jit
@@ -170,7 +145,7 @@ def fp16_operands_kernel(
     PROGRAMS_P2: tl.constexpr, LET_NEXT_START: tl.constexpr, DIAG: tl.constexpr = 0,
 ):
     """Both operands as FP16 scaled per tensor (module docstring). Program p takes input tiles p, p + programs, ...
-    (_x_tile) and the weight tiles the same way (_w_tile); HELD: at most one of each, kept in
+    (_x_tile) and the weight tiles the same way (forward.tap_major_tile); HELD: at most one of each, kept in
     registers from the first read to the store, else read again after the barrier. Launched cooperatively: the
     barrier below waits for every program. PROGRAMS_P2: the programs, rounded up to a power of two. DIAG (benchmarks
     only, to see where the pass's time goes; the operands are then wrong): 1 arrives at the barrier without waiting
@@ -182,7 +157,8 @@ def fp16_operands_kernel(
     if HELD:
         x_offs, x_ok, _ = _x_tile(pid, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, False)
         x = tl.load(x_ptr + x_offs, mask=x_ok, other=0.0)
-        w_offs, w_ok, _ = _w_tile(pid, W_TILES, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_WCI, BLOCK_WK)
+        w_offs, w_ok, _ = tap_major_tile(pid, W_TILES, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_WCI,
+                                         BLOCK_WK)
         w = tl.load(w_ptr + w_offs, mask=w_ok, other=0.0)
         x_largest = _largest_finite(x)
         w_largest = _largest_finite(w)
@@ -193,7 +169,8 @@ def fp16_operands_kernel(
             x_largest = tl.maximum(x_largest, _largest_finite(tl.load(x_ptr + offs, mask=ok, other=0.0)))
         w_largest = 0.0
         for j in range(pid, W_TILES, programs):
-            offs, ok, _ = _w_tile(j, W_TILES, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_WCI, BLOCK_WK)
+            offs, ok, _ = tap_major_tile(j, W_TILES, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_WCI,
+                                         BLOCK_WK)
             w_largest = tl.maximum(w_largest, _largest_finite(tl.load(w_ptr + offs, mask=ok, other=0.0)))
     others = tl.arange(0, PROGRAMS_P2)
     if DIAG < 2:
@@ -215,16 +192,16 @@ def fp16_operands_kernel(
     if HELD:
         _, x_ok, x_op_offs = _x_tile(pid, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, False)
         tl.store(x_op_ptr + x_op_offs, _scaled(x, e_x), mask=x_ok)
-        _, w_ok, w_op_offs = _w_tile(pid, W_TILES, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_WCI,
-                                     BLOCK_WK)
+        _, w_ok, w_op_offs = tap_major_tile(pid, W_TILES, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_WCI,
+                                            BLOCK_WK)
         tl.store(w_op_ptr + w_op_offs, _scaled(w, e_w), mask=w_ok)
     else:
         for t in range(pid, X_TILES, programs):
             offs, ok, op_offs = _x_tile(t, X_TILES, C, S, C_BLOCKS, S_BLOCKS, sxn, sxc, sxs, BLOCK_C, BLOCK_S, True)
             tl.store(x_op_ptr + op_offs, _scaled(tl.load(x_ptr + offs, mask=ok, other=0.0), e_x), mask=ok)
         for j in range(pid, W_TILES, programs):
-            offs, ok, op_offs = _w_tile(j, W_TILES, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_WCI,
-                                        BLOCK_WK)
+            offs, ok, op_offs = tap_major_tile(j, W_TILES, GROUPS, CIN_G, COUT_G, TAPS, CI_BLOCKS, K_BLOCKS, BLOCK_WCI,
+                                               BLOCK_WK)
             tl.store(w_op_ptr + op_offs, _scaled(tl.load(w_ptr + offs, mask=ok, other=0.0), e_w), mask=ok)
     if tl.atomic_add(sync_ptr, 1, sem="acq_rel") == programs - 1:  # the last one out: all have read the posts
         tl.store(sync_ptr + 4, e_x)
@@ -268,7 +245,7 @@ def operand_pass(input_shape, weight_shape, groups: int, flat_strides, let_next_
     programs, x_tiles, w_tiles, block_ci, block_k, held = _geometry(
         input_shape, weight_shape, groups, device_index, _fits_32_bits((input_shape[0], c, s), flat_strides))
     cin_g, taps = c_in // groups, weight_shape[2] * weight_shape[3] * weight_shape[4]
-    ci_blocks, k_blocks, _ = _w_blocks(groups, cin_g, cout_g * taps, block_ci, block_k)
+    ci_blocks, k_blocks, _ = weight_tiles(groups, cin_g, cout_g * taps, block_ci, block_k)
     return _pass.bind(
         (programs,),
         (c, s, cdiv(c, BLOCK_C), cdiv(s, BLOCK_S), x_tiles, *flat_strides, groups, cin_g, cout_g, taps, ci_blocks,
