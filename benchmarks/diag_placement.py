@@ -52,7 +52,7 @@ def main():
             for label, tensors in (("output", outputs), ("input", inputs)):
                 for kb, t in list(zip(OFFSETS_KB, tensors)) + [(OFFSETS_KB[0], tensors[0])]:
                     if label == "output":
-                        def call(t=t):
+                        def call(t=t, operands=operands):  # (bound now: the name is deleted below)
                             tf._launch(config, plan, *operands, b, t, tf.precision_for(dtype))
                     else:
                         t.copy_(x)
