@@ -6,6 +6,7 @@ import logging
 import pytest
 import torch
 
+import convt3d.__main__ as cli
 from convt3d.__main__ import main
 from convt3d.bench.protocol import Timing, datasheet_bandwidth, floor_bytes, kernelbench_check, time_interleaved
 from convt3d.bench.report import table
@@ -252,3 +253,16 @@ def test_sweep_layers_come_in_the_order_named_and_unknown_names_are_named():
     assert sweep_layers("k3s1p1,unet3d_k2s2") == [by_name["k3s1p1"], by_name["unet3d_k2s2"]]
     with pytest.raises(ValueError, match="no sweep layer named k3s1, vae"):
         sweep_layers("unet3d_k2s2,k3s1,vae")
+
+
+def test_cli_runs_the_named_sweep_layers_and_rejects_unknown_names_or_layers_without_a_sweep(tmp_path, capsys,
+                                                                                           monkeypatch):
+    ran = []
+    monkeypatch.setattr(cli, "run_layer", lambda layer, *args, **kwargs: ran.append(layer.name) or [])
+    assert main(["bench", "--device", "cpu", "--sweep", "--layers", "k3s1p1,unet3d_k2s2"]) == 0
+    assert ran == ["k3s1p1", "unet3d_k2s2"]
+    assert main(["bench", "--device", "cpu", "--sweep", "--layers", "k3s1p1,k3s9"]) == 2
+    assert "no sweep layer named k3s9" in capsys.readouterr().err
+    assert main(["bench", "--device", "cpu", "--layers", "k3s1p1"]) == 2
+    assert "pass --sweep too" in capsys.readouterr().err
+    assert ran == ["k3s1p1", "unet3d_k2s2"]

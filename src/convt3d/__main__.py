@@ -9,7 +9,7 @@ import torch
 
 from .bench.report import environment, table, write_json, write_plot
 from .bench.runner import run_layer
-from .bench.workloads import PROBLEM_77, load_sweep, parse_config
+from .bench.workloads import PROBLEM_77, load_sweep, parse_config, sweep_layers
 
 CPU_BATCH = 2
 
@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "default: KernelBench level-1 problem 77")
     what.add_argument("--sweep", nargs="?", const="", metavar="PATH",
                       help="run the public sweep (benchmarks/sweep.json, or PATH)")
+    bench.add_argument("--layers", metavar="NAMES",
+                       help="with --sweep: only the sweep's layers of these comma-separated names, in that order")
     bench.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                        help="cuda (default; falls back to cpu without a GPU) or cpu")
     bench.add_argument("--backward", action="store_true", help="also time forward+backward")
@@ -42,8 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        layers = load_sweep(args.sweep or None) if args.sweep is not None else [
-            parse_config(args.config) if args.config else PROBLEM_77]
+        if args.layers is not None and args.sweep is None:
+            raise ValueError("--layers names layers of a sweep: pass --sweep too")
+        if args.sweep is None:
+            layers = [parse_config(args.config) if args.config else PROBLEM_77]
+        elif args.layers is None:
+            layers = load_sweep(args.sweep or None)
+        else:
+            layers = sweep_layers(args.layers, args.sweep or None)
         if args.iters is not None and args.iters < 2:
             raise ValueError(f"--iters must be at least 2, got {args.iters}")
         if args.settle is not None and args.settle < 0:

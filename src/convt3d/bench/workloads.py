@@ -132,7 +132,8 @@ def load_sweep(path: str | None) -> list[Layer]:
 
 
 def sweep_layers(names: str, path: str | None = None) -> list[Layer]:
-    """The sweep's layers named in a comma-separated list, in the list's order (the diagnostic scripts' --layers)."""
+    """The sweep's layers named in a comma-separated list, in the list's order (bench's and the diagnostic scripts'
+    --layers)."""
     layers = {layer.name: layer for layer in load_sweep(path)}
     unknown = [name for name in names.split(",") if name not in layers]
     if unknown:
