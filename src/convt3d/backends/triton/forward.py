@@ -125,12 +125,13 @@ def prepare_operands_kernel(
     x (N, C, S) with strides (sxn, sxc, sxs) -> (N, S, C) contiguous, so that the reduction axis is contiguous
     and each position's channel row loads as wide vectors; the others lay the contiguous weight
     (C_in, C_out/g, taps) out tap-major and K-major, (taps, groups, C_out/g, C_in/g), so that each tap's weight is
-    one contiguous tile with the reduction axis contiguous, as TF32 tensor-core operands must be, in tiles of BLOCK_WCI
-    channels by BLOCK_WK columns (tap_major_tile). Float32 operands
-    are TF32-rounded (PRECISION 1); under 3xTF32 (PRECISION 2) the weight is split and the input left as it is: the
-    kernels split A as they load it, which moves half the bytes that loading both parts did (the tap_columns kernel
-    took 14-22% less time on four of seven sweep layers and no more on the others: benchmarks/RESULTS.md,
-    twenty-first session)."""
+    one contiguous tile with the reduction axis contiguous, as TF32 tensor-core operands must be, in tiles of
+    BLOCK_WCI channels by BLOCK_WK columns (tap_major_tile; on the H200 this pass took 20-40% less time than with
+    chunks in the operand's order on the two sweep layers of large weights: benchmarks/RESULTS.md, fifty-second
+    session). Float32 operands are TF32-rounded (PRECISION 1); under 3xTF32 (PRECISION 2) the weight is split and the
+    input left as it is: the kernels split A as they load it, which moves half the bytes that loading both parts did
+    (the tap_columns kernel took 14-22% less time on four of seven sweep layers and no more on the others:
+    benchmarks/RESULTS.md, twenty-first session)."""
     if LET_NEXT_START:
         let_next_start()
     pid = tl.program_id(0)
