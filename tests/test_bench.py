@@ -255,8 +255,7 @@ def test_sweep_layers_come_in_the_order_named_and_unknown_names_are_named():
         sweep_layers("unet3d_k2s2,k3s1,vae")
 
 
-def test_cli_runs_the_named_sweep_layers_and_rejects_unknown_names_or_layers_without_a_sweep(tmp_path, capsys,
-                                                                                           monkeypatch):
+def test_cli_runs_the_named_sweep_layers_and_rejects_unknown_names_or_layers_without_a_sweep(capsys, monkeypatch):
     ran = []
     monkeypatch.setattr(cli, "run_layer", lambda layer, *args, **kwargs: ran.append(layer.name) or [])
     assert main(["bench", "--device", "cpu", "--sweep", "--layers", "k3s1p1,unet3d_k2s2"]) == 0
