@@ -9,7 +9,7 @@ import torch
 import convt3d.__main__ as cli
 from convt3d.__main__ import main
 from convt3d.bench.protocol import Timing, datasheet_bandwidth, floor_bytes, kernelbench_check, time_interleaved
-from convt3d.bench.report import table
+from convt3d.bench.report import summary_text, sweep_summary, table
 from convt3d.bench.workloads import PROBLEM_77, load_sweep, parse_config, sweep_layers
 
 TINY = '{"in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2, "padding": 1, "dilation": 2, ' \
@@ -30,9 +30,11 @@ def test_datasheet_bandwidth_is_named_or_absent():
 
 def test_timing_statistics():
     t = Timing.of([1.0, 2.0, 3.0])
-    assert (t.mean_ms, t.min_ms, t.max_ms) == (2.0, 1.0, 3.0)
+    assert (t.mean_ms, t.min_ms, t.max_ms, t.median_ms) == (2.0, 1.0, 3.0, 2.0)
     assert t.std_ms == pytest.approx(1.0)
     assert t.slow_calls is None  # no host times given (the CPU's timings)
+    slow_first = Timing.of([9.0, 1.0, 1.2, 1.1])  # a slow call moves the mean, not the median
+    assert (slow_first.mean_ms, slow_first.median_ms) == (pytest.approx(3.075), pytest.approx(1.15))
 
 
 def test_timing_names_the_slow_calls_with_their_host_times():
@@ -253,6 +255,53 @@ def test_sweep_layers_come_in_the_order_named_and_unknown_names_are_named():
     assert sweep_layers("k3s1p1,unet3d_k2s2") == [by_name["k3s1p1"], by_name["unet3d_k2s2"]]
     with pytest.raises(ValueError, match="no sweep layer named k3s1, vae"):
         sweep_layers("unet3d_k2s2,k3s1,vae")
+
+
+def _timed(layer, implementation, mean_ms, median_ms):
+    return dict(layer=layer, implementation=implementation, mean_ms=mean_ms, median_ms=median_ms)
+
+
+def test_sweep_summary_gives_each_modes_median_speedup_lowest_layer_and_layers_slower_than_eager():
+    rows = [
+        _timed("a", "PyTorch eager", 0.30, 0.30), _timed("a", "convt3d", 0.10, 0.10),
+        _timed("a", "PyTorch eager, TF32 off", 0.40, 0.40), _timed("a", "convt3d, TF32 off", 0.10, 0.10),
+        # eager's mean pulled up by slow calls: 5x by the means, 2x by the median calls
+        _timed("b", "PyTorch eager", 0.50, 0.20), _timed("b", "convt3d", 0.10, 0.10),
+        _timed("b", "convt3d, backend=triton", 0.01, 0.01),  # not in the comparison
+        _timed("b", "PyTorch eager, TF32 off", 0.09, 0.09), _timed("b", "convt3d, TF32 off", 0.10, 0.10),
+        _timed("c", "PyTorch eager", 0.20, 0.20), _timed("c", "convt3d", 0.10, 0.10),  # half precision: one mode
+        _timed("d", "PyTorch eager", 0.20, 0.20),  # no convt3d row (a sweep cut short): left out
+    ]
+    default, off = sweep_summary(rows)
+    assert default == dict(mode="default mode", layers=3, median_speedup=pytest.approx(3.0),
+                           median_speedup_by_median_calls=pytest.approx(2.0),
+                           lowest=dict(layer="c", speedup=pytest.approx(2.0)), slower_than_eager=[])
+    assert off["layers"] == 2 and off["median_speedup"] == pytest.approx((4.0 + 0.9) / 2)
+    assert off["lowest"] == dict(layer="b", speedup=pytest.approx(0.9)) and off["slower_than_eager"] == ["b"]
+    text = summary_text([default, off]).splitlines()
+    assert text[0] == ("default mode: median speed-up over eager 3.00x by the means, 3 layers (2.00x by the median "
+                       "calls); lowest c at 2.00x; slower than eager: none")
+    assert text[1].startswith("TF32 off: median speed-up over eager 2.45x") and text[1].endswith("eager: b")
+    # Rows without medians (written before they were kept) give no median by the median calls.
+    no_medians = [dict(r, median_ms=None) for r in rows[:4]]
+    assert sweep_summary(no_medians)[0]["median_speedup_by_median_calls"] is None
+    assert sweep_summary([_timed(None, "PyTorch eager", 1.0, 1.0)]) == []
+
+
+def test_cli_prints_and_writes_a_sweeps_summary(tmp_path, capsys, monkeypatch):
+    speeds = {"k3s1p1": 3.0, "unet3d_k2s2": 0.5}
+    monkeypatch.setattr(cli, "run_layer", lambda layer, *args, **kwargs: [
+        dict(_timed(None, "PyTorch eager", 1.0, 1.0), std_ms=0.0, speedup_vs_eager=1.0, ratio_to_floor=None,
+             rel_err_fp64=None, kernelbench_check=None),
+        dict(_timed(None, "convt3d", 1.0 / speeds[layer.name], 1.0 / speeds[layer.name]), std_ms=0.0,
+             speedup_vs_eager=speeds[layer.name], ratio_to_floor=None, rel_err_fp64=None, kernelbench_check=None)])
+    path = tmp_path / "sweep.json"
+    assert main(["bench", "--device", "cpu", "--sweep", "--layers", "k3s1p1,unet3d_k2s2", "--json", str(path)]) == 0
+    assert ("default mode: median speed-up over eager 1.75x by the means, 2 layers (1.75x by the median calls); "
+            "lowest unet3d_k2s2 at 0.50x; slower than eager: unet3d_k2s2") in capsys.readouterr().out
+    assert json.loads(path.read_text())["summary"] == [dict(
+        mode="default mode", layers=2, median_speedup=1.75, median_speedup_by_median_calls=1.75,
+        lowest=dict(layer="unet3d_k2s2", speedup=0.5), slower_than_eager=["unet3d_k2s2"])]
 
 
 def test_cli_runs_the_named_sweep_layers_and_rejects_unknown_names_or_layers_without_a_sweep(capsys, monkeypatch):

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from .bench.report import environment, table, write_json, write_plot
+from .bench.report import environment, summary_text, sweep_summary, table, write_json, write_plot
 from .bench.runner import run_layer
 from .bench.workloads import PROBLEM_77, load_sweep, parse_config, sweep_layers
 
@@ -82,13 +82,16 @@ def main(argv=None) -> int:
                 r["layer"] = layer.name
         rows += layer_rows
         if args.json and len(layers) > 1:  # the layers so far, should a long sweep be cut short
-            write_json(args.json, env, rows, [vars(done) for done in layers[:i]])
+            write_json(args.json, env, rows, [vars(done) for done in layers[:i]], sweep_summary(rows))
     if len(layers) == 1:
         print(layers[0].describe())
     print(table(rows))
+    summary = sweep_summary(rows) if len(layers) > 1 else None
+    if summary:
+        print(summary_text(summary))
     workload = [vars(layer) for layer in layers] if len(layers) > 1 else vars(layers[0])
     if args.json:
-        write_json(args.json, env, rows, workload)
+        write_json(args.json, env, rows, workload, summary)
         print(f"wrote {args.json}")
     if args.plot:
         title = layers[0].describe() if len(layers) == 1 else f"{len(layers)} layers"

@@ -43,6 +43,8 @@ class Timing:
     # garbage collector collected during the call or None). A slow call whose host time is about its CUDA time
     # waited for the host (Python, a garbage collection, the machine); one with little host time was slow on the GPU.
     slow_calls: list[tuple[int, float, float, int | None]] | None = None
+    # The median call: unlike the mean (KernelBench's figure), it does not move with a few slow calls.
+    median_ms: float | None = None
 
     @classmethod
     def of(cls, samples_ms: list[float], host_ms: list[float] | None = None,
@@ -53,7 +55,8 @@ class Timing:
             collected = collected or [None] * len(samples_ms)
             slow = sorted((i for i, ms in enumerate(samples_ms) if ms > SLOW * fastest), key=lambda i: -samples_ms[i])
             extra["slow_calls"] = [(i, samples_ms[i], host_ms[i], collected[i]) for i in slow[:SLOW_CALLS]]
-        return cls(statistics.fmean(samples_ms), std, fastest, max(samples_ms), **extra)
+        return cls(statistics.fmean(samples_ms), std, fastest, max(samples_ms), median_ms=statistics.median(samples_ms),
+                   **extra)
 
 
 def time_cuda(fn: Callable[[], object], warmup: int = 5, iters: int = 100, device=None,

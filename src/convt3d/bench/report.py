@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import statistics
 import textwrap
 
 import torch
@@ -101,9 +102,64 @@ def markdown_table(header: list[str], rows: list[tuple]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: str, env: dict, rows: list[dict], workload: dict | list) -> None:
+# A sweep's two comparisons, as issue 3 judges them: convt3d against eager in PyTorch's default mode (TF32 allowed
+# for convolutions), and both with TF32 off.
+SUMMARY_MODES = (("default mode", "PyTorch eager", "convt3d"),
+                 ("TF32 off", "PyTorch eager, TF32 off", "convt3d, TF32 off"))
+
+
+def sweep_summary(rows: list[dict]) -> list[dict]:
+    """Per mode that a sweep's rows hold (SUMMARY_MODES): over the layers with both rows, the median of convt3d's
+    speed-up over eager by the means (KernelBench's figure) and by the median calls (which a few slow calls of
+    either side do not move: on the H200, fifty-third session, eager's first four timed calls of k3s1p1 took 0.9-2.2
+    ms against its 0.08 ms minimum, and the median by the means rested on them), the lowest layer by the means, and
+    the layers where convt3d's mean was above eager's."""
+    summary = []
+    for mode, eager_name, ours_name in SUMMARY_MODES:
+        pairs: dict = {}
+        for r in rows:
+            if r["implementation"] in (eager_name, ours_name) and r.get("mean_ms") is not None:
+                pairs.setdefault(r.get("layer"), {})[r["implementation"]] = r
+        by_means, by_medians = {}, {}
+        for layer, pair in pairs.items():
+            if len(pair) == 2:
+                eager, ours = pair[eager_name], pair[ours_name]
+                by_means[layer] = eager["mean_ms"] / ours["mean_ms"]
+                if eager.get("median_ms") and ours.get("median_ms"):
+                    by_medians[layer] = eager["median_ms"] / ours["median_ms"]
+        if not by_means:
+            continue
+        lowest = min(by_means, key=by_means.get)
+        summary.append(dict(
+            mode=mode, layers=len(by_means), median_speedup=statistics.median(by_means.values()),
+            median_speedup_by_median_calls=(statistics.median(by_medians.values())
+                                            if len(by_medians) == len(by_means) else None),
+            lowest=dict(layer=lowest, speedup=by_means[lowest]),
+            slower_than_eager=[layer for layer, speedup in by_means.items() if speedup < 1]))
+    return summary
+
+
+def summary_text(summary: list[dict]) -> str:
+    """sweep_summary as one line per mode."""
+    lines = []
+    for s in summary:
+        line = f"{s['mode']}: median speed-up over eager {s['median_speedup']:.2f}x by the means, {s['layers']} layers"
+        if s["median_speedup_by_median_calls"] is not None:
+            line += f" ({s['median_speedup_by_median_calls']:.2f}x by the median calls)"
+        line += (f"; lowest {s['lowest']['layer']} at {s['lowest']['speedup']:.2f}x; slower than eager: "
+                 + (", ".join(s["slower_than_eager"]) or "none"))
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def write_json(path: str, env: dict, rows: list[dict], workload: dict | list,
+               summary: list[dict] | None = None) -> None:
+    """The run as JSON: environment, workload, results (the rows) and, for a sweep, its summary (sweep_summary)."""
+    data = dict(environment=env, workload=workload, results=rows)
+    if summary is not None:
+        data["summary"] = summary
     with open(path, "w") as f:
-        json.dump(dict(environment=env, workload=workload, results=rows), f, indent=2)
+        json.dump(data, f, indent=2)
 
 
 def write_plot(path: str, rows: list[dict], title: str) -> None:

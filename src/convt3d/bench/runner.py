@@ -37,6 +37,8 @@ def _row(name: str, timing: Timing | None, **extra) -> dict:
                ratio_to_floor=None, rel_err_fp64=None, kernelbench_check=None)
     if timing is not None:
         row.update(mean_ms=timing.mean_ms, std_ms=timing.std_ms, min_ms=timing.min_ms, max_ms=timing.max_ms)
+        if timing.median_ms is not None:
+            row["median_ms"] = timing.median_ms
         if timing.device_allocations is not None:
             row["device_allocations"] = timing.device_allocations
         if timing.slow_calls:
