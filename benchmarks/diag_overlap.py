@@ -165,6 +165,21 @@ def prefer_shared(function) -> None:
     cuda._check(driver.cuFuncSetAttribute(function, 9, 100))  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 
 
+def check_and_time(forms, expected, reference, eager, mode, row):
+    """Each (name, forward) of forms: its first output, into memory NaN-poisoned before, against the library's
+    (bitwise), float64 (relative error) and eager (KernelBench's check); then row(mode, name, forward, check)."""
+    for name, forward in forms:
+        torch.cuda.empty_cache()
+        poisoned = torch.full(OUT_SHAPE, float("nan"), device="cuda")
+        del poisoned  # the caching allocator hands this NaN block to the output, the forward's first allocation
+        y = forward()
+        torch.cuda.synchronize()
+        check = (f"equal to library {bool(torch.equal(y, expected))}, {relative_error(y, reference):.1e}, "
+                 f"KB check {kernelbench_check(y, eager)}")
+        del y
+        row(mode, name, forward, check)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=50)
@@ -339,16 +354,7 @@ def main():
                           split("plane_fill", "expand_planes", sms, carveout=True)))
             forms.append((f"split planes, one stream ({planes})",
                           split("plane_fill", "expand_planes", planes, fork=False)))
-        for name, forward in forms:
-            torch.cuda.empty_cache()
-            poisoned = torch.full(OUT_SHAPE, float("nan"), device="cuda")
-            del poisoned  # the caching allocator hands this NaN block to the output, the forward's first allocation
-            y = forward()
-            torch.cuda.synchronize()
-            check = (f"equal to library {bool(torch.equal(y, expected))}, {relative_error(y, reference):.1e}, "
-                     f"KB check {kernelbench_check(y, eager)}")
-            del y
-            row(mode, name, forward, check)
+        check_and_time(forms, expected, reference, eager, mode, row)
         if "planes" in parts:
             # Last in the mode (the attribute stays): the correlation's own carveout at the most as well.
             rows_per_tile = cuda.tile_rows(32, 64, counts, dilation, split, COMPACT[0], grid)

@@ -36,11 +36,11 @@ from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.torch_phase import _regions
 from convt3d.backends.triton.launch import _current_stream
 from convt3d.backends.triton.window import correlation_operands
-from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
+from convt3d.bench.protocol import time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.plan import make_plan
 from diag_expand import COMPACT, OUT_SHAPE, P77, THREADS, source
-from diag_overlap import prefer_shared
+from diag_overlap import check_and_time, prefer_shared
 
 VEC = 8
 
@@ -162,16 +162,7 @@ def main():
                 forms.append((f"{chunks} chunks, expand on a second stream, {programs} programs"
                               f"{', carveout' if programs != 'all' else ''}",
                               pipeline(chunks, programs, True, programs != "all")))
-        for name, forward in forms:
-            torch.cuda.empty_cache()
-            poisoned = torch.full(OUT_SHAPE, float("nan"), device="cuda")
-            del poisoned  # the caching allocator hands this NaN block to the output, the forward's first allocation
-            y = forward()
-            torch.cuda.synchronize()
-            check = (f"equal to library {bool(torch.equal(y, expected))}, {relative_error(y, reference):.1e}, "
-                     f"KB check {kernelbench_check(y, eager)}")
-            del y
-            row(mode, name, forward, check)
+        check_and_time(forms, expected, reference, eager, mode, row)
         del expected, reference, eager
     torch.backends.cudnn.allow_tf32 = True
     print(markdown_table(["mode", "what", "mean ms", "min ms", "check"], rows))
