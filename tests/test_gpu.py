@@ -89,6 +89,41 @@ def test_auto_picks_triton_on_cuda_and_matches_module():
         assert_close_rel(ours(x), expected, 1e-6)
 
 
+@pytest.mark.parametrize("tf32", [False, True], ids=["tf32_off", "tf32"])
+@pytest.mark.parametrize("kernel_size, stride, padding, output_padding", [(3, 2, 1, 1), (2, 2, 0, 0)],
+                         ids=["general", "tiled"])
+def test_module_binds_its_later_calls_to_the_prepared_call(kernel_size, stride, padding, output_padding, tf32,
+                                                           nan_poisoned_allocator):
+    """A module's calls after its first (ops.BoundForward): fresh inputs into NaN-poisoned memory, against float64 and
+    bitwise against the full way's result on the same kernels; under grad mode the same gradients as eager's."""
+    from convt3d import ops
+
+    eager = torch.nn.ConvTranspose3d(16, 8, kernel_size, stride=stride, padding=padding,
+                                     output_padding=output_padding).cuda()
+    layer = convt3d.convert(torch.nn.ConvTranspose3d(16, 8, kernel_size, stride=stride, padding=padding,
+                                                     output_padding=output_padding).cuda(), backend="triton")
+    layer.load_state_dict(eager.state_dict())
+    args = dict(stride=stride, padding=padding, output_padding=output_padding)
+    rel = 2e-3 if tf32 else 1e-6  # (TF32 keeps 11 significant bits)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+        with torch.no_grad():
+            layer(torch.rand(2, 16, 5, 6, 7, device="cuda"))
+            assert any(isinstance(f, ops.BoundForward) for f in layer._bound_forwards.values())
+            for _ in range(3):
+                x = torch.rand(2, 16, 5, 6, 7, device="cuda")
+                out = layer(x)
+                assert_close_rel(out, F.conv_transpose3d(x.double(), layer.weight.double(), layer.bias.double(),
+                                                         **args), rel)
+                full = convt3d.conv_transpose3d(x, layer.weight, layer.bias, backend="triton", **args)
+                assert torch.equal(out, full)
+        x = torch.rand(2, 16, 5, 6, 7, device="cuda", requires_grad=True)
+        grad = torch.randn_like(eager(x))
+        expected = torch.autograd.grad(eager(x), (x, eager.weight, eager.bias), grad)
+        actual = torch.autograd.grad(layer(x), (x, layer.weight, layer.bias), grad)
+    for a, e in zip(actual, expected):
+        assert_close_rel(a, e, 1e-5 if not tf32 else 2e-3)
+
+
 def test_compile_fullgraph_on_gpu():
     torch._dynamo.reset()
     model = torch.nn.Sequential(convt3d.ConvTranspose3d(8, 4, 3, stride=2, padding=1), torch.nn.ReLU()).cuda()

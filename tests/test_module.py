@@ -73,3 +73,154 @@ def test_padding_mode_other_than_zeros_is_refused():
 def test_convert_refuses_an_unknown_backend():
     with pytest.raises(ValueError, match="backend"):
         convt3d.convert(nn.Sequential(nn.ConvTranspose3d(2, 2, 3)), backend="cudnn")
+
+
+# Bound forwards (ops.BoundForward): a module's later calls skip to the Triton backend's prepared call. On the GPU where
+# there is one, else on the CPU, where the Triton kernels run in the interpreter.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def prepared_spy(monkeypatch):
+    """Stands in for the Triton backend's prepared calls (backends.triton._prepared): install(layer, x) makes the
+    prepared call of layer's call on x (PyTorch's precision flags as they are) F.conv_transpose3d in float64, each call
+    counted in the list it returns; the module's calls by the full way (functional.conv_transpose3d) are counted in
+    spy.full. The prepared calls' own launches are tested in test_triton_forward.py and test_triton_tiled.py."""
+    pytest.importorskip("triton")
+    import convt3d.backends.triton as triton_backend
+    from convt3d import functional, module
+
+    monkeypatch.setattr(triton_backend, "_prepared", {})
+    # Float32 accuracy where the Triton kernels themselves run (the full way in some tests): checked at 1e-6.
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    full = []
+    real = module.conv_transpose3d
+    monkeypatch.setattr(module, "conv_transpose3d", lambda *a, **k: full.append(1) or real(*a, **k))
+
+    def install(layer, x):
+        served = []
+        plan = functional.validate(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.output_padding,
+                                   layer.groups, layer.dilation)[1]
+
+        def prepared(input, weight, bias):
+            served.append(1)
+            return nn.functional.conv_transpose3d(
+                input.double(), weight.double(), None if bias is None else bias.double(), plan.stride, plan.padding,
+                plan.output_padding, plan.groups, plan.dilation).to(input.dtype)
+
+        key = triton_backend._prepared_key(x, layer.bias, plan, triton_backend.precision_for(x.dtype))
+        triton_backend._prepared[key] = prepared
+        return served
+
+    install.full = full
+    return install
+
+
+def _bound_layer(**kwargs):
+    torch.manual_seed(0)
+    layer = convt3d.convert(nn.ConvTranspose3d(4, 6, 3, **kwargs), backend="triton").to(DEVICE)
+    return layer, torch.randn(2, 4, 3, 4, 5, device=DEVICE)
+
+
+def _expected(layer, x):
+    return nn.functional.conv_transpose3d(
+        x.double(), layer.weight.double(), None if layer.bias is None else layer.bias.double(), layer.stride,
+        layer.padding, layer.output_padding, layer.groups, layer.dilation)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_later_calls_skip_to_the_prepared_call(prepared_spy, bias):
+    layer, x = _bound_layer(stride=2, padding=1, output_padding=1, bias=bias)
+    served = prepared_spy(layer, x)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(2, 4, 3, 4, 5, device=DEVICE)
+            assert_close_rel(layer(x), _expected(layer, x), 1e-6)
+    assert len(served) == 3 and len(prepared_spy.full) == 1  # the first call by the full way, then bound
+
+
+def test_each_input_signature_binds_its_own_forward(prepared_spy):
+    layer, x = _bound_layer(stride=2)
+    other = torch.randn(1, 4, 2, 2, 3, device=DEVICE)
+    served = prepared_spy(layer, x), prepared_spy(layer, other)
+    with torch.no_grad():
+        for _ in range(2):
+            for shape in (x.shape, other.shape):
+                fresh = torch.randn(shape, device=DEVICE)
+                assert_close_rel(layer(fresh), _expected(layer, fresh), 1e-6)
+        # Not contiguous: the full way, whose kernels run here.
+        strided = torch.randn(2, 4, 3, 4, 10, device=DEVICE)[..., ::2]
+        for _ in range(2):
+            assert_close_rel(layer(strided), _expected(layer, strided), 1e-6)
+    # Each shape's first call by the full way (the prepared call serving it there too), its second bound; the strided
+    # input's calls by the full way.
+    assert [len(calls) for calls in served] == [2, 2] and len(prepared_spy.full) == 2 + 2
+
+
+@pytest.mark.parametrize("change", ["stride", "backend", "weight replaced", "weight moved", "tf32", "output_size"])
+def test_a_change_since_binding_takes_the_full_way(prepared_spy, change):
+    """What the bound forward's answers depend on, changed after it was bound: the next call goes the full way (and
+    binds anew where the prepared call serves), with the result that change asks for."""
+    layer, x = _bound_layer(stride=2, padding=1)
+    prepared_spy(layer, x)
+    with torch.no_grad():
+        layer(x), layer(x)
+        assert len(prepared_spy.full) == 1
+        calls = 1
+        if change == "stride":
+            layer.stride = (1, 2, 2)
+        elif change == "backend":
+            layer.backend = "torch"
+        elif change == "weight replaced":
+            layer.weight = nn.Parameter(torch.randn_like(layer.weight))
+        elif change == "weight moved":  # as module.to() leaves a parameter: the same object, other data
+            layer.weight.data = layer.weight.data.to(memory_format=torch.channels_last_3d)
+        if change == "tf32":
+            with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
+                out = layer(x)
+        elif change == "output_size":
+            out = layer(x, output_size=[6, 8, 10])
+            calls = 2  # (given an output size, always the full way)
+            assert out.shape[2:] == (6, 8, 10)
+            assert_close_rel(layer(x, output_size=[6, 8, 10]),
+                             nn.functional.conv_transpose3d(x.double(), layer.weight.double(), layer.bias.double(),
+                                                            2, 1, (1, 1, 1)), 1e-6)
+        else:
+            out = layer(x)
+    if change != "output_size":  # (TF32 keeps 11 significant bits)
+        assert_close_rel(out, _expected(layer, x), 2e-3 if change == "tf32" else 1e-6)
+    assert len(prepared_spy.full) == 1 + calls
+
+
+def test_bound_forward_records_the_same_gradients(prepared_spy):
+    layer, x = _bound_layer(stride=2, padding=1, output_padding=1)
+    served = prepared_spy(layer, x)
+    layer(x)  # binds
+    x = torch.randn(2, 4, 3, 4, 5, device=DEVICE, requires_grad=True)
+    out = layer(x)
+    assert len(served) == 2 and len(prepared_spy.full) == 1
+    grad = torch.randn_like(out)
+    actual = torch.autograd.grad(out, (x, layer.weight, layer.bias), grad)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, layer.weight, layer.bias))
+    expected = torch.autograd.grad(nn.functional.conv_transpose3d(x64, w64, b64, 2, 1, 1), (x64, w64, b64),
+                                   grad.double())
+    for a, e in zip(actual, expected):
+        assert_close_rel(a, e, 1e-5)
+
+
+def test_a_bound_module_copies_and_pickles_without_its_bound_forwards(prepared_spy):
+    import copy
+    import io
+
+    layer, x = _bound_layer(stride=2)
+    prepared_spy(layer, x)
+    with torch.no_grad():
+        layer(x)
+        assert layer.__dict__.get("_bound_forwards")
+        buffer = io.BytesIO()
+        torch.save(layer, buffer)
+        buffer.seek(0)
+        for other in (copy.deepcopy(layer), torch.load(buffer, weights_only=False, map_location=DEVICE)):
+            assert "_bound_forwards" not in other.__dict__ and other.weight is not layer.weight
+            assert_close_rel(other(x), _expected(layer, x), 1e-6)
+        assert layer.__dict__.get("_bound_forwards")

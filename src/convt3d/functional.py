@@ -129,9 +129,7 @@ def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) 
     slower on another), and with PyTorch's own kernel among the candidates "auto" is never slower than eager
     beyond timing noise and host time.
     """
-    # The plan itself (its hash computed once; the same object for the same layer), not its key, which hashes anew.
-    key = (plan, input.dtype, input.device, cudnn_allow_tf32(), torch.get_num_threads(), bias is not None,
-           input.is_contiguous())
+    key = _choice_key(input, bias, plan)
     choice = _choice.get(key)
     if choice is not None:
         return choice
@@ -151,6 +149,18 @@ def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) 
     _choice[key] = _fastest(candidates, input, weight, bias, plan)
     logger.debug("convt3d: auto chose %s for %s", _choice[key], plan.key)
     return _choice[key]
+
+
+def _choice_key(input: torch.Tensor, bias, plan: Plan) -> tuple:
+    # The plan itself (its hash computed once; the same object for the same layer), not its key, which hashes anew.
+    return (plan, input.dtype, input.device, cudnn_allow_tf32(), torch.get_num_threads(), bias is not None,
+            input.is_contiguous())
+
+
+def chosen_backend(input: torch.Tensor, bias, plan: Plan):
+    """The backend "auto" has chosen for this call's layer, dtype, device and precision mode, or None if it has not
+    chosen one yet (choose_backend times them on the first call)."""
+    return _choice.get(_choice_key(input, bias, plan))
 
 
 # How far a candidate's result may stray from PyTorch's own on the same input, elementwise (atol = rtol):

@@ -7,8 +7,12 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .functional import BACKENDS, conv_transpose3d
+from . import ops
+from .functional import BACKENDS, conv_transpose3d, validate
 from .plan import output_padding_for_size
+
+# Bound forwards kept per module (one per input signature) before starting over.
+MAX_BOUND = 8
 
 
 class ConvTranspose3d(nn.ConvTranspose3d):
@@ -19,8 +23,33 @@ class ConvTranspose3d(nn.ConvTranspose3d):
     """
 
     backend: str = "auto"
+    # Per input signature (ops.signature): the forward bound after the first call with it (ops.BoundForward), or None
+    # where none serves; and the attributes they were bound with (_config). Not saved with the module.
+    _bound_forwards: Optional[dict] = None
+    _bound_config: Optional[tuple] = None
 
     def forward(self, input: torch.Tensor, output_size: Optional[list[int]] = None) -> torch.Tensor:
+        params = self._parameters
+        # Read from the parameters' dict: nn.Module's attribute lookup cost 1 us per parameter on the 2-core CPU.
+        # Where weight or bias is not a plain parameter (torch.nn.utils.parametrize, weight_norm), as attributes.
+        if "weight" in params and "bias" in params:
+            weight, bias = params["weight"], params["bias"]
+        else:
+            weight, bias = self.weight, self.bias
+        bounds = signature = None
+        if output_size is None and not torch.compiler.is_compiling():
+            bounds = self._bound_forwards
+            if bounds is not None and self._config_is(self._bound_config):
+                signature = ops.signature(input)
+                if signature in bounds:
+                    bound = bounds[signature]
+                    out = None if bound is None else bound(input, weight, bias)
+                    if out is not None:
+                        return out
+                    if bound is None:
+                        signature = None  # known to take the full way: nothing to bind
+            else:
+                bounds, signature = {}, ops.signature(input)
         if self.padding_mode != "zeros":
             raise ValueError(f"Only 'zeros' padding mode is supported for ConvTranspose3d, got {self.padding_mode!r}")
         output_padding = self.output_padding
@@ -28,10 +57,45 @@ class ConvTranspose3d(nn.ConvTranspose3d):
             output_padding = output_padding_for_size(
                 tuple(input.shape), output_size, self.kernel_size, self.stride, self.padding, self.dilation
             )
-        return conv_transpose3d(
-            input, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups, self.dilation,
+        out = conv_transpose3d(
+            input, weight, bias, self.stride, self.padding, output_padding, self.groups, self.dilation,
             backend=self.backend,
         )
+        if signature is not None:
+            self._bind(bounds, signature, input, weight, bias)
+        return out
+
+    def _config(self) -> tuple:
+        return (self.stride, self.padding, self.output_padding, self.groups, self.dilation, self.padding_mode,
+                self.backend)
+
+    def _config_is(self, config) -> bool:
+        # By identity: ints and tuples of ints cannot change in place (_bind binds no others), and an equal value of
+        # another type (True for 1) may be an error that the full way reports.
+        return (config is not None and self.stride is config[0] and self.padding is config[1]
+                and self.output_padding is config[2] and self.groups is config[3] and self.dilation is config[4]
+                and self.padding_mode is config[5] and self.backend is config[6])
+
+    def _bind(self, bounds: dict, signature, input, weight, bias) -> None:
+        """After a call by the full way: the bound forward for later calls with input's signature (None if none
+        serves), kept with the attributes it was bound with."""
+        config = self._config()
+        if not all(type(v) is int or type(v) is tuple and all(type(i) is int for i in v) for v in config[:5]):
+            return  # lists, or values that the full way may reject: always the full way
+        batched, plan, unbatched = validate(input, weight, bias, *config[:5])
+        bound = None if unbatched else ops.bind_forward(batched, weight, bias, plan, self.backend)
+        if len(bounds) >= MAX_BOUND:
+            bounds.clear()
+        bounds[signature] = bound
+        if self.__dict__.get("_bound_forwards") is not bounds or self._bound_config is not config:
+            self.__dict__["_bound_forwards"], self.__dict__["_bound_config"] = bounds, config
+
+    def __getstate__(self):
+        # The bound forwards hold the Triton backend's launches, which neither pickle nor belong to a copy.
+        state = super().__getstate__()
+        state.pop("_bound_forwards", None)
+        state.pop("_bound_config", None)
+        return state
 
 
 def convert(model: nn.Module, backend: str = "auto") -> nn.Module:

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .backends import current_cuda_device, torch_phase
+from .backends import cudnn_allow_tf32, current_cuda_device, torch_phase
 from .plan import Plan, make_plan
 
 
@@ -283,6 +283,67 @@ def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
         return functional.run_backend("eager", input, weight, bias, plan)
     return _record_eager_call(_unwrap_if_dead(input), _unwrap_if_dead(weight),
                               None if bias is None else _unwrap_if_dead(bias), out, plan)
+
+
+def signature(input: torch.Tensor) -> tuple:
+    """What a BoundForward depends on of a call besides its weight and bias: the input's shape, dtype, device and
+    layout, and the precision mode (auto's choice and the kernels' precision follow it)."""
+    return input.shape, input.dtype, input.device, input.is_contiguous(), cudnn_allow_tf32()
+
+
+class BoundForward:
+    """The forward of later calls with the same weight and bias objects and an input of the same signature as the one
+    it was bound after, where the Triton backend's prepared call served that call: it runs the prepared call straight
+    away, skipping the checks, the backend choice and the lookups between a module and it, whose answers cannot have
+    changed. On the H200 machine those took 15-20 us of host time a call, which the GPU waits through after the L2
+    flush of KernelBench's timing: they added 2-31 us to the cold-L2 means of four sweep layers
+    (benchmarks/RESULTS.md, fifty-fourth session). The caller finds it by the input's signature, which it does not
+    check again; a call returns None where it would not serve (another weight or bias, or the same parameters holding
+    other data, as module.to() leaves them; another current device; torch.func's transforms): the caller then takes the
+    full way (apply). Under grad mode it records the same autograd node as apply."""
+
+    __slots__ = ("run", "plan", "dtype", "device", "cuda_index", "weight", "weight_shape", "bias", "bias_shape")
+
+    def __init__(self, run, input, weight, bias, plan: Plan):
+        self.run, self.plan, self.weight, self.bias = run, plan, weight, bias
+        self.dtype, self.device = input.dtype, input.device
+        self.cuda_index = input.get_device() if input.is_cuda else None
+        self.weight_shape, self.bias_shape = weight.shape, None if bias is None else bias.shape
+
+    def __call__(self, input, weight, bias):
+        device = self.device
+        if (weight is not self.weight or bias is not self.bias or weight.dtype is not self.dtype
+                or weight.device != device or weight.shape != self.weight_shape or not weight.is_contiguous()
+                or self.cuda_index is not None and current_cuda_device() != self.cuda_index):
+            return None
+        if bias is not None and (bias.dtype is not self.dtype or bias.device != device
+                                 or bias.shape != self.bias_shape or not bias.is_contiguous()):
+            return None
+        needs_grad = torch.is_grad_enabled() and (
+            input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+        if needs_grad and _transforms_active():
+            return None
+        out = self.run(input, weight, bias)
+        if not needs_grad:
+            return out
+        return _record_eager_call(_unwrap_if_dead(input), _unwrap_if_dead(weight),
+                                  None if bias is None else _unwrap_if_dead(bias), out, self.plan)
+
+
+def bind_forward(input, weight, bias, plan: Plan, backend: str):
+    """A BoundForward for later calls with this weight and bias and an input of this one's signature (validated,
+    batched) with this backend, where the Triton backend's prepared call would serve this call now; else None. Call it
+    after the call, which chooses and prepares."""
+    if torch.compiler.is_compiling() or input.device.type == "cuda" and input.get_device() != current_cuda_device():
+        return None
+    if backend == "auto":
+        backend = functional.chosen_backend(input, bias, plan)
+    if backend not in ("triton", "triton_float32"):
+        return None
+    from .backends.triton import TF32X3, prepared_call
+
+    run = prepared_call(input, weight, bias, plan, TF32X3 if backend == "triton_float32" else None)
+    return None if run is None else BoundForward(run, input, weight, bias, plan)
 
 
 def _eager_autograd_serves(input: torch.Tensor, plan: Plan) -> bool:

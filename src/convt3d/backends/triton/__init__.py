@@ -118,7 +118,7 @@ def conv_transpose3d(input, weight, bias, plan: Plan, precision: int | None = No
         bias = bias.contiguous()  # the kernels read bias[c] at c elements from its start
     contiguous = input.is_contiguous() and weight.is_contiguous()
     if contiguous:
-        key = (plan, input.dtype, input.device, precision, bias is not None)
+        key = _prepared_key(input, bias, plan, precision)
         call = _prepared.get(key)
         if call is not None:
             return call(input, weight, bias)
@@ -137,6 +137,19 @@ def conv_transpose3d(input, weight, bias, plan: Plan, precision: int | None = No
                 _prepared.clear()
             _prepared[key] = call
     return out
+
+
+def _prepared_key(input, bias, plan: Plan, precision: int):
+    return plan, input.dtype, input.device, precision, bias is not None
+
+
+def prepared_call(input, weight, bias, plan: Plan, precision: int | None = None):
+    """The prepared call (_prepared) that conv_transpose3d(input, weight, bias, plan, precision) would run now, or
+    None where it would take another way (a first call, a non-contiguous operand)."""
+    if bias is not None and not bias.is_contiguous() or not (input.is_contiguous() and weight.is_contiguous()):
+        return None
+    precision = precision_for(input.dtype) if precision is None else precision
+    return _prepared.get(_prepared_key(input, bias, plan, precision))
 
 
 @functools.lru_cache(maxsize=1)
