@@ -104,6 +104,7 @@ def prepared_spy(monkeypatch):
 
         def prepared(input, weight, bias):
             served.append(1)
+            assert not torch.is_grad_enabled()  # the kernels run with grad mode off, as apply runs them
             return nn.functional.conv_transpose3d(
                 input.double(), weight.double(), None if bias is None else bias.double(), plan.stride, plan.padding,
                 plan.output_padding, plan.groups, plan.dilation).to(input.dtype)
@@ -206,6 +207,21 @@ def test_bound_forward_records_the_same_gradients(prepared_spy):
                                    grad.double())
     for a, e in zip(actual, expected):
         assert_close_rel(a, e, 1e-5)
+
+
+def test_a_replaced_parameter_is_not_kept_alive_by_a_bound_forward(prepared_spy):
+    import gc
+    import weakref
+
+    layer, x = _bound_layer(stride=2)
+    prepared_spy(layer, x)
+    with torch.no_grad():
+        layer(x)
+        old = weakref.ref(layer.weight)
+        layer.weight = nn.Parameter(torch.randn_like(layer.weight))
+        gc.collect()
+        assert old() is None
+        assert_close_rel(layer(x), _expected(layer, x), 1e-6)
 
 
 def test_a_bound_module_copies_and_pickles_without_its_bound_forwards(prepared_spy):

@@ -18,6 +18,7 @@ on another GPU than the current one run under that GPU (Triton launches on the c
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Optional, Sequence
 
 import torch
@@ -295,37 +296,46 @@ class BoundForward:
     """The forward of later calls with the same weight and bias objects and an input of the same signature as the one
     it was bound after, where the Triton backend's prepared call served that call: it runs the prepared call straight
     away, skipping the checks, the backend choice and the lookups between a module and it, whose answers cannot have
-    changed. On the H200 machine those took 15-20 us of host time a call, which the GPU waits through after the L2
+    changed. On the H200 machine those took 15-29 us of host time a call, which the GPU waits through after the L2
     flush of KernelBench's timing: they added 2-31 us to the cold-L2 means of four sweep layers
     (benchmarks/RESULTS.md, fifty-fourth session). The caller finds it by the input's signature, which it does not
     check again; a call returns None where it would not serve (another weight or bias, or the same parameters holding
     other data, as module.to() leaves them; another current device; torch.func's transforms): the caller then takes the
-    full way (apply). Under grad mode it records the same autograd node as apply."""
+    full way (apply). Under grad mode it records the same autograd node as apply. It refers to the weight and bias
+    weakly, so that a module's replaced parameters are not kept alive by it."""
 
     __slots__ = ("run", "plan", "dtype", "device", "cuda_index", "weight", "weight_shape", "bias", "bias_shape")
 
     def __init__(self, run, input, weight, bias, plan: Plan):
-        self.run, self.plan, self.weight, self.bias = run, plan, weight, bias
+        self.run, self.plan = run, plan
+        self.weight, self.bias = weakref.ref(weight), None if bias is None else weakref.ref(bias)
         self.dtype, self.device = input.dtype, input.device
         self.cuda_index = input.get_device() if input.is_cuda else None
         self.weight_shape, self.bias_shape = weight.shape, None if bias is None else bias.shape
 
     def __call__(self, input, weight, bias):
         device = self.device
-        if (weight is not self.weight or bias is not self.bias or weight.dtype is not self.dtype
-                or weight.device != device or weight.shape != self.weight_shape or not weight.is_contiguous()
+        if (weight is not self.weight() or weight.dtype is not self.dtype or weight.device != device
+                or weight.shape != self.weight_shape or not weight.is_contiguous()
                 or self.cuda_index is not None and current_cuda_device() != self.cuda_index):
             return None
-        if bias is not None and (bias.dtype is not self.dtype or bias.device != device
-                                 or bias.shape != self.bias_shape or not bias.is_contiguous()):
+        if bias is None:
+            if self.bias is not None:
+                return None
+        elif (self.bias is None or bias is not self.bias() or bias.dtype is not self.dtype or bias.device != device
+              or bias.shape != self.bias_shape or not bias.is_contiguous()):
             return None
-        needs_grad = torch.is_grad_enabled() and (
-            input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-        if needs_grad and _transforms_active():
+        if not (torch.is_grad_enabled() and (
+                input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))):
+            return self.run(input, weight, bias)
+        if _transforms_active():
             return None
-        out = self.run(input, weight, bias)
-        if not needs_grad:
-            return out
+        # As apply does: the kernels run with grad mode off, then the node is recorded.
+        torch._C._set_grad_enabled(False)
+        try:
+            out = self.run(input, weight, bias)
+        finally:
+            torch._C._set_grad_enabled(True)
         return _record_eager_call(_unwrap_if_dead(input), _unwrap_if_dead(weight),
                                   None if bias is None else _unwrap_if_dead(bias), out, self.plan)
 
