@@ -7,15 +7,15 @@ of a rotating order, several rounds.
 Why: in the fifty-third session's second sweep (benchmarks/RESULTS.md), batch1_small_k3s2's "convt3d" row (auto,
 which ran the Triton kernel) took 0.0418 ms by its median call against backend="triton"'s 0.0236 in TF32 mode, and
 0.0392 against 0.0300 with TF32 off, at about the same host time per call (0.046-0.051 ms); its fastest call took
-0.010 ms. The bench times eager's row first, then auto's, then backend="triton"'s. On the other layers the two
-convt3d rows were within 1-2.5 us. Either the place after eager's row, or something in auto's own path, costs the
-host time.
+0.010 ms. The bench times eager's row first, then auto's, then backend="triton"'s. On the other layers auto's
+median call lay 2.9 us below to 5.8 us above backend="triton"'s. Either the place after eager's row, or something in
+auto's own path, costs the host time.
 
 Each module is checked first (KernelBench's check against eager on a fresh input: the first calls compile, autotune
 and let `auto` choose), then the host is left idle as the bench leaves it (garbage collected, bench.runner.SETTLE_S).
 Rows: per module and place in the order (0: first), over the rounds that put it there, the median of
 bench.protocol.time_cuda's mean, median call and fastest call in ms (100 calls each) and of the median host time per
-call (bench.protocol.host_time_cuda). Not yet run.
+call (bench.protocol.host_time_cuda). Results: benchmarks/RESULTS.md, fifty-fourth session.
 """
 
 import argparse
