@@ -12,8 +12,9 @@ the bench times a row (bench.protocol.time_cuda, KernelBench's protocol):
              to the same kernels, as the module's every call went before its bound forward (ops.BoundForward)
   prepared   the Triton backend's prepared call for the layer (backends.triton._prepared), as the module's bound
              forward holds it
-The forms take turns, each in every place of a rotating order over the rounds. Rows: per form, the median over the
-rounds of the mean, median call, fastest call (ms) and median host time per call (ms, from a synchronisation).
+The forms take turns, each in every place of a rotating order over the rounds (diag_row_order.rotating_timings).
+Rows: per form, the median over the rounds of the mean, median call, fastest call (ms) and median host time per call
+(ms, from a synchronisation).
 Before the timing, each form's output is checked against eager's by KernelBench's check. Also: the flush's own GPU time
 (CUDA events around it). (The fifty-fourth session's first form also timed the prepared call's two launches alone,
 into buffers allocated beforehand; their outputs failed KernelBench's check on three of the eight rows, for a reason
@@ -22,17 +23,16 @@ not found, and those forms are gone.)
 
 import argparse
 import copy
-import gc
 import statistics
-import time
 
 import torch
 
 from convt3d import conv_transpose3d, convert, functional
-from convt3d.bench.protocol import FLUSH_BYTES, host_time_cuda, kernelbench_check, time_cuda
+from convt3d.bench.protocol import FLUSH_BYTES, kernelbench_check
 from convt3d.bench.report import markdown_table
-from convt3d.bench.runner import SETTLE_S, _tf32
+from convt3d.bench.runner import _tf32
 from convt3d.bench.workloads import DTYPES, sweep_layers
+from diag_row_order import rotating_timings
 
 def flush_ms(iters=50):
     flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
@@ -89,17 +89,10 @@ def main():
                 checks = {name: kernelbench_check(fn(), expected) for name, fn in forms.items()}
                 print(layer.name, mode, "checks", checks, flush=True)
                 names = list(forms)
-                samples = {name: [] for name in names}
-                for round_ in range(args.rounds):
-                    gc.collect()
-                    time.sleep(SETTLE_S)
-                    shift = round_ % len(names)
-                    for name in names[shift:] + names[:shift]:
-                        timing = time_cuda(forms[name], iters=args.iters)
-                        host = host_time_cuda(forms[name], calls=args.iters)
-                        samples[name].append((timing.mean_ms, timing.median_ms, timing.min_ms, host))
+                samples = rotating_timings(forms, args.rounds, args.iters)
                 for name in names:
-                    mean, median, fastest, host = (statistics.median(v) for v in zip(*samples[name]))
+                    by_round = [s for (form, _), values in samples.items() if form == name for s in values]
+                    mean, median, fastest, host = (statistics.median(v) for v in zip(*by_round))
                     rows.append((layer.name, mode, name, checks[name], f"{mean:.4f}", f"{median:.4f}",
                                  f"{fastest:.4f}", f"{host:.4f}"))
                 print(markdown_table(["layer", "mode", "form", "KB", "mean", "median call", "min", "host"],

@@ -33,6 +33,24 @@ from convt3d.bench.runner import SETTLE_S, _tf32
 from convt3d.bench.workloads import DTYPES, sweep_layers
 
 
+def rotating_timings(forms: dict, rounds: int, iters: int, log=lambda *message: None) -> dict:
+    """{(name, place): [(mean, median call, fastest call, median host time per call), ...]} in ms of each form
+    (a callable) timed as the bench times a row, in each place of a rotating order (0: first) over the rounds; before
+    each round the host is left idle as the bench leaves it (garbage collected, bench.runner.SETTLE_S)."""
+    names = list(forms)
+    samples = {(name, place): [] for name in names for place in range(len(names))}
+    for round_ in range(rounds):
+        gc.collect()
+        time.sleep(SETTLE_S)
+        shift = round_ % len(names)
+        for place, name in enumerate(names[shift:] + names[:shift]):
+            timing = time_cuda(forms[name], iters=iters)
+            host = host_time_cuda(forms[name], calls=iters)
+            samples[name, place].append((timing.mean_ms, timing.median_ms, timing.min_ms, host))
+            log(round_, place, name, samples[name, place][-1])
+    return samples
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", default="batch1_small_k3s2")
@@ -47,24 +65,14 @@ def main():
         eager = layer.module().to(device="cuda", dtype=dtype)
         modules = {"eager": eager, "auto": convert(copy.deepcopy(eager)),
                    "triton": convert(copy.deepcopy(eager), backend="triton")}
-        names = list(modules)
         for mode in args.modes.split(","):
-            tf32 = mode == "tf32"
-            samples = {(name, place): [] for name in names for place in range(len(names))}
-            with torch.no_grad(), _tf32(tf32):
+            with torch.no_grad(), _tf32(mode == "tf32"):
                 x = torch.rand(layer.input_shape, device="cuda", dtype=dtype)
                 for name, module in modules.items():
                     print(layer.name, mode, name, "check", kernelbench_check(module(x), eager(x)), flush=True)
-                for round_ in range(args.rounds):
-                    gc.collect()
-                    time.sleep(SETTLE_S)
-                    shift = round_ % len(names)
-                    order = names[shift:] + names[:shift]
-                    for place, name in enumerate(order):
-                        timing = time_cuda(lambda: modules[name](x), iters=args.iters)
-                        host = host_time_cuda(lambda: modules[name](x), calls=args.iters)
-                        samples[name, place].append((timing.mean_ms, timing.median_ms, timing.min_ms, host))
-                        print(layer.name, mode, round_, place, name, samples[name, place][-1], flush=True)
+                forms = {name: (lambda module=module: module(x)) for name, module in modules.items()}
+                samples = rotating_timings(forms, args.rounds, args.iters,
+                                           lambda *sample: print(layer.name, mode, *sample, flush=True))
             for (name, place), values in samples.items():
                 if values:
                     mean, median, fastest, host = (statistics.median(v) for v in zip(*values))
