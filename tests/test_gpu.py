@@ -124,6 +124,49 @@ def test_module_binds_its_later_calls_to_the_prepared_call(kernel_size, stride, 
         assert_close_rel(a, e, 1e-5 if not tf32 else 2e-3)
 
 
+@pytest.mark.parametrize("tf32", [False, True], ids=["tf32_off", "tf32"])
+@pytest.mark.parametrize("kernel_size, padding, dilation, bias", [(3, 1, 2, False), (3, 1, 2, True), (4, 1, 1, True)],
+                         ids=["p77_like", "p77_like_bias", "k4s2p1"])
+def test_module_binds_its_later_calls_to_the_cuda_phase_path(kernel_size, padding, dilation, bias, tf32,
+                                                             nan_poisoned_allocator):
+    """backend="torch" by the CUDA phase correlation (one phase and a fill; eight phases, no fill): the module's
+    later calls go to torch_phase's prepared call. Fresh inputs into NaN-poisoned memory, against float64 and bitwise
+    against the full way; an input 4 bytes off 16-byte alignment takes the full way; gradients as eager's."""
+    from convt3d import ops
+    from convt3d.backends import torch_phase
+
+    args = dict(stride=2, padding=padding, dilation=dilation)
+    eager = torch.nn.ConvTranspose3d(32, 16, kernel_size, bias=bias, **args).cuda()
+    layer = convt3d.convert(torch.nn.ConvTranspose3d(32, 16, kernel_size, bias=bias, **args).cuda(), backend="torch")
+    layer.load_state_dict(eager.state_dict())
+    shape = (2, 32, 5, 6, 7)
+    reference = lambda x: F.conv_transpose3d(x.double(), layer.weight.double(),
+                                             None if layer.bias is None else layer.bias.double(), **args)
+    rel = 2e-3 if tf32 else 1e-6  # (TF32 keeps 11 significant bits)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+        with torch.no_grad():
+            layer(torch.rand(shape, device="cuda"))
+            (bound,) = layer._bound_forwards.values()
+            assert isinstance(bound, ops.BoundForward)
+            assert any(run is bound.run for run in torch_phase._prepared.values())
+            for _ in range(3):
+                x = torch.rand(shape, device="cuda")
+                out = layer(x)
+                assert_close_rel(out, reference(x), rel)
+                assert torch.equal(out, convt3d.conv_transpose3d(x, layer.weight, layer.bias, backend="torch", **args))
+            flat = torch.rand(x.numel() + 1, device="cuda")
+            misaligned = flat[1:].view(shape)
+            assert misaligned.data_ptr() % 16 and misaligned.is_contiguous()
+            assert_close_rel(layer(misaligned), reference(misaligned), rel)
+        x = torch.rand(shape, device="cuda", requires_grad=True)
+        grad = torch.randn_like(eager(x))
+        params = [p for p in (eager.weight, eager.bias) if p is not None]
+        expected = torch.autograd.grad(eager(x), (x, *params), grad)
+        actual = torch.autograd.grad(layer(x), (x, *[p for p in (layer.weight, layer.bias) if p is not None]), grad)
+    for a, e in zip(actual, expected):
+        assert_close_rel(a, e, 1e-5 if not tf32 else 2e-3)
+
+
 def test_compile_fullgraph_on_gpu():
     torch._dynamo.reset()
     model = torch.nn.Sequential(convt3d.ConvTranspose3d(8, 4, 3, stride=2, padding=1), torch.nn.ReLU()).cuda()

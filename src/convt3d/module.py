@@ -91,7 +91,7 @@ class ConvTranspose3d(nn.ConvTranspose3d):
             self.__dict__["_bound_forwards"], self.__dict__["_bound_config"] = bounds, config
 
     def __getstate__(self):
-        # The bound forwards hold the Triton backend's launches, which neither pickle nor belong to a copy.
+        # The bound forwards hold the backends' prepared launches, which neither pickle nor belong to a copy.
         state = super().__getstate__()
         state.pop("_bound_forwards", None)
         state.pop("_bound_config", None)

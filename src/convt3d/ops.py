@@ -13,7 +13,8 @@ record a plain autograd.Function's node with the same gradients (under torch.fun
 twin that computes in its forward), except on CUDA where eager's kernel runs the forward and aten's own backward
 would serve: PyTorch's autograd records that call itself. The op's Python dispatch is for torch.compile. CUDA tensors
 on another GPU than the current one run under that GPU (Triton launches on the current device). A module's later calls
-like one that the Triton backend's prepared call served go straight to that call (BoundForward, bind_forward).
+like one that a prepared call served (the Triton backend's, or the CUDA phase correlation's) go straight to that call
+(BoundForward, bind_forward).
 """
 
 from __future__ import annotations
@@ -294,16 +295,17 @@ def signature(input: torch.Tensor) -> tuple:
 
 
 class BoundForward:
-    """The forward of later calls with the same weight and bias objects and an input of the same signature as the one
-    it was bound after, where the Triton backend's prepared call served that call: it runs the prepared call straight
-    away, skipping the checks, the backend choice and the lookups between a module and it, whose answers cannot have
-    changed. On the H200 machine those took 15-29 us of host time a call, which the GPU waits through after the L2
-    flush of KernelBench's timing: they added 2-31 us to the cold-L2 means of four sweep layers
-    (benchmarks/RESULTS.md, fifty-fourth session). The caller finds it by the input's signature, which it does not
-    check again; a call returns None where it would not serve (another weight or bias, or the same parameters holding
-    other data, as module.to() leaves them; another current device; torch.func's transforms): the caller then takes the
-    full way (apply). Under grad mode it records the same autograd node as apply. It refers to the weight and bias
-    weakly, so that a module's replaced parameters are not kept alive by it."""
+    """The forward of later calls with the same weight and bias objects and an input of the same signature as the one it
+    was bound after, where a prepared call served that call (the Triton backend's, or on CUDA the phase backend's by the
+    CUDA phase correlation, torch_phase.prepared_call): it runs the prepared call straight away, skipping the checks,
+    the backend choice and the lookups between a module and it, whose answers cannot have changed. On the H200 machine
+    those took 15-29 us of host time a call, which the GPU waits through after the L2 flush of KernelBench's timing:
+    they added 2-31 us to the cold-L2 means of four sweep layers (benchmarks/RESULTS.md, fifty-fourth session); on the
+    phase path, 0.047 ms to vae_k4s2p1's with TF32 off (fifty-fifth session). The caller finds it by the input's
+    signature, which it does not check again; a call returns None where it would not serve (another weight or bias, or
+    the same parameters holding other data, as module.to() leaves them; another current device; torch.func's
+    transforms): the caller then takes the full way (apply). Under grad mode it records the same autograd node as apply.
+    It refers to the weight and bias weakly, so that a module's replaced parameters are not kept alive by it."""
 
     __slots__ = ("run", "plan", "dtype", "device", "cuda_index", "weight", "weight_shape", "bias", "bias_shape")
 
@@ -343,17 +345,20 @@ class BoundForward:
 
 def bind_forward(input, weight, bias, plan: Plan, backend: str):
     """A BoundForward for later calls with this weight and bias and an input of this one's signature (validated,
-    batched) with this backend, where the Triton backend's prepared call would serve this call now; else None. Call it
-    after the call, which chooses and prepares."""
+    batched) with this backend, where a prepared call (the Triton backend's or the CUDA phase path's) would serve this
+    call now; else None. Call it after the call, which chooses and prepares."""
     if torch.compiler.is_compiling() or input.device.type == "cuda" and input.get_device() != current_cuda_device():
         return None
     if backend == "auto":
         backend = functional.chosen_backend(input, bias, plan)
-    if backend not in ("triton", "triton_float32"):
-        return None
-    from .backends.triton import TF32X3, prepared_call
+    if backend == "torch" and input.is_cuda:
+        run = torch_phase.prepared_call(input, weight, bias, plan)
+    elif backend in ("triton", "triton_float32"):
+        from .backends.triton import TF32X3, prepared_call
 
-    run = prepared_call(input, weight, bias, plan, TF32X3 if backend == "triton_float32" else None)
+        run = prepared_call(input, weight, bias, plan, TF32X3 if backend == "triton_float32" else None)
+    else:
+        return None
     return None if run is None else BoundForward(run, input, weight, bias, plan)
 
 

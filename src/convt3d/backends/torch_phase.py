@@ -222,6 +222,11 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     cuda_phases = _cuda_phases(input, plan, regions) if input.is_cuda else None
     if cuda_phases is not None:
         _cuda_module().write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry)
+        key = _prepared_key(input, bias, plan)
+        if key not in _prepared and _contiguous(input, weight, bias) and len(cuda_phases) == len(regions):
+            if len(_prepared) >= 256:  # many layers: start over rather than grow without bound
+                _prepared.clear()
+            _prepared[key] = _prepare(input, weight, bias, plan, cuda_phases, out, fill_all)
     for index, phases in regions:
         if phases is None:
             _fill(out[index], bias)
@@ -231,6 +236,51 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
             offset, shape, strides = _lattice_geometry(plan, phases, out.stride())
             out.as_strided(shape, strides, offset).copy_(_phase_conv(input, weight, bias, plan, phases))
     return out
+
+
+# Per layer, dtype, device, precision mode and bias or not, where the CUDA phase correlation served a call with
+# contiguous operands: the same call as a function of (input, weight, bias), its launches' arguments computed once
+# (_prepare), for a module's later calls (ops.BoundForward), which skip the checks and lookups above them.
+_prepared: dict = {}
+
+
+def _prepared_key(input, bias, plan: Plan):
+    return plan, input.dtype, input.device, cudnn_allow_tf32(), bias is not None
+
+
+def _contiguous(input, weight, bias) -> bool:
+    return input.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())
+
+
+def prepared_call(input, weight, bias, plan: Plan):
+    """The prepared call (_prepared) of conv_transpose3d(input, weight, bias, plan) in this precision mode, or None
+    where there is none (no earlier call by the CUDA phase correlation, a non-contiguous operand)."""
+    return _prepared.get(_prepared_key(input, bias, plan)) if _contiguous(input, weight, bias) else None
+
+
+def _prepare(input, weight, bias, plan: Plan, phase_list, out, fill_all: bool):
+    """conv_transpose3d(input, weight, bias, plan) for later calls with operands laid out as these (contiguous), or
+    None where the CUDA module has no prepared write (cuda.phases.prepare_write). A call whose addresses are not
+    16-byte aligned, or made while another device is current, takes conv_transpose3d."""
+    write = _cuda_module().prepare_write(input, weight, bias, plan, phase_list, out, _lattice_geometry)
+    if write is None:
+        return None
+    from .triton.launch import ready_stream
+
+    shape, device = plan.output_shape, input.device.index
+
+    def call(input, weight, bias):
+        stream = ready_stream(device)
+        x, w, b = input.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr()
+        if stream is None or (x | w | b) % 16:
+            return conv_transpose3d(input, weight, bias, plan)
+        out = input.new_empty(shape)
+        if fill_all:
+            _fill(out, bias)
+        write(stream, x, w, b, out.data_ptr())
+        return out
+
+    return call
 
 
 def _cuda_phases(input, plan: Plan, regions):

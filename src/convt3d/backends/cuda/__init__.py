@@ -239,33 +239,49 @@ def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out:
     """correlate for several correlations of the same grid, tap counts and dilation (phases of one layer), each
     (window offsets, first taps, tap steps: three each, then its element offset in out): one launch per
     phase_conv.MAX_PHASES of them. Their window extent: window_extent's with batch N x len(phases)."""
-    n, xd, xh, xw, c_in = window.shape
     if split is None:
         split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
-    kdf, khf, kwf, c_out, _ = weight_taps.shape[split == 1:]
-    device = window.device.index or 0
-    cob = config(c_in, c_out, tuple(taps), tuple(dilation), split)[1]
-    rows = tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, n * len(phases), tuple(grid))
-    kernel = _kernel(device, c_in, c_out, tuple(taps), tuple(dilation), bias is not None, split, rows)
+    launches = phase_launches(window.device.index or 0, tuple(window.shape), tuple(weight_taps.shape[-4:-1]), split,
+                              bias is not None, tuple(out_strides), tuple(grid), tuple(taps), tuple(dilation),
+                              tuple(phases), (scales[1], scales[0].shape[-1]) if split >= 2 else None)
+    if split >= 2:
+        block_max, _, w_inverse = scales
+        scale_pointers = (block_max.data_ptr(), w_inverse.data_ptr())
+    else:
+        scale_pointers = (0, 0)
+    lo_part = weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split == 1 else 0
+    pointers = (window.data_ptr(), weight_taps.data_ptr(), lo_part, bias.data_ptr() if bias is not None else 0,
+                *scale_pointers, out.data_ptr())
+    stream = _current_stream(window.device.index or 0)
+    for kernel, programs, ints, longs, table in launches:
+        kernel.launch(programs, pointers, ints, longs, stream, table)
+
+
+@functools.lru_cache(maxsize=256)
+def phase_launches(device: int, window_shape, weight_taps_shape, split: int, has_bias: bool, out_strides, grid,
+                   taps, dilation, phases, scale_blocks) -> tuple:
+    """correlate_phases' launches, (kernel, programs, ints, longs, table) each, once per layer: window_shape (N, XD,
+    XH, XW, C_in); weight_taps_shape (kH, kW, C_out) of the whole kernel's taps; scale_blocks (the block maxima's
+    columns per block, their blocks per row) under 3xFP16 and FP16 (split 2, 3), else None. Each is launched with
+    the pointers (window, weight taps, their lo part (3xTF32), bias, block maxima, the weight's inverse scales, out),
+    0 for those not read."""
+    n, xd, xh, xw, c_in = window_shape
+    kh, kw, c_out = weight_taps_shape
+    cob = config(c_in, c_out, taps, dilation, split)[1]
+    rows = tile_rows(c_in, c_out, taps, dilation, split, n * len(phases), grid)
+    kernel = _kernel(device, c_in, c_out, taps, dilation, has_bias, split, rows)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
     programs = _programs(n, grid, rows, c_out, cob)
     if programs == 0:
-        return
-    if split >= 2:
-        block_max, max_block, w_inverse = scales
-        scale_pointers, scale_ints = (block_max.data_ptr(), w_inverse.data_ptr()), (max_block, block_max.shape[-1])
-    else:
-        scale_pointers, scale_ints = (0, 0), (0, 0)
-    lo_part = weight_taps.data_ptr() + 4 * weight_taps.stride(0) if split == 1 else 0
-    pointers = (window.data_ptr(), weight_taps.data_ptr(), lo_part, bias.data_ptr() if bias is not None else 0,
-                *scale_pointers, out.data_ptr())
-    stream = _current_stream(device)
+        return ()
+    scale_ints = scale_blocks if split >= 2 else (0, 0)
+    launches = []
     for first in range(0, len(phases), phase_conv.MAX_PHASES):
         chunk = phases[first:first + phase_conv.MAX_PHASES]
-        ints = (xd, xh, xw, khf, kwf, qd, qh, qw, qh_blocks, qw_blocks, *scale_ints, len(chunk))
-        table = _phase_table(tuple(chunk))
-        kernel.launch(programs * len(chunk), pointers, ints, tuple(out_strides), stream, table)
+        ints = (xd, xh, xw, kh, kw, qd, qh, qw, qh_blocks, qw_blocks, *scale_ints, len(chunk))
+        launches.append((kernel, programs * len(chunk), ints, out_strides, _phase_table(tuple(chunk))))
+    return tuple(launches)
 
 
 @functools.lru_cache(maxsize=256)

@@ -16,9 +16,9 @@ import torch
 from ...plan import Plan
 from .. import cuda, cudnn_allow_tf32
 from ..triton.forward import _sm_count
-from ..triton.window import correlation_operands
+from ..triton.window import correlation_operands, operands_at_addresses
 from . import (correlate, correlate_grad_weight, correlate_phases, grad_weight_kernel_unsupported,
-               grad_weight_splits, phase_conv_unsupported, window_extent)
+               grad_weight_splits, phase_conv_unsupported, phase_launches, window_extent)
 
 
 def _split(tf32: bool) -> int:
@@ -90,6 +90,39 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
                                                        grad_input_orientation=False, split=split)
     for counts, dilation, grid, strides, fields in launches:
         correlate_phases(window, weight_taps, bias, out, strides, grid, counts, dilation, fields, scales, split)
+
+
+def prepare_write(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, phase_list: tuple, out: torch.Tensor,
+                  lattice_geometry):
+    """write_phases for later calls of this layer in this precision mode with input, weight, bias (or none) and out
+    laid out as these are, for a prepared call: a function (stream, input, weight, bias (0: none) and out addresses)
+    that allocates the operands and launches the operand pass and the correlations there, with the launch arguments
+    computed here, once. None where the operand pass has no launch at addresses (operands_at_addresses). The caller
+    checks that every address is 16-byte aligned, the device current (launch.ready_stream) and the tensors as these."""
+    split = _split(cudnn_allow_tf32())
+    device = input.device.index or 0
+    start, extent, launches = _forward_launches(plan, phase_list, split, out.stride(), lattice_geometry)
+    operands = operands_at_addresses(device, input.shape, input.stride(), start, extent, weight, split)
+    if operands is None:
+        return None
+    size, window_shape, scale_blocks, operand_pass = operands
+    kd, kh, kw = weight.shape[2:]
+    lo_offset = 4 * kd * kh * kw * plan.out_channels * plan.in_channels if split == 1 else None
+    correlations = [launch for counts, dilation, grid, strides, fields in launches
+                    for launch in phase_launches(device, window_shape, (kh, kw, plan.out_channels), split,
+                                                 bias is not None, strides, grid, counts, dilation, fields,
+                                                 scale_blocks)]
+    device_of_buffer = input.device
+
+    def write(stream, input, weight, bias, out):
+        buffer = torch.empty(size, dtype=torch.uint8, device=device_of_buffer)  # (kept until the launches are queued)
+        window, taps, block_max, inverse = operand_pass(stream, input, weight, buffer.data_ptr())
+        pointers = (window, taps, 0 if lo_offset is None else taps + lo_offset, bias,
+                    *((block_max, inverse) if split >= 2 else (0, 0)), out)
+        for kernel, programs, ints, longs, table in correlations:
+            kernel.launch(programs, pointers, ints, longs, stream, table)
+
+    return write
 
 
 @functools.lru_cache(maxsize=256)
