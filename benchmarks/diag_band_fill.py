@@ -10,6 +10,12 @@ per run) from a buffer of ZB zeros in shared memory; 132 or 264 programs.
 --form shapes: 16-byte stores in runs of other shapes: bands of 8 or 16 rows, bands with runs padded to whole 16-byte
 groups (they overwrite up to 3 floats of their neighbours with zeros: timing only), whole planes, plane pairs as one
 run, and contiguous chunks of the output; 132, 264 or 1,056 programs.
+--form teams: the runs of a tile that computes every output channel (a GEMM tile's: plane pairs or bands of 8 rows,
+64 channels), written by the whole program together, one run after another, rather than a warp per run: fewer runs
+open at once, as zero_ keeps them. Channels in order in every program, or rotated by the tile; tiles with the depth
+(qd) or the batch (n) fastest. Does any order a GEMM tile allows write near zero_'s time?
+
+Every form ends with zero_ and the driver's cuMemsetD32Async of the whole output, for comparison.
 
 Thirty-ninth session (benchmarks/RESULTS.md, calls 5 and 6): the band layout took 0.17-0.22 ms by either store,
 contiguous chunks 0.14-0.16, zero_ 0.125. Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before
@@ -18,6 +24,7 @@ leave the output's end unwritten).
 """
 
 import argparse
+import ctypes
 
 import torch
 
@@ -126,9 +133,39 @@ extern "C" __global__ void __launch_bounds__(256, 1) shaped_fill(float* y, int l
 """
 
 
+TEAMS_SOURCE = SHAPES_SOURCE.split("// layout 0:")[0] + r"""
+// Tiles of every output channel, each run written by all 256 threads together, one run at a time.
+// layout 0: plane pairs (tiles (n, qd), qd fastest), runs c in order; 1: the same, channels rotated by the tile;
+// 2: plane pairs, tiles with n fastest; 3: bands of BH rows (tiles (n, qd, row block)), runs (c, plane), c outer.
+extern "C" __global__ void __launch_bounds__(256, 1) team_fill(float* y, int layout, int BH) {
+    const int row_blocks = layout == 3 ? QH / BH : 1;
+    const int tiles = 16 * QD * row_blocks;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        int qhb = tile % row_blocks, qd = tile / row_blocks % QD, n = tile / row_blocks / QD;
+        if (layout == 2) { qd = tile / 16; n = tile % 16; }
+        const int qh0 = qhb * (QH / row_blocks);
+        const int d0 = qd == 0 ? 0 : 1 + 2 * qd, d1 = qd == QD - 1 ? OD : 1 + 2 * (qd + 1);
+        const int h0 = qh0 == 0 ? 0 : 1 + 2 * qh0, h1 = qh0 + QH / row_blocks >= QH ? OH : 1 + 2 * (qh0 + QH / row_blocks);
+        const int span = (h1 - h0) * OW, planes = d1 - d0;
+        if (layout == 3) {
+            for (int run = 0; run < COB * planes; run++) {
+                const int c = run / planes, plane = d0 + run % planes;
+                fill_run(y + (((long long)n * COB + c) * OD + plane) * (OH * OW) + h0 * OW, span, threadIdx.x, 256);
+            }
+        } else {
+            for (int k = 0; k < COB; k++) {
+                const int c = layout == 1 ? (k + tile) % COB : k;
+                fill_run(y + (((long long)n * COB + c) * OD + d0) * (OH * OW), planes * OH * OW, threadIdx.x, 256);
+            }
+        }
+    }
+}
+"""
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--form", choices=("bulk", "shapes"), required=True)
+    parser.add_argument("--form", choices=("bulk", "shapes", "teams"), required=True)
     parser.add_argument("--iters", type=int, default=50)
     args = parser.parse_args()
     rows = []
@@ -152,6 +189,20 @@ def main():
                 for grid in (132, 264):
                     row(f"ZB {zb}, {'bulk' if mode else 'st.v4'}, grid {grid}",
                         lambda: kernel(grid=(grid, 1, 1), block=(256, 1, 1), args=[y, 1024, mode], shared_mem=4 * zb))
+    elif args.form == "teams":
+        kernel = torch.cuda._compile_kernel(TEAMS_SOURCE, "team_fill", compute_capability="90a")
+        names = {0: "plane pairs, channels in order", 1: "plane pairs, channels rotated by the tile",
+                 2: "plane pairs, tiles n fastest", 3: "bands"}
+        for layout, rows_per_band in ((0, 32), (1, 32), (2, 32), (3, 8)):
+            for grid in (132, 264) if layout < 3 else (132, 264, 1056):
+                row(f"team per run: {names[layout]}, BH {rows_per_band}, grid {grid}",
+                    lambda: kernel(grid=(grid, 1, 1), block=(256, 1, 1), args=[y, layout, rows_per_band]))
+        shapes = torch.cuda._compile_kernel(SHAPES_SOURCE, "shaped_fill", compute_capability="90a")
+        for grid in (132, 264):  # the thirty-ninth session's warp per run, for comparison in the same call
+            row(f"warp per run: plane pairs, grid {grid}",
+                lambda: shapes(grid=(grid, 1, 1), block=(256, 1, 1), args=[y, 2, 32]))
+            row(f"warp per run: contiguous chunks, grid {grid}",
+                lambda: shapes(grid=(grid, 1, 1), block=(256, 1, 1), args=[y, 3, 32]), False)
     else:
         kernel = torch.cuda._compile_kernel(SHAPES_SOURCE, "shaped_fill", compute_capability="90a")
         names = {0: "bands", 1: "whole planes", 2: "plane pairs, one run", 3: "contiguous chunks",
@@ -161,7 +212,17 @@ def main():
                 row(f"{names[layout]}, BH {rows_per_band}, grid {grid}",
                     lambda: kernel(grid=(grid, 1, 1), block=(256, 1, 1), args=[y, layout, rows_per_band]), layout != 3)
     row("zero_", y.zero_)
+    row("the driver's cuMemsetD32Async", lambda: memset_d32(y))
     print("\n".join(rows))
+
+
+def memset_d32(y):
+    """y's elements set to the 32-bit pattern 0 by the driver's memset on the current stream."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuMemsetD32Async.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+    result = lib.cuMemsetD32Async(y.data_ptr(), 0, y.numel(), torch.cuda.current_stream().cuda_stream)
+    if result:
+        raise RuntimeError(f"cuMemsetD32Async: {result}")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ the bench times a row (bench.protocol.time_cuda, KernelBench's protocol):
   module     convt3d's module, backend "auto" (what the bench's convt3d row runs)
   full       convt3d.conv_transpose3d with the module's arguments: the full way (checks, backend choice, lookups)
              to the same kernels, as the module's every call went before its bound forward (ops.BoundForward)
-  prepared   the Triton backend's prepared call for the layer (backends.triton._prepared), as the module's bound
-             forward holds it
+  prepared   the prepared call that the module's bound forward holds: the Triton backend's
+             (backends.triton._prepared) or the CUDA phase path's (backends.torch_phase._prepared)
 The forms take turns, each in every place of a rotating order over the rounds (diag_row_order.rotating_timings).
 Rows: per form, the median over the rounds of the mean, median call, fastest call (ms) and median host time per call
 (ms, from a synchronisation).
