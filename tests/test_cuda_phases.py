@@ -340,6 +340,32 @@ def test_operands_pass_pads_transposes_and_rounds():
         assert torch.equal(w_hi, scaled.half().double()) and torch.equal(w_lo, (scaled - w_hi).half().double())
 
 
+@pytest.mark.parametrize("split", [0, 1, 2], ids=["tf32", "3xtf32", "3xfp16"])
+def test_operand_buffer_holds_what_the_operand_pass_allocates(split):
+    """The phase path's prepared call puts the operand pass's outputs in one buffer (window.operand_buffer): each of
+    correlation_operands' tensors fits at its offset, 256-byte aligned, before the next part; the window's shape and
+    the scale blocks are the pass's."""
+    from convt3d.backends.triton.window import correlation_operands, operand_buffer
+
+    source = torch.randn(2, 32, 3, 5, 7).to(DEVICE)
+    weight = torch.randn(32, 24, 3, 2, 3).to(DEVICE)
+    start, extent = (-1, 0, -2), (6, 8, 70)  # (70 columns: a partial block of the maxima under 3xFP16)
+    window, taps, scales = correlation_operands(source, 0, source.shape, source.stride(), start, extent, weight,
+                                                grad_input_orientation=False, split=split)
+    size, offsets, window_shape, scale_blocks = operand_buffer(tuple(source.shape), source.stride(), start, extent,
+                                                               tuple(weight.shape), weight.stride(), split)
+    parts = [window, taps, *([scales[0], scales[2]] if split == 2 else [])]
+    assert window_shape == tuple(window.shape)
+    assert all(offset % 256 == 0 for offset in offsets)
+    ends = [offset + part.numel() * part.element_size() for offset, part in zip(offsets, parts)]
+    assert all(end <= after for end, after in zip(ends, [*offsets[1:len(parts)], size]))
+    assert size - ends[-1] < 256
+    if split == 2:
+        assert scale_blocks == (scales[1], scales[0].shape[-1])
+    else:
+        assert scale_blocks is None and offsets[2] == offsets[3] == offsets[1]
+
+
 def test_fp16_window_scales_ignore_inf_and_nan():
     """The FP16 splits scale the window by its blocks' largest finite magnitudes: an inf or NaN counted there would
     scale every other value of its tile to zero in FP16, where they pass through the MMAs as they are."""

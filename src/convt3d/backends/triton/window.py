@@ -178,41 +178,54 @@ def correlation_operands(source: torch.Tensor, offset: int, shape, strides, star
 
 def operands_at_addresses(device: int, shape, strides, start, extent, weight: torch.Tensor, split: int):
     """correlation_operands of a source with these shape and strides (at element 0 of its data) and a weight of
-    weight's shape, strides and dtype, in the forward's orientation, for a prepared call: (bytes of the one buffer
-    that holds the operands, the window's shape, scale_blocks (as cuda.phase_launches takes them) and a function
-    (stream, source address, weight address, buffer address) -> (window, weight taps, block maxima, inverse scales)
-    addresses, that launches the pass there). None where no compiled launch at addresses is at hand (an earlier call
-    with 16-byte aligned pointers on device compiles it) or in the interpreter. The caller checks what
-    BoundLaunch.at_addresses leaves to it: every address 16-byte aligned, device current, no launch hook."""
+    weight's shape, strides and dtype, in the forward's orientation, for a prepared call: (operand_buffer's size,
+    window shape and scale blocks, and a function (stream, source address, weight address, buffer address) ->
+    (window, weight taps, block maxima, inverse scales) addresses, that launches the pass there). None where no
+    compiled launch at addresses is at hand (an earlier call with 16-byte aligned pointers on device compiles it) or
+    in the interpreter. The caller checks what BoundLaunch.at_addresses leaves to it: every address 16-byte aligned,
+    device current, no launch hook."""
     split = min(split, 2)
-    grid, scalars, options, window_shape, block_p = _geometry(0, tuple(shape), tuple(strides), tuple(start),
-                                                              tuple(extent), tuple(weight.shape), weight.stride(),
-                                                              False, split)
+    grid, scalars, options, _, _ = _geometry(0, tuple(shape), tuple(strides), tuple(start), tuple(extent),
+                                             tuple(weight.shape), weight.stride(), False, split)
     taps_dtype = torch.float16 if split == 2 else torch.float32
     dtypes = (weight.dtype, torch.float32, weight.dtype, taps_dtype, torch.float32, torch.float32)
     launch = _launch.bind(grid, scalars, options).at_addresses(device, dtypes)
     if launch is None:
         return None
-    kd, kh, kw = weight.shape[2:]
-    o, i = weight.shape[1], weight.shape[0]
-    taps_bytes = kd * kh * kw * o * (2 * i * 2 if split == 2 else i * 4 * (2 if split else 1))
-    blocks = cdiv(window_shape[3], block_p)
-    parts = [4 * window_shape[0] * window_shape[1] * window_shape[2] * window_shape[3] * window_shape[4], taps_bytes]
-    if split == 2:
-        parts += [4 * window_shape[0] * window_shape[1] * window_shape[2] * blocks, 4 * o]
-    offsets, size = [], 0
-    for part in parts:  # each part 256-byte aligned, as an allocation of its own would be
-        offsets.append(size)
-        size += -(-part // 256) * 256
-    if split < 2:
-        offsets += [offsets[1], offsets[1]]  # (not read: the taps, as correlation_operands passes them)
+    size, offsets, window_shape, scale_blocks = operand_buffer(shape, strides, start, extent, weight.shape,
+                                                               weight.stride(), split)
 
     def run(stream, source, weight, buffer):
         window_at, taps_at, block_max_at, inverse_at = (buffer + offset for offset in offsets)
         launch(stream, source, window_at, weight, taps_at, block_max_at, inverse_at)
         return window_at, taps_at, block_max_at, inverse_at
 
-    return size, window_shape, (block_p, blocks) if split == 2 else None, run
+    return size, window_shape, scale_blocks, run
+
+
+@functools.lru_cache(maxsize=256)
+def operand_buffer(shape, strides, start, extent, weight_shape, weight_strides, split: int):
+    """One buffer for what correlation_operands(source, 0, shape, strides, start, extent, weight) allocates in the
+    forward's orientation: (its bytes, the byte offsets of the window, the weight taps, the block maxima and the
+    inverse scales in it, each part 256-byte aligned as an allocation of its own would be (the last two the taps'
+    where split < 2: passed, not read), the window's shape, and scale_blocks as cuda.phase_launches takes them:
+    (the block maxima's columns per block, their blocks per row) under 3xFP16, else None)."""
+    split = min(split, 2)
+    _, _, _, window_shape, block_p = _geometry(0, tuple(shape), tuple(strides), tuple(start), tuple(extent),
+                                               tuple(weight_shape), tuple(weight_strides), False, split)
+    c_in, c_out, kd, kh, kw = weight_shape
+    n, xd, xh, xw, c = window_shape
+    taps = kd * kh * kw * c_out * c_in
+    parts = [4 * n * xd * xh * xw * c, 2 * 2 * taps if split == 2 else 4 * taps * (2 if split else 1)]
+    if split == 2:
+        parts += [4 * n * xd * xh * cdiv(xw, block_p), 4 * c_out]
+    offsets, size = [], 0
+    for part in parts:
+        offsets.append(size)
+        size += cdiv(part, 256) * 256
+    if split < 2:
+        offsets += [offsets[1], offsets[1]]
+    return size, tuple(offsets), window_shape, (block_p, cdiv(xw, block_p)) if split == 2 else None
 
 
 @functools.lru_cache(maxsize=1024)
