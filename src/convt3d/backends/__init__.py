@@ -10,6 +10,11 @@ current_cuda_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: tor
 cudnn_allow_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or (lambda: torch.backends.cudnn.allow_tf32)
 
 
+def contiguous_operands(input: torch.Tensor, weight: torch.Tensor, bias) -> bool:
+    """Whether input, weight and bias (or none) are contiguous: the operands a backend's prepared call serves."""
+    return input.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())
+
+
 def _channels_last(t: torch.Tensor) -> bool:
     return not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last_3d)
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..plan import AxisPhase, AxisPlan, Plan
-from . import cudnn_allow_tf32, output_memory_format
+from . import contiguous_operands, cudnn_allow_tf32, output_memory_format
 
 logger = logging.getLogger("convt3d")
 
@@ -223,7 +223,7 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     if cuda_phases is not None:
         _cuda_module().write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry)
         key = _prepared_key(input, bias, plan)
-        if key not in _prepared and _contiguous(input, weight, bias) and len(cuda_phases) == len(regions):
+        if key not in _prepared and contiguous_operands(input, weight, bias) and len(cuda_phases) == len(regions):
             if len(_prepared) >= 256:  # many layers: start over rather than grow without bound
                 _prepared.clear()
             _prepared[key] = _prepare(input, weight, bias, plan, cuda_phases, out, fill_all)
@@ -248,14 +248,10 @@ def _prepared_key(input, bias, plan: Plan):
     return plan, input.dtype, input.device, cudnn_allow_tf32(), bias is not None
 
 
-def _contiguous(input, weight, bias) -> bool:
-    return input.is_contiguous() and weight.is_contiguous() and (bias is None or bias.is_contiguous())
-
-
 def prepared_call(input, weight, bias, plan: Plan):
     """The prepared call (_prepared) of conv_transpose3d(input, weight, bias, plan) in this precision mode, or None
     where there is none (no earlier call by the CUDA phase correlation, a non-contiguous operand)."""
-    return _prepared.get(_prepared_key(input, bias, plan)) if _contiguous(input, weight, bias) else None
+    return _prepared.get(_prepared_key(input, bias, plan)) if contiguous_operands(input, weight, bias) else None
 
 
 def _prepare(input, weight, bias, plan: Plan, phase_list, out, fill_all: bool):

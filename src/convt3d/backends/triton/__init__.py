@@ -9,7 +9,7 @@ import os
 import torch
 
 from ...plan import Plan
-from .. import cudnn_allow_tf32
+from .. import contiguous_operands, cudnn_allow_tf32
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The GEMMs' precision modes: the operands' own type (half precision), TF32, and 3xTF32 (float32 accuracy).
@@ -146,7 +146,7 @@ def _prepared_key(input, bias, plan: Plan, precision: int):
 def prepared_call(input, weight, bias, plan: Plan, precision: int | None = None):
     """The prepared call (_prepared) that conv_transpose3d(input, weight, bias, plan, precision) would run now, or
     None where it would take another way (a first call, a non-contiguous operand)."""
-    if bias is not None and not bias.is_contiguous() or not (input.is_contiguous() and weight.is_contiguous()):
+    if not contiguous_operands(input, weight, bias):
         return None
     precision = precision_for(input.dtype) if precision is None else precision
     return _prepared.get(_prepared_key(input, bias, plan, precision))

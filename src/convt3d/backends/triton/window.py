@@ -203,7 +203,6 @@ def operands_at_addresses(device: int, shape, strides, start, extent, weight: to
     return size, window_shape, scale_blocks, run
 
 
-@functools.lru_cache(maxsize=256)
 def operand_buffer(shape, strides, start, extent, weight_shape, weight_strides, split: int):
     """One buffer for what correlation_operands(source, 0, shape, strides, start, extent, weight) allocates in the
     forward's orientation: (its bytes, the byte offsets of the window, the weight taps, the block maxima and the
