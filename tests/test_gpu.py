@@ -17,6 +17,7 @@ from convt3d.backends import cuda
 from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.torch_phase import (_backward_phases, _lattice_geometry, _regions, aten_phase_backward,
                                          phase_grad_input)
+from convt3d.plan import make_plan
 from test_cuda_phases import LAYERS as CUDA_PHASE_LAYERS, _layer as cuda_phase_layer
 from test_cuda_phases import round_tf32, row_aligned as cuda_phase_row_aligned
 
@@ -153,7 +154,8 @@ def test_module_binds_its_later_calls_to_the_cuda_phase_path(kernel_size, paddin
                 x = torch.rand(shape, device="cuda")
                 out = layer(x)
                 assert_close_rel(out, reference(x), rel)
-                assert torch.equal(out, convt3d.conv_transpose3d(x, layer.weight, layer.bias, backend="torch", **args))
+                plan = make_plan(shape, tuple(layer.weight.shape), **args)
+                assert torch.equal(out, torch_phase.by_phases(x, layer.weight, layer.bias, plan))
             flat = torch.rand(x.numel() + 1, device="cuda")
             misaligned = flat[1:].view(shape)
             assert misaligned.data_ptr() % 16 and misaligned.is_contiguous()
@@ -165,6 +167,36 @@ def test_module_binds_its_later_calls_to_the_cuda_phase_path(kernel_size, paddin
         actual = torch.autograd.grad(layer(x), (x, *[p for p in (layer.weight, layer.bias) if p is not None]), grad)
     for a, e in zip(actual, expected):
         assert_close_rel(a, e, 1e-5 if not tf32 else 2e-3)
+
+
+@pytest.mark.parametrize("tf32", [False, True], ids=["tf32_off", "tf32"])
+def test_phase_backend_runs_its_prepared_call_after_the_first(tf32, nan_poisoned_allocator, monkeypatch):
+    """backend="torch" called as a function: after a call that the CUDA phase correlation served, the layer's calls
+    run its prepared call, not the full way (by_phases): fresh inputs into NaN-poisoned memory, bitwise the full way's
+    result and against float64. A change of the CUDA kernels' precision setting reaches the next call."""
+    from convt3d.backends import torch_phase
+
+    full_calls = []
+    by_phases = torch_phase.by_phases
+    monkeypatch.setattr(torch_phase, "by_phases", lambda *a: full_calls.append(1) or by_phases(*a))
+    monkeypatch.setattr(torch_phase, "_prepared", {})
+    args = dict(stride=2, padding=1, dilation=2)
+    w, b = torch.randn(32, 16, 3, 3, 3, device="cuda") * 0.05, torch.randn(16, device="cuda")
+    shape = (2, 32, 5, 6, 7)
+    plan = make_plan(shape, tuple(w.shape), **args)
+    rel = 2e-3 if tf32 else 1e-6  # (TF32 keeps 11 significant bits)
+    setting = "TF32_SPLIT" if tf32 else "SPLIT"
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32), torch.no_grad():
+        for split in (getattr(cuda, setting), {"TF32_SPLIT": 0, "SPLIT": 1}[setting]):
+            monkeypatch.setattr(cuda, setting, split)
+            for call in range(3):
+                x = torch.rand(shape, device="cuda")
+                out = convt3d.conv_transpose3d(x, w, b, backend="torch", **args)
+                assert_close_rel(out, F.conv_transpose3d(x.double(), w.double(), b.double(), **args), rel)
+                if call:
+                    assert torch.equal(out, by_phases(x, w, b, plan))
+            assert len(full_calls) == 1, f"{setting} {split}: {len(full_calls)} calls the full way"
+            full_calls.clear()
 
 
 def test_compile_fullgraph_on_gpu():

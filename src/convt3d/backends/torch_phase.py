@@ -202,7 +202,19 @@ FILL_WHOLE_OUTPUT = collections.defaultdict(lambda: True, cpu=False)
 
 
 def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
-    """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors."""
+    """input (N, C_in, D, H, W), weight (C_in, C_out/g, kD, kH, kW): validated tensors. On CUDA, a layer's calls after
+    one that the CUDA phase correlation served go to its prepared call (_prepared), as the Triton backend's do: the
+    full way's checks and lookups cost 0.08-0.11 ms of host time a call on the H200's machine against about 0.04
+    (benchmarks/RESULTS.md, fifty-fifth session), and "auto" times this backend by these calls."""
+    if input.is_cuda:
+        call = prepared_call(input, weight, bias, plan)
+        if call is not None:
+            return call(input, weight, bias)
+    return by_phases(input, weight, bias, plan)
+
+
+def by_phases(input, weight, bias, plan: Plan) -> torch.Tensor:
+    """conv_transpose3d the full way: the phases' plan, its checks and the launches' arguments worked out anew."""
     out = _empty_output(plan.output_shape, input.dtype, input.device, output_memory_format(input, weight))
     # On a GPU one contiguous fill of the whole output, then the phases' results over it, beat filling only the
     # empty regions (strided writes that share memory sectors with the phases' writes): on the H200,
@@ -238,14 +250,19 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
     return out
 
 
-# Per layer, dtype, device, precision mode and bias or not, where the CUDA phase correlation served a call with
-# contiguous operands: the same call as a function of (input, weight, bias), its launches' arguments computed once
-# (_prepare), for a module's later calls (ops.BoundForward), which skip the checks and lookups above them.
+# Per layer, dtype, device, precision mode, the CUDA kernels' settings and bias or not, where the CUDA phase
+# correlation served a call with contiguous operands: the same call as a function of (input, weight, bias), its
+# launches' arguments computed once (_prepare), for later calls (conv_transpose3d's, a module's ops.BoundForward),
+# which skip the checks and lookups of by_phases.
 _prepared: dict = {}
 
 
 def _prepared_key(input, bias, plan: Plan):
-    return plan, input.dtype, input.device, cudnn_allow_tf32(), bias is not None
+    # The settings that pick the kernels (cuda.ENABLED, cuda.SPLIT, cuda.TF32_SPLIT) are part of the key, so that a
+    # change to them reaches the next call as it did before calls were prepared.
+    cuda = _cuda_module().cuda
+    return (plan, input.dtype, input.device, cudnn_allow_tf32(), bias is not None, cuda.ENABLED, cuda.SPLIT,
+            cuda.TF32_SPLIT)
 
 
 def prepared_call(input, weight, bias, plan: Plan):
@@ -257,7 +274,7 @@ def prepared_call(input, weight, bias, plan: Plan):
 def _prepare(input, weight, bias, plan: Plan, phase_list, out, fill_all: bool):
     """conv_transpose3d(input, weight, bias, plan) for later calls with operands laid out as these (contiguous), or
     None where the CUDA module has no prepared write (cuda.phases.prepare_write). A call whose addresses are not
-    16-byte aligned, or made while another device is current, takes conv_transpose3d."""
+    16-byte aligned, or made while another device is current, takes the full way (by_phases)."""
     write = _cuda_module().prepare_write(input, weight, bias, plan, phase_list, out, _lattice_geometry)
     if write is None:
         return None
@@ -269,7 +286,7 @@ def _prepare(input, weight, bias, plan: Plan, phase_list, out, fill_all: bool):
         stream = ready_stream(device)
         x, w, b = input.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr()
         if stream is None or (x | w | b) % 16:
-            return conv_transpose3d(input, weight, bias, plan)
+            return by_phases(input, weight, bias, plan)
         out = input.new_empty(shape)
         if fill_all:
             _fill(out, bias)
