@@ -186,8 +186,10 @@ def test_phase_backend_runs_its_prepared_call_after_the_first(tf32, nan_poisoned
     plan = make_plan(shape, tuple(w.shape), **args)
     rel = 2e-3 if tf32 else 1e-6  # (TF32 keeps 11 significant bits)
     setting = "TF32_SPLIT" if tf32 else "SPLIT"
+    current = getattr(cuda, setting)
+    other = {"TF32_SPLIT": {0: 3, 3: 0}, "SPLIT": {1: 2, 2: 1}}[setting][current]  # (FP16 or TF32; 3xFP16 or 3xTF32)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32), torch.no_grad():
-        for split in (getattr(cuda, setting), {"TF32_SPLIT": 0, "SPLIT": 1}[setting]):
+        for split in (current, other):
             monkeypatch.setattr(cuda, setting, split)
             for call in range(3):
                 x = torch.rand(shape, device="cuda")
