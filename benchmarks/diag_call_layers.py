@@ -8,8 +8,10 @@ flush. How much of it is the Python between the module and the Triton backend's 
 the bench times a row (bench.protocol.time_cuda, KernelBench's protocol):
   eager      nn.ConvTranspose3d
   module     convt3d's module, backend "auto" (what the bench's convt3d row runs)
-  full       convt3d.conv_transpose3d with the module's arguments: the full way (checks, backend choice, lookups)
-             to the same kernels, as the module's every call went before its bound forward (ops.BoundForward)
+  full       convt3d.conv_transpose3d with the module's arguments: the functional way (checks, backend choice,
+             lookups) to the same kernels, as the module's every call went before its bound forward
+             (ops.BoundForward); since the fifty-sixth session it too ends in the phase path's prepared call, as it
+             did in the Triton backend's (the fifty-fifth session measured the phase path's by_phases here)
   prepared   the prepared call that the module's bound forward holds: the Triton backend's
              (backends.triton._prepared) or the CUDA phase path's (backends.torch_phase._prepared)
 The forms take turns, each in every place of a rotating order over the rounds (diag_row_order.rotating_timings).
