@@ -16,15 +16,47 @@ def contiguous_operands(input: torch.Tensor, weight: torch.Tensor, bias) -> bool
 
 
 def _channels_last(t: torch.Tensor) -> bool:
-    return not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last_3d)
+    """PyTorch's reading of a 5-D tensor's strides as channels-last (is_channels_last_strides_3d, which its
+    suggest_memory_format and so its convolutions ask): the strides grow along C, W, H, D, N, a size-1 dimension
+    taking the next one's place. So a tensor with one channel laid out channels-last is channels-last to PyTorch
+    while also contiguous."""
+    sizes = t.shape
+    if t.is_contiguous() and 1 not in sizes[1:]:  # the common case, decided in the fewest calls
+        return False
+    strides = t.stride()
+    if strides[1] == 0:
+        return False
+    smallest = 0
+    for d in (1, 4, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < smallest or (d == 0 and smallest == strides[1]):
+            return False
+        smallest = strides[d] * sizes[d] if sizes[d] > 1 else strides[d]
+    return True
 
 
-def output_memory_format(input: torch.Tensor, weight: torch.Tensor) -> torch.memory_format:
-    """PyTorch's rule for convolution outputs: channels_last_3d when the input or the weight is, where its
-    kernels keep that layout (cuDNN; on the CPU oneDNN, which serves float32 and half precision, not float64)."""
-    if input.is_contiguous() and weight.is_contiguous():  # the common case, decided in the fewest calls
+def output_memory_format(input: torch.Tensor, weight: torch.Tensor, plan) -> torch.memory_format:
+    """PyTorch's rule for a transposed convolution's output (plan: the layer's Plan): channels_last_3d when the input
+    or the weight is and the kernel PyTorch runs keeps that layout (cuDNN; on the CPU oneDNN, not PyTorch's own slow
+    transposed convolution), else contiguous. The custom op's fake implementation follows it too, so that compiled
+    code expects the strides the op returns."""
+    if not (_channels_last(input) or _channels_last(weight)):
         return torch.contiguous_format
-    keeps_layout = input.device.type != "cpu" or input.dtype in (torch.float32, torch.bfloat16, torch.float16)
-    if keeps_layout and (_channels_last(input) or _channels_last(weight)):
-        return torch.channels_last_3d
-    return torch.contiguous_format
+    if input.device.type == "cpu" and not _onednn_serves(input, weight, plan):
+        return torch.contiguous_format
+    return torch.channels_last_3d
+
+
+def _onednn_serves(input: torch.Tensor, weight: torch.Tensor, plan) -> bool:
+    """Whether PyTorch's transposed convolution runs this CPU layer by oneDNN rather than by its own slow kernel (or,
+    with no elements, none). Its choice depends on the dtype (never float64; float16 only where the CPU computes it),
+    the shapes (a small float32 layer at batch 1 goes to the slow kernel), output_padding against stride
+    (output_padding >= stride, which dilation allows, does too) and the thread count, so it is asked
+    (torch._C._select_conv_backend, private) rather than restated. Its Python enum names no oneDNN transposed
+    backend (torch 2.13 returns an unnamed value), hence the test against the others. Where the function is missing:
+    float32 and half precision, as for most layers."""
+    select = getattr(torch._C, "_select_conv_backend", None)
+    if select is None:
+        return input.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    backend = select(input, weight, None, list(plan.stride), list(plan.padding), list(plan.dilation), True,
+                     list(plan.output_padding), plan.groups)
+    return backend not in (torch._C._ConvBackend.SlowTranspose3d, torch._C._ConvBackend.Empty)

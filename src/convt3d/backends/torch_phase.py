@@ -215,7 +215,7 @@ def conv_transpose3d(input, weight, bias, plan: Plan) -> torch.Tensor:
 
 def by_phases(input, weight, bias, plan: Plan) -> torch.Tensor:
     """conv_transpose3d the full way: the phases' plan, its checks and the launches' arguments worked out anew."""
-    out = _empty_output(plan.output_shape, input.dtype, input.device, output_memory_format(input, weight))
+    out = _empty_output(plan.output_shape, input.dtype, input.device, output_memory_format(input, weight, plan))
     # On a GPU one contiguous fill of the whole output, then the phases' results over it, beat filling only the
     # empty regions (strided writes that share memory sectors with the phases' writes): on the H200,
     # problem 77 took 1.30 ms with region fills. On the CPU the region fills were the faster. Triton kernels

@@ -679,7 +679,7 @@ def allocate_output(input, weight, bias, plan: Plan):
     """(out, finished): the output as PyTorch lays it out, uninitialised, and whether it is already complete without
     a GEMM (no elements, or no input channels: the bias alone)."""
     out = torch.empty(plan.output_shape, dtype=input.dtype, device=input.device,
-                      memory_format=output_memory_format(input, weight))
+                      memory_format=output_memory_format(input, weight, plan))
     if out.numel() == 0:
         return out, True
     if plan.in_channels == 0:  # nothing to sum
