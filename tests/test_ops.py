@@ -257,6 +257,56 @@ def test_compile_fullgraph_matches_eager():
     assert_close_rel(x.grad, expected, 1e-6)
 
 
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+@pytest.mark.parametrize("stride, output_padding, dilation", [(2, 1, 1), (1, 1, 2)])
+def test_opcheck_with_channels_last_input(stride, output_padding, dilation, backend):
+    """torch.library.opcheck on a channels-last input: the fake implementation gives the strides the op returns
+    (compiled code checks them) and traces with dynamic shapes. Output_padding above stride (the second case) sends
+    PyTorch's CPU convolution to its slow kernel, whose output is contiguous; the op's strides are PyTorch's."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 3, 4, 5).to(memory_format=torch.channels_last_3d)
+    w = torch.randn(4, 3, 3, 2, 3)
+    args = ([stride] * 3, [1] * 3, [output_padding] * 3, 1, [dilation] * 3)
+    op = torch.ops.convt3d.conv_transpose3d.default
+    torch.library.opcheck(op, (x, w, None, *args, backend))
+    actual = op(x, w, None, *args, backend)
+    assert actual.stride() == F.conv_transpose3d(x, w, None, stride, 1, output_padding, 1, dilation).stride()
+    expected = F.conv_transpose3d(x.double(), w.double(), None, stride, 1, output_padding, 1, dilation)
+    assert_close_rel(actual, expected, 1e-5)
+
+
+def test_compile_meets_new_shapes_and_channels_last_inputs():
+    """A compiled model called with a second shape is traced again with dynamic shapes (symbolic sizes, which the
+    plan caches cannot key on), and a channels-last input changes the output's strides: forward and gradients of
+    each call against a float64 nn.ConvTranspose3d model."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(convt3d.ConvTranspose3d(4, 3, 3, stride=2, padding=1, output_padding=1), nn.ReLU(),
+                          convt3d.ConvTranspose3d(3, 2, 2, stride=2))
+    reference = nn.Sequential(nn.ConvTranspose3d(4, 3, 3, stride=2, padding=1, output_padding=1), nn.ReLU(),
+                              nn.ConvTranspose3d(3, 2, 2, stride=2)).double()
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for batch, depth, channels_last in [(2, 3, False), (3, 5, False), (1, 4, True), (5, 2, True)]:
+        x = torch.rand(batch, 4, depth, 4, 5)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last_3d)
+        x.requires_grad_()
+        x64 = x.detach().double().requires_grad_()
+        y, y64 = compiled(x), reference(x64)
+        assert y.stride() == model(x).stride()
+        grad = torch.randn(y.shape)
+        y.backward(grad)
+        y64.backward(grad.double())
+        what = f"batch {batch}, depth {depth}, channels_last {channels_last}"
+        assert_close_rel(y, y64, 1e-5, what)
+        assert_close_rel(x.grad, x64.grad, 1e-5, what)
+        for p, p64 in zip(model.parameters(), reference.parameters()):
+            assert_close_rel(p.grad, p64.grad, 1e-5, what)
+        model.zero_grad()
+        reference.zero_grad()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

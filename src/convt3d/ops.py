@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .backends import cudnn_allow_tf32, current_cuda_device, torch_phase
+from .backends import cudnn_allow_tf32, current_cuda_device, output_memory_format, torch_phase
 from .plan import Plan, make_plan
 
 
@@ -36,8 +36,17 @@ def cached_plan(input_shape, weight_shape, stride, padding, output_padding, grou
 
 
 def _plan_of(input, weight, stride, padding, output_padding, groups, dilation) -> Plan:
+    if _symbolic(input, weight):  # SymInts do not hash: a plan of its own, for the fake implementation's shape
+        return make_plan(tuple(input.shape), tuple(weight.shape), tuple(stride), tuple(padding),
+                         tuple(output_padding), groups, tuple(dilation))
     return cached_plan(tuple(input.shape), tuple(weight.shape), tuple(stride), tuple(padding),
                        tuple(output_padding), groups, tuple(dilation))
+
+
+def _symbolic(input: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a size is symbolic: torch.compile traces with dynamic shapes (as it does by itself once a compiled
+    call meets a second shape)."""
+    return not all(type(n) is int for n in (*input.shape, *weight.shape))
 
 
 def _off_current_device(t: torch.Tensor) -> bool:
@@ -75,7 +84,9 @@ def conv_transpose3d_op(
 @conv_transpose3d_op.register_fake
 def _(input, weight, bias, stride, padding, output_padding, groups, dilation, backend):
     plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
-    return input.new_empty(plan.output_shape)
+    # In the layout the backends give it (PyTorch's): compiled code checks the op's strides against these.
+    return torch.empty(plan.output_shape, dtype=input.dtype, device=input.device,
+                       memory_format=output_memory_format(input, weight, plan))
 
 
 def _setup_context(ctx, inputs, output):
@@ -154,9 +165,31 @@ def _(grad_output, input, weight, stride, padding, output_padding, groups, dilat
 def _backward(ctx, grad_output):
     input, weight = ctx.saved_tensors
     stride, padding, output_padding, groups, dilation = ctx.params
-    plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
-    grads = _gradients(grad_output, input, weight, plan, ctx.needs_input_grad[:3], ctx.has_bias, through_op=True)
+    need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
+    if _symbolic(input, weight):
+        # Traced with dynamic shapes: the phase paths keep per-layer caches, which symbolic sizes cannot key, so
+        # PyTorch's own backward serves (the graph's compiler lowers it as it lowers eager's).
+        grad_input, grad_weight = _aten_gradients(grad_output, input, weight, stride, padding, output_padding, groups,
+                                                  dilation, need_input, need_weight)
+        grads = (grad_input, grad_weight, _grad_bias(grad_output, ctx.has_bias and need_bias))
+    else:
+        plan = _plan_of(input, weight, stride, padding, output_padding, groups, dilation)
+        grads = _gradients(grad_output, input, weight, plan, (need_input, need_weight, need_bias), ctx.has_bias,
+                           through_op=True)
     return (*grads, None, None, None, None, None, None)
+
+
+def _aten_gradients(grad_output, input, weight, stride, padding, output_padding, groups, dilation,
+                    need_input: bool, need_weight: bool):
+    """(grad_input, grad_weight) by PyTorch's convolution_backward, None where not needed."""
+    grad_input, grad_weight, _ = torch.ops.aten.convolution_backward(
+        grad_output, input, weight, None, list(stride), list(padding), list(dilation), True, list(output_padding),
+        groups, [need_input, need_weight, False])
+    return grad_input, grad_weight
+
+
+def _grad_bias(grad_output, needed: bool):
+    return grad_output.sum(dim=(0, 2, 3, 4)) if needed else None
 
 
 def _gradients(grad_output, input, weight, plan: Plan, needs, has_bias: bool, through_op: bool):
@@ -179,16 +212,15 @@ def _gradients(grad_output, input, weight, plan: Plan, needs, has_bias: bool, th
     elif grad_output.device.type == "cuda":
         # cuDNN's strided backward: on the H200 it beat the phase decomposition done in aten ops alone on
         # problem 77 (1.80 ms against 2.69 ms for both gradients; benchmarks/diag_p77.py).
-        grad_input, grad_weight, _ = torch.ops.aten.convolution_backward(
-            grad_output, input, weight, None, list(plan.stride), list(plan.padding), list(plan.dilation), True,
-            list(plan.output_padding), plan.groups, [need_input, need_weight, False])
+        grad_input, grad_weight = _aten_gradients(grad_output, input, weight, plan.stride, plan.padding,
+                                                  plan.output_padding, plan.groups, plan.dilation, need_input,
+                                                  need_weight)
     else:
         # The phase decomposition: on a 2-core CPU, problem 77 at batch 2, grad_input 3.8-8.3x and grad_weight
         # 2.8x faster than aten's (benchmarks/RESULTS.md).
         grad_input, grad_weight = torch_phase.conv_transpose3d_backward(grad_output, input, weight, plan,
                                                                         need_input, need_weight)
-    grad_bias = grad_output.sum(dim=(0, 2, 3, 4)) if has_bias and need_bias else None
-    return grad_input, grad_weight, grad_bias
+    return grad_input, grad_weight, _grad_bias(grad_output, has_bias and need_bias)
 
 
 conv_transpose3d_op.register_autograd(_backward, setup_context=_setup_context)
