@@ -115,8 +115,10 @@ def test_every_element_written_and_inputs_untouched(nan_poisoned_allocator):
 def test_channels_last_input_keeps_pytorchs_memory_format():
     cfg = CASES[0]
     x, w, b = tensors(cfg, torch.float32)
-    y = run(x.to(memory_format=torch.channels_last_3d), w, b, cfg, TF32X3, CONFIGS[0])
-    assert y.is_contiguous(memory_format=torch.channels_last_3d)
+    x_cl = x.to(memory_format=torch.channels_last_3d)
+    y = run(x_cl, w, b, cfg, TF32X3, CONFIGS[0])
+    assert y.stride() == F.conv_transpose3d(x_cl, w, b, **layer_args(cfg)).stride()
+    assert y.is_contiguous(memory_format=torch.channels_last_3d)  # the kernel's channels-last store, exercised
     assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
 
 
