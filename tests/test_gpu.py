@@ -210,6 +210,26 @@ def test_compile_fullgraph_on_gpu():
         assert_close_rel(compiled(x), model(x), 1e-6)
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch", "triton"])
+@pytest.mark.parametrize("dtype, stride, output_padding, dilation", [
+    (torch.float32, 2, 1, 1),  # cuDNN: channels-last kept
+    (torch.float32, 1, 1, 2),  # output_padding >= stride: PyTorch's slow kernel, a contiguous output
+    (torch.float64, 2, 1, 1),  # cuDNN takes float64 contiguous
+])
+def test_channels_last_input_gives_pytorchs_layout_on_gpu(dtype, stride, output_padding, dilation, backend):
+    if backend == "triton" and dtype == torch.float64:
+        pytest.skip("the Triton backend computes float32 and half precision")
+    x = torch.randn(2, 16, 4, 5, 6, device="cuda", dtype=dtype).to(memory_format=torch.channels_last_3d)
+    w = torch.randn(16, 8, 3, 3, 3, device="cuda", dtype=dtype)
+    b = torch.randn(8, device="cuda", dtype=dtype)
+    args = (stride, 1, output_padding, 1, dilation)
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        expected = F.conv_transpose3d(x, w, b, *args)
+        actual = convt3d.conv_transpose3d(x, w, b, *args, backend=backend)
+    assert actual.stride() == expected.stride()
+    assert_close_rel(actual, F.conv_transpose3d(x.double(), w.double(), b.double(), *args), 1e-6)
+
+
 def test_gradients_match_eager_on_gpu():
     layer = torch.nn.ConvTranspose3d(8, 6, 3, stride=2, padding=1, groups=2).cuda()
     ours = convt3d.convert(torch.nn.ConvTranspose3d(8, 6, 3, stride=2, padding=1, groups=2).cuda())

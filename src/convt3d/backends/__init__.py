@@ -36,27 +36,36 @@ def _channels_last(t: torch.Tensor) -> bool:
 
 def output_memory_format(input: torch.Tensor, weight: torch.Tensor, plan) -> torch.memory_format:
     """PyTorch's rule for a transposed convolution's output (plan: the layer's Plan): channels_last_3d when the input
-    or the weight is and the kernel PyTorch runs keeps that layout (cuDNN; on the CPU oneDNN, not PyTorch's own slow
-    transposed convolution), else contiguous. The custom op's fake implementation follows it too, so that compiled
-    code expects the strides the op returns."""
+    or the weight is and the kernel PyTorch runs keeps that layout (cuDNN, or oneDNN on the CPU, except for float64;
+    not PyTorch's own slow transposed kernel), else contiguous. The custom op's fake implementation follows it too, so
+    that compiled code expects the strides the op returns."""
     if not (_channels_last(input) or _channels_last(weight)):
         return torch.contiguous_format
-    if input.device.type == "cpu" and not _onednn_serves(input, weight, plan):
+    if input.dtype == torch.float64 or not _layout_keeping_kernel(input, weight, plan):
         return torch.contiguous_format
     return torch.channels_last_3d
 
 
-def _onednn_serves(input: torch.Tensor, weight: torch.Tensor, plan) -> bool:
-    """Whether PyTorch's transposed convolution runs this CPU layer by oneDNN rather than by its own slow kernel (or,
-    with no elements, none). Its choice depends on the dtype (never float64; float16 only where the CPU computes it),
-    the shapes (a small float32 layer at batch 1 goes to the slow kernel), output_padding against stride
-    (output_padding >= stride, which dilation allows, does too) and the thread count, so it is asked
-    (torch._C._select_conv_backend, private) rather than restated. Its Python enum names no oneDNN transposed
-    backend (torch 2.13 returns an unnamed value), hence the test against the others. Where the function is missing:
-    float32 and half precision, as for most layers."""
+def _layout_keeping_kernel(input: torch.Tensor, weight: torch.Tensor, plan) -> bool:
+    """Whether PyTorch's transposed convolution runs this layer by a kernel that keeps a channels-last operand's
+    layout: cuDNN, or oneDNN on the CPU, rather than its own slow kernel (or, with no elements, none). Its choice
+    depends on output_padding against stride (output_padding >= stride, which dilation allows, goes to the slow kernel
+    on either device) and on the CPU on the dtype (float16 only where the CPU computes it), the shapes (a small float32
+    layer at batch 1 goes to the slow kernel) and the thread count, so it is asked (torch._C._select_conv_backend,
+    private) rather than restated. Its Python enum names no oneDNN transposed backend (torch 2.13 returns an unnamed
+    value), hence the test against the others. Where the function is missing: CUDA, and on the CPU float32 and half
+    precision, as for most layers."""
     select = getattr(torch._C, "_select_conv_backend", None)
     if select is None:
-        return input.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        return input.device.type != "cpu" or input.dtype in (torch.float32, torch.bfloat16, torch.float16)
     backend = select(input, weight, None, list(plan.stride), list(plan.padding), list(plan.dilation), True,
                      list(plan.output_padding), plan.groups)
-    return backend not in (torch._C._ConvBackend.SlowTranspose3d, torch._C._ConvBackend.Empty)
+    return backend not in _LAYOUT_DROPPING_BACKENDS
+
+
+# PyTorch's convolution backends whose output is contiguous whatever the operands' layout, for a 3-D transposed
+# convolution (MIOpen keeps channels-last only in 2-D).
+_LAYOUT_DROPPING_BACKENDS = tuple(
+    getattr(torch._C._ConvBackend, name)
+    for name in ("SlowTranspose3d", "Empty", "Miopen", "MiopenTranspose", "MiopenDepthwise")
+    if hasattr(getattr(torch._C, "_ConvBackend", None), name))
