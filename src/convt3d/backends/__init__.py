@@ -20,10 +20,9 @@ def _channels_last(t: torch.Tensor) -> bool:
     suggest_memory_format and so its convolutions ask): the strides grow along C, W, H, D, N, a size-1 dimension
     taking the next one's place. So a tensor with one channel laid out channels-last is channels-last to PyTorch
     while also contiguous."""
-    sizes = t.shape
-    if t.is_contiguous() and 1 not in sizes[1:]:  # the common case, decided in the fewest calls
-        return False
-    strides = t.stride()
+    if t.is_contiguous() and not t.is_contiguous(memory_format=torch.channels_last_3d):
+        return False  # the common case, decided in the fewest calls (a tensor both ways has size-1 dimensions)
+    sizes, strides = t.shape, t.stride()
     if strides[1] == 0:
         return False
     smallest = 0
