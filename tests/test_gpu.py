@@ -540,6 +540,39 @@ def test_compile_fullgraph_training_step_on_gpu():
     assert_close_rel(compiled_grad, model[0].weight.grad, 1e-6)
 
 
+def test_compile_meets_new_shapes_and_channels_last_inputs_on_gpu():
+    """Inductor on the GPU: a second input shape retraces with dynamic shapes (plans built uncached, the backward by
+    aten's convolution_backward) and a channels-last input gives the output strides the eager call gives; forward
+    and gradients of each call against a float64 nn.ConvTranspose3d model."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(convt3d.ConvTranspose3d(8, 6, 3, stride=2, padding=1, output_padding=1),
+                                torch.nn.ReLU(), convt3d.ConvTranspose3d(6, 4, 2, stride=2)).cuda()
+    reference = torch.nn.Sequential(torch.nn.ConvTranspose3d(8, 6, 3, stride=2, padding=1, output_padding=1),
+                                    torch.nn.ReLU(), torch.nn.ConvTranspose3d(6, 4, 2, stride=2)).cuda().double()
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for batch, depth, channels_last in [(2, 3, False), (3, 5, False), (1, 4, True), (5, 2, True)]:
+            x = torch.rand(batch, 8, depth, 6, 7, device="cuda")
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last_3d)
+            x.requires_grad_()
+            x64 = x.detach().double().requires_grad_()
+            y, y64 = compiled(x), reference(x64)
+            assert y.stride() == model(x).stride()
+            grad = torch.randn(y.shape, device="cuda")
+            y.backward(grad)
+            y64.backward(grad.double())
+            what = f"batch {batch}, depth {depth}, channels_last {channels_last}"
+            assert_close_rel(y, y64, 1e-5, what)
+            assert_close_rel(x.grad, x64.grad, 1e-5, what)
+            for p, p64 in zip(model.parameters(), reference.parameters()):
+                assert_close_rel(p.grad, p64.grad, 1e-5, what)
+            model.zero_grad()
+            reference.zero_grad()
+
+
 def test_bench_timer_flushes_the_l2_from_the_gpu():
     """time_cuda's flush buffer lives on the GPU while the calls run (until the fifth session it was allocated on
     the CPU, so its writes never reached the GPU's L2)."""
