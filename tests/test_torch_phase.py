@@ -72,3 +72,36 @@ def test_phase_conv_as_transposed_convolution_applies_to_problem_77():
     out = torch_phase._phase_conv_transposed(x, w, None, plan, phase.axes)
     assert out is not None
     assert_close_rel(out, torch_phase._phase_conv(x, w, None, plan, phase.axes), 1e-10)
+
+
+# (input shape, weight shape, stride, padding, output_padding, groups, dilation); the first four from random
+# layers where oneDNN's bfloat16 convolutions went wrong.
+BFLOAT16_LAYERS = [
+    ((2, 1, 2, 3, 3), (1, 1, 3, 3, 3), 2, 2, 0, 1, (1, 2, 1)),
+    ((2, 3, 2, 3, 3), (3, 1, 3, 3, 3), 2, 2, 0, 1, (1, 2, 1)),
+    ((1, 4, 1, 3, 3), (4, 3, 2, 2, 2), 2, (0, 0, 1), (0, 1, 1), 2, (2, 2, 1)),
+    ((1, 2, 1, 2, 1), (2, 2, 3, 3, 3), 1, 0, 0, 2, (2, 1, 1)),
+    ((2, 1, 2, 3, 3), (1, 3, 3, 3, 3), 2, 2, 0, 1, (1, 2, 1)),
+]
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last_3d])
+@pytest.mark.parametrize("layer", BFLOAT16_LAYERS)
+def test_bfloat16_layers_with_one_channel_per_group(layer, layout):
+    """bfloat16 layers whose phase convolutions have one channel per group and a window of depth 1: oneDNN's
+    bfloat16 convolution on this project's CPU (PyTorch 2.13) returned wrong sums, zeros among them, from
+    channels-last operands there (grad_input and grad_weight 0.3-0.9 off float64, a forward 0.96), so the phases
+    take bfloat16 contiguous. Forward and gradients against float64, at bfloat16's tolerance."""
+    x_shape, w_shape, *args = layer
+    torch.manual_seed(len(x_shape) + sum(x_shape) + sum(w_shape))
+    x = torch.randn(x_shape).bfloat16().contiguous(memory_format=layout)
+    w, b = torch.randn(w_shape).bfloat16(), torch.randn(w_shape[1] * args[3]).bfloat16()
+    plan = make_plan(x_shape, w_shape, *args)
+    x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
+    y64 = torch.nn.functional.conv_transpose3d(x64, w64, b64, *args)
+    grad = torch.randn(y64.shape)
+    expected = torch.autograd.grad(y64, (x64, w64), grad.double())
+    assert_close_rel(torch_phase.conv_transpose3d(x, w, b, plan), y64.detach(), 1e-2, "forward")
+    actual = conv_transpose3d_backward(grad.bfloat16(), x, w, plan)
+    for a, e, name in zip(actual, expected, ("input", "weight")):
+        assert_close_rel(a, e, 1e-2, f"grad {name}")

@@ -146,6 +146,17 @@ def _conv_padding(pads):
 CONV_CHANNELS_LAST = collections.defaultdict(lambda: False, cpu=True)
 
 
+def _conv_operand(t: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """An operand of the phases' convolutions: channels-last where asked, else as it is; on the CPU bfloat16 always
+    contiguous. oneDNN's bfloat16 convolutions on this project's CPU (PyTorch 2.13) returned wrong sums, zeros among
+    them, from channels-last operands with one channel per group and a window of depth 1 (grad_input and
+    grad_weight of such layers 0.3-0.9 off float64), and none from contiguous ones in a thousand random layers
+    (tests/test_torch_phase.py)."""
+    if t.dtype == torch.bfloat16 and t.device.type == "cpu":
+        return t.contiguous()
+    return t.contiguous(memory_format=torch.channels_last_3d) if channels_last else t
+
+
 # Per device type: run a float32 phase's correlation in TF32 mode as a stride-1 conv_transpose3d where it can
 # express it, instead of conv3d with flipped taps (whose weight costs a flip and a copy, each a launch whose host
 # time shows). Measured on the H200, problem 77's forward, one process, each twice: TF32 0.538-0.569 ms against
@@ -163,9 +174,8 @@ def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) 
             return out
     x, padding = _padded_operand(input, _input_pads(plan, phases))
     w = _phase_weight(weight, phases, plan.groups)
-    if CONV_CHANNELS_LAST[x.device.type]:
-        x = x.contiguous(memory_format=torch.channels_last_3d)
-        w = w.contiguous(memory_format=torch.channels_last_3d)
+    channels_last = CONV_CHANNELS_LAST[x.device.type]
+    x, w = _conv_operand(x, channels_last), _conv_operand(w, channels_last)
     return F.conv3d(x, w, bias, 1, padding, tuple(p.input_dilation for p in phases), plan.groups)
 
 
@@ -419,6 +429,7 @@ def aten_phase_backward(grad_output, index, input, weight, plan: Plan, phases, n
     part_weight = None
     if need_weight:
         x, padding = _padded_operand(input, _input_pads(plan, phases))
+        x, lattice = _conv_operand(x, False), _conv_operand(lattice, False)
         dilation = [p.input_dilation for p in phases]
         _, part, _ = torch.ops.aten.convolution_backward(
             lattice, x, _phase_weight(weight, phases, plan.groups), None, [1, 1, 1], list(padding), dilation,
@@ -476,9 +487,8 @@ def phase_grad_input(g, weight, plan: Plan, phases) -> torch.Tensor:
     pads, padding, dilation = _grad_input_conv(plan, phases)
     if pads is not None:
         g = _pad(g, pads)
-    if CONV_CHANNELS_LAST[g.device.type]:
-        g = g.contiguous(memory_format=torch.channels_last_3d)
-        w = w.contiguous(memory_format=torch.channels_last_3d)
+    channels_last = CONV_CHANNELS_LAST[g.device.type]
+    g, w = _conv_operand(g, channels_last), _conv_operand(w, channels_last)
     return F.conv3d(g, w, None, 1, padding, dilation, plan.groups)
 
 
