@@ -114,3 +114,24 @@ def assert_close_rel(actual, expected, rel: float, what: str = ""):
                 for i in worst]
         raise AssertionError(f"{what} relative error {err:.3e} > {rel:.1e}\n" + "\n".join(rows))
     return err
+
+
+def assert_compiled_calls_match(compiled, model, reference, inputs, rel: float = 1e-5):
+    """Each input through the compiled model: the output's strides as the model's own call gives them, and the
+    output and the gradients of the input and of every parameter against the float64 reference model (which has
+    the model's parameters)."""
+    for x in inputs:
+        x = x.detach().requires_grad_()
+        x64 = x.detach().double().requires_grad_()
+        y, y64 = compiled(x), reference(x64)
+        assert y.stride() == model(x).stride()
+        grad = torch.randn(y.shape, device=y.device)
+        y.backward(grad)
+        y64.backward(grad.double())
+        what = f"input {tuple(x.shape)} strides {x.stride()}"
+        assert_close_rel(y, y64, rel, what)
+        assert_close_rel(x.grad, x64.grad, rel, what)
+        for p, p64 in zip(model.parameters(), reference.parameters()):
+            assert_close_rel(p.grad, p64.grad, rel, what)
+        model.zero_grad()
+        reference.zero_grad()

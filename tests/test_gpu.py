@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import convt3d
-from conftest import assert_close_rel
+from conftest import assert_close_rel, assert_compiled_calls_match
 from convt3d.backends import cuda
 from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.torch_phase import (_backward_phases, _lattice_geometry, _regions, aten_phase_backward,
@@ -552,25 +552,10 @@ def test_compile_meets_new_shapes_and_channels_last_inputs_on_gpu():
                                     torch.nn.ReLU(), torch.nn.ConvTranspose3d(6, 4, 2, stride=2)).cuda().double()
     reference.load_state_dict(model.state_dict())
     compiled = torch.compile(model, fullgraph=True)
+    inputs = [torch.rand(batch, 8, depth, 6, 7, device="cuda") for batch, depth in [(2, 3), (3, 5), (1, 4), (5, 2)]]
+    inputs[2:] = [x.contiguous(memory_format=torch.channels_last_3d) for x in inputs[2:]]
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        for batch, depth, channels_last in [(2, 3, False), (3, 5, False), (1, 4, True), (5, 2, True)]:
-            x = torch.rand(batch, 8, depth, 6, 7, device="cuda")
-            if channels_last:
-                x = x.contiguous(memory_format=torch.channels_last_3d)
-            x.requires_grad_()
-            x64 = x.detach().double().requires_grad_()
-            y, y64 = compiled(x), reference(x64)
-            assert y.stride() == model(x).stride()
-            grad = torch.randn(y.shape, device="cuda")
-            y.backward(grad)
-            y64.backward(grad.double())
-            what = f"batch {batch}, depth {depth}, channels_last {channels_last}"
-            assert_close_rel(y, y64, 1e-5, what)
-            assert_close_rel(x.grad, x64.grad, 1e-5, what)
-            for p, p64 in zip(model.parameters(), reference.parameters()):
-                assert_close_rel(p.grad, p64.grad, 1e-5, what)
-            model.zero_grad()
-            reference.zero_grad()
+        assert_compiled_calls_match(compiled, model, reference, inputs)
 
 
 def test_bench_timer_flushes_the_l2_from_the_gpu():
