@@ -74,8 +74,8 @@ def test_phase_conv_as_transposed_convolution_applies_to_problem_77():
     assert_close_rel(out, torch_phase._phase_conv(x, w, None, plan, phase.axes), 1e-10)
 
 
-# (input shape, weight shape, stride, padding, output_padding, groups, dilation); the first four from random
-# layers where oneDNN's bfloat16 convolutions went wrong.
+# (input shape, weight shape, stride, padding, output_padding, groups, dilation): the first, third and fourth
+# from random layers where oneDNN's bfloat16 convolutions went wrong, the second and fifth variants of the first.
 BFLOAT16_LAYERS = [
     ((2, 1, 2, 3, 3), (1, 1, 3, 3, 3), 2, 2, 0, 1, (1, 2, 1)),
     ((2, 3, 2, 3, 3), (3, 1, 3, 3, 3), 2, 2, 0, 1, (1, 2, 1)),
@@ -87,11 +87,11 @@ BFLOAT16_LAYERS = [
 
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last_3d])
 @pytest.mark.parametrize("layer", BFLOAT16_LAYERS)
-def test_bfloat16_layers_with_one_channel_per_group(layer, layout):
-    """bfloat16 layers whose phase convolutions have one channel per group and a window of depth 1: oneDNN's
-    bfloat16 convolution on this project's CPU (PyTorch 2.13) returned wrong sums, zeros among them, from
-    channels-last operands there (grad_input and grad_weight 0.3-0.9 off float64, a forward 0.96), so the phases
-    take bfloat16 contiguous. Forward and gradients against float64, at bfloat16's tolerance."""
+def test_bfloat16_layers_with_depth_one_windows(layer, layout):
+    """bfloat16 layers whose phase convolutions have a window of depth 1: oneDNN's bfloat16 convolution on this
+    project's CPU (PyTorch 2.13) returned wrong sums, zeros among them, from channels-last operands there
+    (grad_input and grad_weight 0.3-0.9 off float64, a forward 0.96), so the phases take bfloat16 contiguous.
+    Forward and gradients against float64, at bfloat16's tolerance."""
     x_shape, w_shape, *args = layer
     torch.manual_seed(len(x_shape) + sum(x_shape) + sum(w_shape))
     x = torch.randn(x_shape).bfloat16().contiguous(memory_format=layout)

@@ -149,9 +149,9 @@ CONV_CHANNELS_LAST = collections.defaultdict(lambda: False, cpu=True)
 def _conv_operand(t: torch.Tensor, channels_last: bool) -> torch.Tensor:
     """An operand of the phases' convolutions: channels-last where asked, else as it is; on the CPU bfloat16 always
     contiguous. oneDNN's bfloat16 convolutions on this project's CPU (PyTorch 2.13) returned wrong sums, zeros among
-    them, from channels-last operands with one channel per group and a window of depth 1 (grad_input and
-    grad_weight of such layers 0.3-0.9 off float64), and none from contiguous ones in a thousand random layers
-    (tests/test_torch_phase.py)."""
+    them, from channels-last operands on small layers whose correlation window has depth 1 (grad_input and
+    grad_weight 0.3-0.9 off float64, one forward 0.96; tests/test_torch_phase.py), and none from contiguous operands
+    in 999 random small convolutions."""
     if t.dtype == torch.bfloat16 and t.device.type == "cpu":
         return t.contiguous()
     return t.contiguous(memory_format=torch.channels_last_3d) if channels_last else t
