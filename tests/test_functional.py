@@ -275,3 +275,37 @@ def test_auto_picks_the_faster_candidate_and_logs_the_times(monkeypatch, caplog,
     plan = convt3d.plan.make_plan(tuple(x.shape), tuple(w.shape), 2, 1, 0, 1, 2)
     assert functional.choose_backend(x, w, None, plan) == ({"torch", "eager"} - {slow}).pop()
     assert "auto's median times" in caplog.text
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch", "eager"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_computes_in_its_dtype_as_pytorch(dtype, backend):
+    """Under torch.autocast the layer runs in autocast's dtype, as PyTorch's (an operation autocast lowers): the
+    output's dtype PyTorch's, its values those of float64 on the cast operands, the gradients in the parameters' and
+    the input's own dtype. Before, "auto" compared its float32 result with eager's bfloat16 one and raised. Half
+    precision's tolerance (the output is rounded to it, and the backward computes in it)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 3, 4, 5, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, 3, requires_grad=True)
+    b = torch.randn(3, requires_grad=True)
+    args = (2, 1, 1, 1, (1, 2, 1))
+    with torch.autocast("cpu", dtype=dtype):
+        expected_dtype = F.conv_transpose3d(x, w, b, *args).dtype
+        y = convt3d.conv_transpose3d(x, w, b, *args, backend=backend)
+    assert y.dtype == expected_dtype == dtype
+    cast64 = [t.detach().to(dtype).double().requires_grad_() for t in (x, w, b)]
+    y64 = F.conv_transpose3d(*cast64, *args)
+    assert_close_rel(y, y64, 1e-2, "output")
+    grad = torch.randn(y.shape)
+    grads = torch.autograd.grad(y, (x, w, b), grad.to(dtype))
+    for got, want, name in zip(grads, torch.autograd.grad(y64, cast64, grad.double()), ("input", "weight", "bias")):
+        assert got.dtype == torch.float32, name
+        assert_close_rel(got, want, 1e-2, f"grad {name}")
+
+
+def test_autocast_leaves_float64_as_it_is():
+    x, w = torch.randn(1, 2, 3, 3, 3, dtype=torch.float64), torch.randn(2, 2, 2, 2, 2, dtype=torch.float64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = convt3d.conv_transpose3d(x, w, None, 2)
+    assert y.dtype == torch.float64
+    assert_close_rel(y, F.conv_transpose3d(x, w, None, 2), 1e-12)

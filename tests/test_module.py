@@ -158,7 +158,8 @@ def test_each_input_signature_binds_its_own_forward(prepared_spy):
     assert [len(calls) for calls in served] == [2, 2] and len(prepared_spy.full) == 2 + 2
 
 
-@pytest.mark.parametrize("change", ["stride", "backend", "weight replaced", "weight moved", "tf32", "output_size"])
+@pytest.mark.parametrize("change", ["stride", "backend", "weight replaced", "weight moved", "tf32", "output_size",
+                                    "autocast"])
 def test_a_change_since_binding_takes_the_full_way(prepared_spy, change):
     """What the bound forward's answers depend on, changed after it was bound: the next call goes the full way (and
     binds anew where the prepared call serves), with the result that change asks for."""
@@ -179,6 +180,10 @@ def test_a_change_since_binding_takes_the_full_way(prepared_spy, change):
         if change == "tf32":
             with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
                 out = layer(x)
+        elif change == "autocast":  # the operands cast as autocast casts them, then bfloat16's kernels
+            with torch.autocast(x.device.type, dtype=torch.bfloat16):
+                out = layer(x)
+            assert out.dtype == torch.bfloat16
         elif change == "output_size":
             out = layer(x, output_size=[6, 8, 10])
             calls = 2  # (given an output size, always the full way)
@@ -188,8 +193,8 @@ def test_a_change_since_binding_takes_the_full_way(prepared_spy, change):
                                                             2, 1, (1, 1, 1)), 1e-6)
         else:
             out = layer(x)
-    if change != "output_size":  # (TF32 keeps 11 significant bits)
-        assert_close_rel(out, _expected(layer, x), 2e-3 if change == "tf32" else 1e-6)
+    if change != "output_size":  # (TF32 keeps 11 significant bits; bfloat16 8)
+        assert_close_rel(out, _expected(layer, x), {"tf32": 2e-3, "autocast": 1e-2}.get(change, 1e-6))
     assert len(prepared_spy.full) == 1 + calls
 
 
@@ -240,3 +245,4 @@ def test_a_bound_module_copies_and_pickles_without_its_bound_forwards(prepared_s
             assert "_bound_forwards" not in other.__dict__ and other.weight is not layer.weight
             assert_close_rel(other(x), _expected(layer, x), 1e-6)
         assert layer.__dict__.get("_bound_forwards")
+

@@ -293,6 +293,23 @@ def test_compile_meets_new_shapes_and_channels_last_inputs():
     assert_compiled_calls_match(compiled, model, reference, inputs)
 
 
+
+def test_compile_under_autocast():
+    """A compiled model under torch.autocast: the casts are traced with the op (fullgraph), the output in autocast's
+    dtype as eager PyTorch's, and outside autocast float32 again (a guard on the autocast state)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(convt3d.ConvTranspose3d(4, 3, 3, stride=2, padding=1), nn.ReLU())
+    reference = nn.Sequential(nn.ConvTranspose3d(4, 3, 3, stride=2, padding=1), nn.ReLU())
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 4, 3, 4, 5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        actual, expected = compiled(x), reference(x)
+    assert actual.dtype == expected.dtype == torch.bfloat16
+    assert_close_rel(actual, expected, 1e-2)
+    assert compiled(x).dtype == torch.float32
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

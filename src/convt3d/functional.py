@@ -303,6 +303,30 @@ def _triton_forward():
     return conv_transpose3d
 
 
+_any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
+
+
+def autocast_dtype(device_type: str):
+    """The dtype autocast runs convolutions in on this device type, or None where it is off there (or the device
+    type has no autocast, as "meta"). PyTorch puts conv_transpose3d among the operations autocast runs in its lower
+    precision, on the CPU and on CUDA."""
+    if _any_autocast_enabled is not None and not torch.compiler.is_compiling() and not _any_autocast_enabled():
+        return None  # (one call, 0.15 us on the 2-core CPU: the common case)
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # no autocast for this device type
+        return None
+    return torch.get_autocast_dtype(device_type) if enabled else None
+
+
+def _autocast_cast(t, dtype: torch.dtype, device_type: str):
+    """t as autocast casts an operand: floating-point tensors on its device type other than float64 to dtype."""
+    if (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in (torch.float64, dtype)
+            and t.device.type == device_type):
+        return t.to(dtype)
+    return t
+
+
 def conv_transpose3d(
     input,
     weight,
@@ -324,6 +348,16 @@ def conv_transpose3d(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if isinstance(input, torch.Tensor):
+        cast_to = autocast_dtype(input.device.type)
+        if cast_to is not None:
+            # As autocast runs F.conv_transpose3d: floating-point operands but float64 cast to its dtype (the
+            # casts recorded by autograd, so gradients reach the parameters in their own dtype), then the call with
+            # autocast off.
+            input, weight, bias = (_autocast_cast(t, cast_to, input.device.type) for t in (input, weight, bias))
+            with torch.autocast(input.device.type, enabled=False):
+                return conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups, dilation,
+                                        backend=backend)
     batched, plan, unbatched = validate(input, weight, bias, stride, padding, output_padding, groups, dilation)
     out = apply(batched, weight, bias, plan, backend)
     return out.squeeze(0) if unbatched else out
