@@ -309,3 +309,29 @@ def test_autocast_leaves_float64_as_it_is():
         y = convt3d.conv_transpose3d(x, w, None, 2)
     assert y.dtype == torch.float64
     assert_close_rel(y, F.conv_transpose3d(x, w, None, 2), 1e-12)
+
+
+@pytest.mark.skipif(not hasattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision"),
+                    reason="PyTorch's per-operator TF32 settings (2.9 and later)")
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+def test_per_operator_tf32_setting(precision):
+    """torch.backends.cudnn.conv.fp32_precision set apart from the RNNs' (PyTorch's newer API): reading
+    torch.backends.cudnn.allow_tf32 then raises, which every convt3d call did; the convolutions' setting decides."""
+    from convt3d.backends import cudnn_allow_tf32
+
+    conv = torch.backends.cudnn.conv
+    before = conv.fp32_precision
+    x, w = torch.randn(2, 3, 3, 4, 5), torch.randn(3, 2, 3, 3, 3)
+    try:
+        conv.fp32_precision = precision
+        torch.backends.cudnn.rnn.fp32_precision = "tf32" if precision == "ieee" else "ieee"
+        with pytest.raises(RuntimeError):
+            torch.backends.cudnn.allow_tf32
+        assert cudnn_allow_tf32() == (precision == "tf32")
+        for backend in ("auto", "torch"):
+            actual = convt3d.conv_transpose3d(x, w, None, 2, 1, backend=backend)
+            assert_close_rel(actual, F.conv_transpose3d(x.double(), w.double(), None, 2, 1), 1e-5, backend)
+    finally:
+        conv.fp32_precision = before
+        torch.backends.cudnn.rnn.fp32_precision = before
+    assert torch.backends.cudnn.allow_tf32 == (before == "tf32")

@@ -197,7 +197,7 @@ def _fastest(candidates, input, weight, bias, plan) -> str:
         if name != "eager" and not torch.allclose(result, reference, rtol=tolerance, atol=tolerance, equal_nan=True):
             logger.debug("convt3d: auto skips %s for %s: its result differs from eager's beyond %g",
                          name, plan.key, tolerance)
-            if name == "triton" and input.dtype == torch.float32 and torch.backends.cudnn.allow_tf32:
+            if name == "triton" and input.dtype == torch.float32 and cudnn_allow_tf32():
                 # TF32 is allowed, not required: cuDNN runs some layers (grouped ones) in float32 all the same,
                 # and a TF32 result then strays from its. The Triton kernel at float32 accuracy may still win.
                 pending.insert(0, "triton_float32")

@@ -7,7 +7,23 @@ import torch
 current_cuda_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
 # torch.backends.cudnn.allow_tf32 read through the getter under its property (the property's wrapper costs 0.2 us a
 # read on the 2-core CPU), for the calls that read it on every forward.
-cudnn_allow_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or (lambda: torch.backends.cudnn.allow_tf32)
+_legacy_cudnn_allow_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32", None) or (
+    lambda: torch.backends.cudnn.allow_tf32)
+# PyTorch 2.9's per-operator TF32 settings (torch.backends.cudnn.conv.fp32_precision and those above it).
+_fp32_precision = getattr(torch._C, "_get_fp32_precision_getter", None)
+
+
+def cudnn_allow_tf32() -> bool:
+    """Whether PyTorch's convolutions may compute float32 in TF32: torch.backends.cudnn.allow_tf32, the setting of
+    convolutions and RNNs together. Where PyTorch's per-operator settings have set the two apart (for one,
+    torch.backends.cudnn.conv.fp32_precision = "ieee"), reading it raises, and the convolutions' own setting
+    decides, as it does for PyTorch's convolutions (resolved through the backend's and the generic setting)."""
+    try:
+        return _legacy_cudnn_allow_tf32()
+    except RuntimeError:
+        if _fp32_precision is None:
+            raise
+        return _fp32_precision("cuda", "conv") == "tf32"
 
 
 def contiguous_operands(input: torch.Tensor, weight: torch.Tensor, bias) -> bool:

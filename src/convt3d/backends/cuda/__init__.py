@@ -22,6 +22,7 @@ import threading
 
 import torch
 
+from .. import cudnn_allow_tf32
 from ..triton import cdiv  # (these two import no Triton)
 from ..triton.launch import _current_stream
 from . import grad_weight, phase_conv
@@ -85,7 +86,7 @@ def _unsupported_setting(device: torch.device, dtype: torch.dtype, groups: int, 
         return f"needs an sm_90 GPU (Hopper), got {device}"
     if dtype != torch.float32:
         return "float32 only"
-    if tf32_only and not torch.backends.cudnn.allow_tf32:
+    if tf32_only and not cudnn_allow_tf32():
         return "TF32 mode only (torch.backends.cudnn.allow_tf32)"
     if groups != 1:
         return "groups > 1"
