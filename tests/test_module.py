@@ -246,3 +246,11 @@ def test_a_bound_module_copies_and_pickles_without_its_bound_forwards(prepared_s
             assert_close_rel(other(x), _expected(layer, x), 1e-6)
         assert layer.__dict__.get("_bound_forwards")
 
+
+
+@pytest.mark.parametrize("value", ["x", None, [1.0, 2.0]])
+def test_an_input_that_is_no_tensor_is_named(value):
+    """As nn.ConvTranspose3d: a TypeError naming the input (before, an AttributeError from the bound forwards'
+    lookup)."""
+    with pytest.raises(TypeError, match="input"):
+        convt3d.ConvTranspose3d(2, 3, 3)(value)

@@ -354,8 +354,9 @@ def conv_transpose3d(
             # As autocast runs F.conv_transpose3d: floating-point operands but float64 cast to its dtype (the
             # casts recorded by autograd, so gradients reach the parameters in their own dtype), then the call with
             # autocast off.
-            input, weight, bias = (_autocast_cast(t, cast_to, input.device.type) for t in (input, weight, bias))
-            with torch.autocast(input.device.type, enabled=False):
+            device_type = input.device.type
+            input, weight, bias = (_autocast_cast(t, cast_to, device_type) for t in (input, weight, bias))
+            with torch.autocast(device_type, enabled=False):
                 return conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups, dilation,
                                         backend=backend)
     batched, plan, unbatched = validate(input, weight, bias, stride, padding, output_padding, groups, dilation)

@@ -37,8 +37,10 @@ class ConvTranspose3d(nn.ConvTranspose3d):
         else:
             weight, bias = self.weight, self.bias
         bounds = signature = None
-        # (Under autocast the full way casts the operands as autocast does; the bound forwards run them as given.)
-        if output_size is None and not torch.compiler.is_compiling() and autocast_dtype(input.device.type) is None:
+        # (Under autocast the full way casts the operands as autocast does; the bound forwards run them as given. An
+        # input that is no tensor takes the full way too, whose checks name it.)
+        if (output_size is None and not torch.compiler.is_compiling() and isinstance(input, torch.Tensor)
+                and autocast_dtype(input.device.type) is None):
             bounds = self._bound_forwards
             if bounds is not None and self._config_is(self._bound_config):
                 signature = ops.signature(input)
