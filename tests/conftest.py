@@ -135,3 +135,25 @@ def assert_compiled_calls_match(compiled, model, reference, inputs, rel: float =
             assert_close_rel(p.grad, p64.grad, rel, what)
         model.zero_grad()
         reference.zero_grad()
+
+
+def assert_autocast_call_matches(x, w, b, args, dtype, backend: str, output_rel: float, grad_rel: float = 1e-2):
+    """convt3d.conv_transpose3d(x, w, b, *args) under torch.autocast to dtype on x's device type: the output in
+    PyTorch's dtype there, against float64 on the operands cast to dtype, and the gradients of x, w and b in
+    float32 against float64's."""
+    import torch.nn.functional as F
+
+    import convt3d  # (here: this module sets TRITON_INTERPRET before anything imports the kernels)
+
+    with torch.autocast(x.device.type, dtype=dtype):
+        expected_dtype = F.conv_transpose3d(x, w, b, *args).dtype
+        y = convt3d.conv_transpose3d(x, w, b, *args, backend=backend)
+    assert y.dtype == expected_dtype == dtype
+    cast64 = [t.detach().to(dtype).double().requires_grad_() for t in (x, w, b)]
+    y64 = F.conv_transpose3d(*cast64, *args)
+    assert_close_rel(y, y64, output_rel, "output")
+    grad = torch.randn(y.shape, device=y.device)
+    grads = torch.autograd.grad(y, (x, w, b), grad.to(dtype))
+    for got, want, name in zip(grads, torch.autograd.grad(y64, cast64, grad.double()), ("input", "weight", "bias")):
+        assert got.dtype == torch.float32, name
+        assert_close_rel(got, want, grad_rel, f"grad {name}")

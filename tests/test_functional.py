@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from conftest import assert_close_rel, layer_args, make_tensors, random_config
+from conftest import assert_autocast_call_matches, assert_close_rel, layer_args, make_tensors, random_config
 
 # (dtype, relative tolerance vs PyTorch's own float64 result).
 # float32: two float32 summations of the same products, in different orders.
@@ -288,19 +288,7 @@ def test_autocast_computes_in_its_dtype_as_pytorch(dtype, backend):
     x = torch.randn(2, 4, 3, 4, 5, requires_grad=True)
     w = torch.randn(4, 3, 3, 3, 3, requires_grad=True)
     b = torch.randn(3, requires_grad=True)
-    args = (2, 1, 1, 1, (1, 2, 1))
-    with torch.autocast("cpu", dtype=dtype):
-        expected_dtype = F.conv_transpose3d(x, w, b, *args).dtype
-        y = convt3d.conv_transpose3d(x, w, b, *args, backend=backend)
-    assert y.dtype == expected_dtype == dtype
-    cast64 = [t.detach().to(dtype).double().requires_grad_() for t in (x, w, b)]
-    y64 = F.conv_transpose3d(*cast64, *args)
-    assert_close_rel(y, y64, 1e-2, "output")
-    grad = torch.randn(y.shape)
-    grads = torch.autograd.grad(y, (x, w, b), grad.to(dtype))
-    for got, want, name in zip(grads, torch.autograd.grad(y64, cast64, grad.double()), ("input", "weight", "bias")):
-        assert got.dtype == torch.float32, name
-        assert_close_rel(got, want, 1e-2, f"grad {name}")
+    assert_autocast_call_matches(x, w, b, (2, 1, 1, 1, (1, 2, 1)), dtype, backend, 1e-2)
 
 
 def test_autocast_leaves_float64_as_it_is():

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import convt3d
-from conftest import assert_close_rel, assert_compiled_calls_match
+from conftest import assert_autocast_call_matches, assert_close_rel, assert_compiled_calls_match
 from convt3d.backends import cuda
 from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.torch_phase import (_backward_phases, _lattice_geometry, _regions, aten_phase_backward,
@@ -567,18 +567,8 @@ def test_autocast_on_gpu_computes_in_float16_as_pytorch(backend):
     x = torch.randn(2, 16, 4, 5, 6, device="cuda", requires_grad=True)
     w = torch.randn(16, 8, 3, 3, 3, device="cuda", requires_grad=True)
     b = torch.randn(8, device="cuda", requires_grad=True)
-    with torch.autocast("cuda", dtype=torch.float16):
-        expected_dtype = F.conv_transpose3d(x, w, b, 2, 1, 1).dtype
-        y = convt3d.conv_transpose3d(x, w, b, 2, 1, 1, backend=backend)
-    assert y.dtype == expected_dtype == torch.float16
-    cast64 = [t.detach().half().double().requires_grad_() for t in (x, w, b)]
-    y64 = F.conv_transpose3d(*cast64, 2, 1, 1)
-    assert_close_rel(y, y64, 1e-3, "output")
-    grad = torch.randn(y.shape, device="cuda")
-    grads = torch.autograd.grad(y, (x, w, b), grad.half())
-    for got, want, name in zip(grads, torch.autograd.grad(y64, cast64, grad.double()), ("input", "weight", "bias")):
-        assert got.dtype == torch.float32, name
-        assert_close_rel(got, want, 1e-2, f"grad {name}")
+    assert_autocast_call_matches(x, w, b, (2, 1, 1), torch.float16, backend, 1e-3)
+
 
 def test_bench_timer_flushes_the_l2_from_the_gpu():
     """time_cuda's flush buffer lives on the GPU while the calls run (until the fifth session it was allocated on
