@@ -570,6 +570,37 @@ def test_autocast_on_gpu_computes_in_float16_as_pytorch(backend):
     assert_autocast_call_matches(x, w, b, (2, 1, 1), torch.float16, backend, 1e-3)
 
 
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+@pytest.mark.parametrize("kernel_size, dilation", [(2, 1), (3, 2)])  # the tiled GEMM's layer, problem 77's geometry
+def test_per_operator_tf32_setting_on_gpu(precision, kernel_size, dilation, nan_poisoned_allocator):
+    """torch.backends.cudnn.conv.fp32_precision set apart from the RNNs' (PyTorch 2.9+) gives each backend the
+    results that the legacy allow_tf32 flag of the same meaning gives: "ieee" float32 accuracy (the issue's 1e-6
+    against float64), "tf32" TF32's rounding."""
+    stride, padding = 2, 1 if kernel_size == 3 else 0
+    torch.manual_seed(0)
+    layer = torch.nn.ConvTranspose3d(32, 16, kernel_size, stride, padding, dilation=dilation).cuda()
+    x = torch.rand(2, 32, 5, 9, 10, device="cuda")
+    w, b = layer.weight.detach(), layer.bias.detach()
+    args = (stride, padding, 0, 1, dilation)
+    reference = F.conv_transpose3d(x.double(), w.double(), b.double(), *args)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=precision == "tf32"):
+        legacy = {backend: convt3d.conv_transpose3d(x, w, b, *args, backend=backend) for backend in ("torch", "triton")}
+    conv, rnn = torch.backends.cudnn.conv, torch.backends.cudnn.rnn
+    before = conv.fp32_precision, rnn.fp32_precision
+    try:
+        conv.fp32_precision = precision
+        rnn.fp32_precision = "tf32" if precision == "ieee" else "ieee"
+        for backend in ("auto", "torch", "triton"):
+            actual = convt3d.conv_transpose3d(x, w, b, *args, backend=backend)
+            error = assert_close_rel(actual, reference, 1e-6 if precision == "ieee" else 1e-3, backend)
+            if backend in legacy:
+                assert torch.equal(actual, legacy[backend]), backend
+        if precision == "tf32":
+            assert error > 1e-6, error  # the Triton kernel rounded as TF32 does: the setting reached it
+    finally:
+        conv.fp32_precision, rnn.fp32_precision = before
+
+
 def test_bench_timer_flushes_the_l2_from_the_gpu():
     """time_cuda's flush buffer lives on the GPU while the calls run (until the fifth session it was allocated on
     the CPU, so its writes never reached the GPU's L2)."""
