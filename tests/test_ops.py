@@ -310,6 +310,60 @@ def test_compile_under_autocast():
     assert_close_rel(actual, expected, 1e-2)
     assert compiled(x).dtype == torch.float32
 
+
+def _traceable_models():
+    """A convt3d model that has already run eager calls (so its modules hold bound forwards), and its float64
+    nn.ConvTranspose3d twin."""
+    torch.manual_seed(0)
+    model = nn.Sequential(convt3d.ConvTranspose3d(4, 3, 3, stride=2, padding=1, output_padding=1), nn.ReLU(),
+                          convt3d.ConvTranspose3d(3, 2, 2, stride=(1, 2, 2), bias=False))
+    reference = nn.Sequential(nn.ConvTranspose3d(4, 3, 3, stride=2, padding=1, output_padding=1), nn.ReLU(),
+                              nn.ConvTranspose3d(3, 2, 2, stride=(1, 2, 2), bias=False)).double()
+    reference.load_state_dict(model.state_dict())
+    model(torch.rand(2, 4, 3, 4, 5))
+    model(torch.rand(2, 4, 3, 4, 5))
+    return model, reference
+
+
+@pytest.mark.parametrize("unbatched", [False, True])
+def test_jit_trace_records_the_op(unbatched):
+    """torch.jit.trace (nn.ConvTranspose3d traces): the registered op in the graph, no TracerWarning (the checks see
+    the sizes as numbers), and the traced model, saved and loaded, on a new shape: forward and gradients against
+    float64. Before, the trace failed on the eager autograd node ("not supported in the JIT")."""
+    import io
+    import warnings
+
+    model, reference = _traceable_models()
+    example = torch.rand(2, 4, 3, 4, 5)[0 if unbatched else slice(None)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch.jit.TracerWarning)
+        traced = torch.jit.trace(model, example)
+    assert str(traced.inlined_graph).count("convt3d::conv_transpose3d(") == 2
+    buffer = io.BytesIO()
+    torch.jit.save(traced, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    x = torch.rand(3, 4, 4, 3, 5)[0 if unbatched else slice(None)].requires_grad_()
+    actual = loaded(x)
+    x64 = x.detach().double().requires_grad_()
+    expected = reference(x64)
+    assert_close_rel(actual, expected, 1e-5)
+    grad = torch.randn(expected.shape)
+    assert_close_rel(torch.autograd.grad(actual, x, grad)[0], torch.autograd.grad(expected, x64, grad.double())[0],
+                     1e-5)
+
+
+def test_export_with_a_dynamic_batch():
+    """torch.export.export of a model that has run eager calls and been traced (whose bound forwards' keys held
+    traced sizes before, which export then failed on): the exported program on another batch size against float64."""
+    model, reference = _traceable_models()
+    torch.jit.trace(model, torch.rand(2, 4, 3, 4, 5))
+    batch = torch.export.Dim("batch", min=1, max=8)
+    exported = torch.export.export(model, (torch.rand(2, 4, 3, 4, 5),), dynamic_shapes=({0: batch},))
+    x = torch.rand(5, 4, 3, 4, 5)
+    assert_close_rel(exported.module()(x), reference(x.double()), 1e-5)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -304,6 +304,15 @@ def _triton_forward():
 
 
 _any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
+_jit_tracing = torch._C._is_tracing
+_tracing_state, _set_tracing_state = torch._C._get_tracing_state, torch._C._set_tracing_state
+
+
+def recording() -> bool:
+    """Whether torch.compile (or torch.export) or torch.jit.trace records this call into a graph: the registered op
+    then stands for the layer there, and no cache or bound forward of eager calls serves it (under torch.jit.trace
+    sizes are traced tensors, under torch.compile they may be symbolic)."""
+    return torch.compiler.is_compiling() or _jit_tracing()
 
 
 def autocast_dtype(device_type: str):
@@ -359,6 +368,17 @@ def conv_transpose3d(
             with torch.autocast(device_type, enabled=False):
                 return conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups, dilation,
                                         backend=backend)
-    batched, plan, unbatched = validate(input, weight, bias, stride, padding, output_padding, groups, dilation)
+    if not torch.compiler.is_compiling() and _jit_tracing():  # (torch.compile cannot trace _jit_tracing)
+        # The checks on the sizes as numbers: under torch.jit.trace they are traced tensors, and each comparison
+        # would warn that the trace might not generalise. The batching and the registered op are recorded.
+        state = _tracing_state()
+        _set_tracing_state(None)
+        try:
+            _, plan, unbatched = validate(input, weight, bias, stride, padding, output_padding, groups, dilation)
+        finally:
+            _set_tracing_state(state)
+        batched = input.unsqueeze(0) if unbatched else input
+    else:
+        batched, plan, unbatched = validate(input, weight, bias, stride, padding, output_padding, groups, dilation)
     out = apply(batched, weight, bias, plan, backend)
     return out.squeeze(0) if unbatched else out

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from . import ops
-from .functional import BACKENDS, autocast_dtype, conv_transpose3d, validate
+from .functional import BACKENDS, autocast_dtype, conv_transpose3d, recording, validate
 from .plan import output_padding_for_size
 
 # Bound forwards kept per module (one per input signature) before starting over.
@@ -39,7 +39,7 @@ class ConvTranspose3d(nn.ConvTranspose3d):
         bounds = signature = None
         # (Under autocast the full way casts the operands as autocast does; the bound forwards run them as given. An
         # input that is no tensor takes the full way too, whose checks name it.)
-        if (output_size is None and not torch.compiler.is_compiling() and isinstance(input, torch.Tensor)
+        if (output_size is None and not recording() and isinstance(input, torch.Tensor)
                 and autocast_dtype(input.device.type) is None):
             bounds = self._bound_forwards
             if bounds is not None and self._config_is(self._bound_config):

@@ -11,10 +11,10 @@ off CUDA, aten ops only; where the backward is itself differentiated (create_gra
 differentiable aten path everywhere. Eager calls that need autograd run the forward with grad mode off, then
 record a plain autograd.Function's node with the same gradients (under torch.func's transforms, a setup_context
 twin that computes in its forward), except on CUDA where eager's kernel runs the forward and aten's own backward
-would serve: PyTorch's autograd records that call itself. The op's Python dispatch is for torch.compile. CUDA tensors
-on another GPU than the current one run under that GPU (Triton launches on the current device). A module's later calls
-like one that a prepared call served (the Triton backend's, or the CUDA phase correlation's) go straight to that call
-(BoundForward, bind_forward).
+would serve: PyTorch's autograd records that call itself. The op's Python dispatch is for torch.compile (and
+torch.export) and torch.jit.trace. CUDA tensors on another GPU than the current one run under that GPU (Triton
+launches on the current device). A module's later calls like one that a prepared call served (the Triton backend's,
+or the CUDA phase correlation's) go straight to that call (BoundForward, bind_forward).
 """
 
 from __future__ import annotations
@@ -291,10 +291,10 @@ _unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead
 
 
 def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: Plan, backend: str):
-    """Run a validated batched call: through the registered op where torch.compile traces it, through a plain
-    autograd Function where only autograd needs it, else directly (the op's dispatch costs tens of microseconds,
-    as much as a small layer's kernel)."""
-    if torch.compiler.is_compiling():
+    """Run a validated batched call: through the registered op where torch.compile or torch.jit.trace records it
+    (functional.recording), through a plain autograd Function where only autograd needs it, else directly (the op's
+    dispatch costs tens of microseconds, as much as a small layer's kernel)."""
+    if functional.recording():
         return conv_transpose3d_op(
             input, weight, bias, list(plan.stride), list(plan.padding), list(plan.output_padding), plan.groups,
             list(plan.dilation), backend,
@@ -379,7 +379,7 @@ def bind_forward(input, weight, bias, plan: Plan, backend: str):
     """A BoundForward for later calls with this weight and bias and an input of this one's signature (validated,
     batched) with this backend, where a prepared call (the Triton backend's or the CUDA phase path's) would serve this
     call now; else None. Call it after the call, which chooses and prepares."""
-    if torch.compiler.is_compiling() or input.device.type == "cuda" and input.get_device() != current_cuda_device():
+    if functional.recording() or input.device.type == "cuda" and input.get_device() != current_cuda_device():
         return None
     if backend == "auto":
         backend = functional.chosen_backend(input, bias, plan)
