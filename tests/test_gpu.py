@@ -601,6 +601,26 @@ def test_per_operator_tf32_setting_on_gpu(precision, kernel_size, dilation, nan_
         conv.fp32_precision, rnn.fp32_precision = before
 
 
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_jit_trace_and_export_on_gpu(backend):
+    """torch.jit.trace and torch.export on CUDA after eager calls, TF32 off: the traced and the exported model on a
+    new batch size against a float64 nn.ConvTranspose3d model (the op dispatches to the GPU kernels)."""
+    torch.manual_seed(0)
+    model = convt3d.convert(torch.nn.ConvTranspose3d(16, 8, 3, stride=2, padding=1, output_padding=1), backend).cuda()
+    reference = torch.nn.ConvTranspose3d(16, 8, 3, stride=2, padding=1, output_padding=1).cuda().double()
+    reference.load_state_dict(model.state_dict())
+    example, x = torch.rand(2, 16, 4, 6, 5, device="cuda"), torch.rand(3, 16, 4, 6, 5, device="cuda")
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        model(example)
+        model(example)
+        traced = torch.jit.trace(model, example)
+        batch = torch.export.Dim("batch", min=1, max=8)
+        exported = torch.export.export(model, (example,), dynamic_shapes=({0: batch},)).module()
+        expected = reference(x.double())
+        assert_close_rel(traced(x), expected, 1e-6, "traced")
+        assert_close_rel(exported(x), expected, 1e-6, "exported")
+
+
 def test_bench_timer_flushes_the_l2_from_the_gpu():
     """time_cuda's flush buffer lives on the GPU while the calls run (until the fifth session it was allocated on
     the CPU, so its writes never reached the GPU's L2)."""
