@@ -159,7 +159,7 @@ def test_each_input_signature_binds_its_own_forward(prepared_spy):
 
 
 @pytest.mark.parametrize("change", ["stride", "backend", "weight replaced", "weight moved", "tf32", "output_size",
-                                    "autocast"])
+                                    "autocast", "vmap"])
 def test_a_change_since_binding_takes_the_full_way(prepared_spy, change):
     """What the bound forward's answers depend on, changed after it was bound: the next call goes the full way (and
     binds anew where the prepared call serves), with the result that change asks for."""
@@ -184,6 +184,9 @@ def test_a_change_since_binding_takes_the_full_way(prepared_spy, change):
             with torch.autocast(x.device.type, dtype=torch.bfloat16):
                 out = layer(x)
             assert out.dtype == torch.bfloat16
+        elif change == "vmap":  # examples of x's very signature: the bound forward cannot run batched tensors
+            out = torch.func.vmap(layer)(torch.stack([x, 2 * x]))
+            assert_close_rel(out, torch.stack([_expected(layer, x), _expected(layer, 2 * x)]), 1e-6)
         elif change == "output_size":
             out = layer(x, output_size=[6, 8, 10])
             calls = 2  # (given an output size, always the full way)
@@ -193,7 +196,7 @@ def test_a_change_since_binding_takes_the_full_way(prepared_spy, change):
                                                             2, 1, (1, 1, 1)), 1e-6)
         else:
             out = layer(x)
-    if change != "output_size":  # (TF32 keeps 11 significant bits; bfloat16 8)
+    if change not in ("output_size", "vmap"):  # (TF32 keeps 11 significant bits; bfloat16 8)
         assert_close_rel(out, _expected(layer, x), {"tf32": 2e-3, "autocast": 1e-2}.get(change, 1e-6))
     assert len(prepared_spy.full) == 1 + calls
 

@@ -114,6 +114,41 @@ def test_torch_func_grad_vjp_and_double_backward_match_eager(seed):
     assert_close_rel(*results, 1e-10)
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch", "eager"])
+@pytest.mark.parametrize("seed", range(2))
+def test_vmap_and_the_transforms_built_on_it_match_eager(backend, seed):
+    """torch.func.vmap (over the input, over the weight, around grad and inside it), jvp, jacrev, jacfwd and hessian
+    through convt3d against the same transforms of F.conv_transpose3d, in float64 on fresh random data. Under vmap
+    and jvp PyTorch's own kernel runs (which they batch and differentiate); before, every vmap case raised (layout
+    queries that vmap does not batch, or an autograd.Function without a vmap rule)."""
+    func = torch.func
+    cfg = dict(random_config(random.Random(2400 + seed), max_size=3), unbatched=False, bias=True)
+    cfg["batch"] = max(cfg["batch"], 1)
+    x, w, b = make_tensors(cfg)
+    xs, ws = torch.stack([x, torch.randn_like(x)]), torch.stack([w, torch.randn_like(w)])
+    args = layer_args(cfg)
+    ours = lambda x, w: convt3d.conv_transpose3d(x, w, b, **args, backend=backend)  # noqa: E731
+    eager = lambda x, w: F.conv_transpose3d(x, w, b, **args)  # noqa: E731
+
+    def loss(fn):
+        return lambda x, w: fn(x, w).sin().sum()
+
+    transforms = {
+        "vmap over x": lambda fn: func.vmap(fn, in_dims=(0, None))(xs, w),
+        "vmap over w": lambda fn: func.vmap(fn, in_dims=(None, 0))(x, ws),
+        "vmap of grad": lambda fn: func.vmap(func.grad(loss(fn), argnums=(0, 1)), in_dims=(0, None))(xs, w),
+        "grad of vmap": lambda fn: func.grad(lambda w: func.vmap(fn, in_dims=(0, None))(xs, w).sin().sum())(w),
+        "jvp": lambda fn: func.jvp(lambda x: fn(x, w), (x,), (xs[1],))[1],
+        "jacrev": lambda fn: func.jacrev(lambda w: fn(x, w).sum(dim=(0, 2, 3, 4)))(w),
+        "jacfwd": lambda fn: func.jacfwd(lambda x: fn(x, w).sum(dim=(0, 2, 3, 4)))(x),
+        "hessian": lambda fn: func.hessian(lambda b_: loss(fn)(x, w + b_))(torch.zeros_like(w)),
+    }
+    for name, transform in transforms.items():
+        got, expected = transform(ours), transform(eager)
+        for got_part, expected_part in zip(*((got, expected) if isinstance(got, tuple) else ((got,), (expected,)))):
+            assert_close_rel(got_part, expected_part, 1e-10, name)
+
+
 def test_backward_that_is_recorded_avoids_the_cuda_phase_path(monkeypatch):
     """The CUDA phase backward (Triton kernels, not differentiable) serves plain backward passes only; under
     create_graph=True the differentiable path runs. Here on the CPU, with the CUDA path's choice forced on."""

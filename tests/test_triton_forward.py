@@ -179,6 +179,25 @@ def test_functional_backend_triton_and_batch_zero():
     assert empty.shape == (0, *y.shape[1:])
 
 
+@pytest.mark.parametrize("transform", ["vmap", "jvp"])
+def test_backend_triton_under_vmap_and_jvp(transform):
+    """backend="triton" under torch.func.vmap and jvp, whose wrapped tensors its kernels cannot read (before, "Cannot
+    access storage of TensorWrapper"): PyTorch's kernel runs there, against float64 (TF32 off)."""
+    cfg = CASES[0]
+    x, w, _ = tensors(cfg, torch.float32)
+    other = torch.randn_like(x)
+    ours = lambda x: convt3d.conv_transpose3d(x, w, None, **layer_args(cfg), backend="triton")  # noqa: E731
+    reference = lambda x: F.conv_transpose3d(x, w.double(), None, **layer_args(cfg))  # noqa: E731
+    with torch.backends.cudnn.flags(allow_tf32=False):
+        if transform == "vmap":
+            actual, expected = torch.func.vmap(ours)(torch.stack([x, other])), torch.func.vmap(reference)(
+                torch.stack([x, other]).double())
+        else:
+            actual = torch.func.jvp(ours, (x,), (other,))[1]
+            expected = torch.func.jvp(reference, (x.double(),), (other.double(),))[1]
+    assert_close_rel(actual, expected, 1e-6)
+
+
 def test_every_element_written(nan_poisoned_allocator):
     """The output is allocated uninitialised: poison what the allocator hands out and check no NaN survives."""
     cfg = CASES[5]

@@ -209,9 +209,10 @@ def _gradients(grad_output, input, weight, plan: Plan, needs, has_bias: bool, th
             grad_input, grad_weight = _cuda_phase_backward(grad_output, input, weight, plan, need_input,
                                                            need_weight)
         grad_input, grad_weight = (grad_input if need_input else None), (grad_weight if need_weight else None)
-    elif grad_output.device.type == "cuda":
+    elif grad_output.device.type == "cuda" or _transforms_active() and _kernels_cannot_transform():
         # cuDNN's strided backward: on the H200 it beat the phase decomposition done in aten ops alone on
-        # problem 77 (1.80 ms against 2.69 ms for both gradients; benchmarks/diag_p77.py).
+        # problem 77 (1.80 ms against 2.69 ms for both gradients; benchmarks/diag_p77.py). Under torch.func.vmap
+        # (jacrev's backward), aten's, which vmap batches.
         grad_input, grad_weight = _aten_gradients(grad_output, input, weight, plan.stride, plan.padding,
                                                   plan.output_padding, plan.groups, plan.dilation, need_input,
                                                   need_weight)
@@ -252,9 +253,9 @@ class _EagerConvTranspose3d(torch.autograd.Function):
 
 class _TransformableConvTranspose3d(torch.autograd.Function):
     """The same, computing in its forward and with the context kept apart from it (setup_context), as torch.func's
-    transforms require (grad, vjp; not vmap, nor jacrev and the others built on it: the backward's per-phase
-    convolutions do not batch). Used only under those transforms: torch binds this style's arguments by signature
-    on every call, about 33 us of host time (benchmarks/cpu_function_styles.py)."""
+    transforms require (grad, vjp; under vmap and jvp, apply runs PyTorch's own kernel instead, and a backward that
+    vmap batches, as jacrev's, takes aten's: _gradients). Used only under those transforms: torch binds this style's
+    arguments by signature on every call, about 33 us of host time (benchmarks/cpu_function_styles.py)."""
 
     @staticmethod
     def forward(input, weight, bias, plan, backend):
@@ -272,6 +273,18 @@ class _TransformableConvTranspose3d(torch.autograd.Function):
 
 # torch's own test for an active torch.func transform (present since torch 2.0; absent: never active).
 _transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_functorch = getattr(torch._C, "_functorch", None)
+
+
+def _kernels_cannot_transform() -> bool:
+    """Whether an active torch.func transform is one that convt3d's kernels cannot serve: any but grad's (vmap
+    batches tensors, jvp carries tangents, and a Triton or CUDA kernel does neither; PyTorch's own does both). Where
+    this torch cannot say: True, which costs only speed."""
+    try:
+        grad = _functorch.TransformType.Grad
+        return any(level.key() != grad for level in _functorch.get_interpreter_stack() or ())
+    except AttributeError:
+        return True
 
 
 def _c_apply(function):
@@ -299,6 +312,10 @@ def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
             input, weight, bias, list(plan.stride), list(plan.padding), list(plan.output_padding), plan.groups,
             list(plan.dilation), backend,
         )
+    if _transforms_active() and _kernels_cannot_transform():
+        # torch.func.vmap and jvp (and jacrev, jacfwd, hessian, built on them): PyTorch's own kernel, which every
+        # transform batches and differentiates.
+        return functional.run_backend("eager", input, weight, bias, plan)
     needs_grad = torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     if not needs_grad:
@@ -350,8 +367,8 @@ class BoundForward:
 
     def __call__(self, input, weight, bias):
         device = self.device
-        if (weight is not self.weight() or weight.dtype is not self.dtype or weight.device != device
-                or weight.shape != self.weight_shape or not weight.is_contiguous()
+        if (_transforms_active() or weight is not self.weight() or weight.dtype is not self.dtype
+                or weight.device != device or weight.shape != self.weight_shape or not weight.is_contiguous()
                 or self.cuda_index is not None and current_cuda_device() != self.cuda_index):
             return None
         if bias is None:
@@ -363,8 +380,6 @@ class BoundForward:
         if not (torch.is_grad_enabled() and (
                 input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))):
             return self.run(input, weight, bias)
-        if _transforms_active():
-            return None
         # As apply does: the kernels run with grad mode off, then the node is recorded.
         torch._C._set_grad_enabled(False)
         try:
