@@ -323,3 +323,31 @@ def test_per_operator_tf32_setting(precision):
         conv.fp32_precision = before
         torch.backends.cudnn.rnn.fp32_precision = before
     assert torch.backends.cudnn.allow_tf32 == (before == "tf32")
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch", "eager"])
+@pytest.mark.parametrize("where", ["meta", "fake"])
+def test_meta_and_fake_tensors_give_pytorchs_shape_and_layout(backend, where):
+    """Tensors without data (the meta device; FakeTensorMode, which tools use to trace shapes and memory): the
+    output's shape, dtype, device and strides as PyTorch's, and a backward. "auto" has nothing to time there and
+    takes PyTorch's kernel; before, it raised (Tensor.item() on meta tensors; allclose under FakeTensorMode)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def call(fn):
+        x = torch.empty(2, 4, 3, 4, 5, device="meta" if where == "meta" else "cpu").to(
+            memory_format=torch.channels_last_3d).requires_grad_()
+        w = torch.empty(4, 3, 3, 2, 3, device=x.device, requires_grad=True)
+        y = fn(x, w)
+        y.sum().backward()
+        return y, x.grad, w.grad
+
+    ours = lambda x, w: convt3d.conv_transpose3d(x, w, None, 2, 1, 1, backend=backend)  # noqa: E731
+    eager = lambda x, w: F.conv_transpose3d(x, w, None, 2, 1, 1)  # noqa: E731
+    if where == "fake":
+        with FakeTensorMode():
+            results = call(ours), call(eager)
+    else:
+        results = call(ours), call(eager)
+    for got, expected in zip(*results):
+        assert (got.shape, got.dtype, got.device, got.stride()) == (
+            expected.shape, expected.dtype, expected.device, expected.stride())

@@ -133,6 +133,8 @@ def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) 
     choice = _choice.get(key)
     if choice is not None:
         return choice
+    if input.device.type == "meta" or _is_fake(input):
+        return "eager"  # nothing to time or compare: PyTorch's own kernel gives the output's shape and layout
     candidates = ["torch", "eager"]
     if input.device.type == "cuda":
         from .backends.triton import unsupported_reason
@@ -149,6 +151,13 @@ def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) 
     _choice[key] = _fastest(candidates, input, weight, bias, plan)
     logger.debug("convt3d: auto chose %s for %s", _choice[key], plan.key)
     return _choice[key]
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    """Whether t is a FakeTensor (torch._subclasses.FakeTensorMode: sizes, no data)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
 
 
 def _choice_key(input: torch.Tensor, bias, plan: Plan) -> tuple:

@@ -52,11 +52,11 @@ def _channels_last(t: torch.Tensor) -> bool:
 def output_memory_format(input: torch.Tensor, weight: torch.Tensor, plan) -> torch.memory_format:
     """PyTorch's rule for a transposed convolution's output (plan: the layer's Plan): channels_last_3d when the input
     or the weight is and the kernel PyTorch runs keeps that layout (cuDNN, or oneDNN on the CPU, except for float64;
-    not PyTorch's own slow transposed kernel), else contiguous. The custom op's fake implementation follows it too, so
-    that compiled code expects the strides the op returns."""
+    not PyTorch's own slow transposed kernel), else contiguous (as on the meta device, whose kernel only shapes). The
+    custom op's fake implementation follows it too, so that compiled code expects the strides the op returns."""
     if not (_channels_last(input) or _channels_last(weight)):
         return torch.contiguous_format
-    if input.dtype == torch.float64 or not _layout_keeping_kernel(input, weight, plan):
+    if input.dtype == torch.float64 or input.device.type == "meta" or not _layout_keeping_kernel(input, weight, plan):
         return torch.contiguous_format
     return torch.channels_last_3d
 
