@@ -394,7 +394,8 @@ def bind_forward(input, weight, bias, plan: Plan, backend: str):
     """A BoundForward for later calls with this weight and bias and an input of this one's signature (validated,
     batched) with this backend, where a prepared call (the Triton backend's or the CUDA phase path's) would serve this
     call now; else None. Call it after the call, which chooses and prepares."""
-    if functional.recording() or input.device.type == "cuda" and input.get_device() != current_cuda_device():
+    if (functional.recording() or _transforms_active()
+            or input.device.type == "cuda" and input.get_device() != current_cuda_device()):
         return None
     if backend == "auto":
         backend = functional.chosen_backend(input, bias, plan)
