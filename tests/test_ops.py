@@ -116,7 +116,7 @@ def test_torch_func_grad_vjp_and_double_backward_match_eager(seed):
 
 @pytest.mark.parametrize("backend", ["auto", "torch", "eager"])
 @pytest.mark.parametrize("seed", range(2))
-def test_vmap_and_the_transforms_built_on_it_match_eager(backend, seed):
+def test_vmap_jvp_and_the_transforms_built_on_them_match_eager(backend, seed):
     """torch.func.vmap (over the input, over the weight, around grad and inside it), jvp, jacrev, jacfwd and hessian
     through convt3d against the same transforms of F.conv_transpose3d, in float64 on fresh random data. Under vmap
     and jvp PyTorch's own kernel runs (which they batch and differentiate); before, every vmap case raised (layout
@@ -141,7 +141,7 @@ def test_vmap_and_the_transforms_built_on_it_match_eager(backend, seed):
         "jvp": lambda fn: func.jvp(lambda x: fn(x, w), (x,), (xs[1],))[1],
         "jacrev": lambda fn: func.jacrev(lambda w: fn(x, w).sum(dim=(0, 2, 3, 4)))(w),
         "jacfwd": lambda fn: func.jacfwd(lambda x: fn(x, w).sum(dim=(0, 2, 3, 4)))(x),
-        "hessian": lambda fn: func.hessian(lambda b_: loss(fn)(x, w + b_))(torch.zeros_like(w)),
+        "hessian": lambda fn: func.hessian(lambda dw: loss(fn)(x, w + dw))(torch.zeros_like(w)),
     }
     for name, transform in transforms.items():
         got, expected = transform(ours), transform(eager)
