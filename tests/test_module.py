@@ -251,6 +251,24 @@ def test_a_bound_module_copies_and_pickles_without_its_bound_forwards(prepared_s
 
 
 
+def test_data_parallel_replicas_leave_the_modules_bound_forwards_alone(prepared_spy):
+    """nn.DataParallel replicates a module for every call (_replicate_for_data_parallel) with copies of its parameters
+    on each GPU: a replica takes the full way, binds nothing, and leaves the module's bound forwards as they were
+    (before, it shared them and rebound them to its own copies)."""
+    layer, x = _bound_layer(stride=2)
+    prepared_spy(layer, x)
+    with torch.no_grad():
+        layer(x)
+        bounds = dict(layer.__dict__["_bound_forwards"])
+        replica = layer._replicate_for_data_parallel()
+        replica.weight, replica.bias = layer.weight.clone(), layer.bias.clone()  # as replicate() sets its copies
+        assert_close_rel(replica(x), _expected(layer, x), 1e-6)
+        assert replica.__dict__["_bound_forwards"] is None
+        assert layer.__dict__["_bound_forwards"] == bounds
+        assert_close_rel(layer(x), _expected(layer, x), 1e-6)
+    assert len(prepared_spy.full) == 2  # the module's first call and the replica's
+
+
 @pytest.mark.parametrize("value", ["x", None, [1.0, 2.0]])
 def test_an_input_that_is_no_tensor_is_named(value):
     """As nn.ConvTranspose3d: a TypeError naming the input (before, an AttributeError from the bound forwards'

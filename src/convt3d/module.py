@@ -82,6 +82,8 @@ class ConvTranspose3d(nn.ConvTranspose3d):
     def _bind(self, bounds: dict, signature, input, weight, bias) -> None:
         """After a call by the full way: the bound forward for later calls with input's signature (None if none
         serves), kept with the attributes it was bound with."""
+        if self.__dict__.get("_is_replica"):
+            return  # (nn.DataParallel's replicas live for one call)
         config = self._config()
         if not all(type(v) is int or type(v) is tuple and all(type(i) is int for i in v) for v in config[:5]):
             return  # lists, or values that the full way may reject: always the full way
@@ -92,6 +94,13 @@ class ConvTranspose3d(nn.ConvTranspose3d):
         bounds[signature] = bound
         if self.__dict__.get("_bound_forwards") is not bounds or self._bound_config is not config:
             self.__dict__["_bound_forwards"], self.__dict__["_bound_config"] = bounds, config
+
+    def _replicate_for_data_parallel(self):
+        # nn.DataParallel's replicas, made anew for every call and holding copies of the parameters, take the full way:
+        # sharing this module's bound forwards, each replica's call would rebind them to its own copies.
+        replica = super()._replicate_for_data_parallel()
+        replica.__dict__["_bound_forwards"] = replica.__dict__["_bound_config"] = None
+        return replica
 
     def __getstate__(self):
         # The bound forwards hold the backends' prepared launches, which neither pickle nor belong to a copy.
