@@ -300,7 +300,7 @@ def _c_apply(function):
 
 
 _record_eager_call = _c_apply(_EagerConvTranspose3d)
-_unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", lambda t: t)
+_unwrap_if_dead = getattr(_functorch, "unwrap_if_dead", lambda t: t)
 
 
 def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: Plan, backend: str):
