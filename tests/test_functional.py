@@ -1,5 +1,6 @@
 import importlib
 import logging
+import os
 import random
 import types
 
@@ -325,13 +326,21 @@ def test_per_operator_tf32_setting(precision):
     assert torch.backends.cudnn.allow_tf32 == (before == "tf32")
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch", "eager"])
+@pytest.mark.parametrize("backend", ["auto", "torch", "eager", "triton"])
 @pytest.mark.parametrize("where", ["meta", "fake"])
 def test_meta_and_fake_tensors_give_pytorchs_shape_and_layout(backend, where):
     """Tensors without data (the meta device; FakeTensorMode, which tools use to trace shapes and memory): the
-    output's shape, dtype, device and strides as PyTorch's, and a backward. "auto" has nothing to time there and
-    takes PyTorch's kernel; before, it raised (Tensor.item() on meta tensors; allclose under FakeTensorMode)."""
+    output's shape, dtype, device and strides as PyTorch's, and a backward, from every backend, also after a real
+    call of the same layer chose and prepared its kernels. PyTorch's kernel serves them (nothing to time or compute);
+    before, "auto" raised (Tensor.item() on meta tensors; allclose under FakeTensorMode), "triton" raised on meta
+    tensors and ran its kernels on fake ones."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if backend == "triton":
+        pytest.importorskip("triton")
+    if backend != "triton" or os.environ.get("TRITON_INTERPRET") == "1":  # (Triton on the CPU: the interpreter only)
+        real = torch.randn(2, 4, 3, 4, 5).to(memory_format=torch.channels_last_3d)
+        convt3d.conv_transpose3d(real, torch.randn(4, 3, 3, 2, 3), None, 2, 1, 1, backend=backend)
 
     def call(fn):
         x = torch.empty(2, 4, 3, 4, 5, device="meta" if where == "meta" else "cpu").to(

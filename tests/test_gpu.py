@@ -621,6 +621,51 @@ def test_jit_trace_and_export_on_gpu(backend):
         assert_close_rel(exported(x), expected, 1e-6, "exported")
 
 
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_transforms_and_fake_tensors_on_gpu(backend):
+    """On CUDA tensors, TF32 off: torch.func's vmap, vmap of grad, jvp and jacrev through convt3d against the same
+    transforms of F.conv_transpose3d in float64 (under vmap and jvp PyTorch's kernel runs, whatever the backend), and
+    FakeTensorMode's CUDA tensors: the output's and gradients' shape, dtype, device and strides as PyTorch's."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    func = torch.func
+    torch.manual_seed(0)
+    args = dict(stride=2, padding=1, output_padding=1)
+    x = torch.rand(2, 8, 4, 5, 6, device="cuda")
+    w = torch.randn(8, 4, 3, 3, 3, device="cuda") * 0.2
+    b = torch.randn(4, device="cuda")
+    xs = torch.stack([x, torch.rand_like(x)])
+
+    def transforms(fn, x, w, b, xs):
+        loss = lambda x, w: fn(x, w, b).sin().sum()  # noqa: E731
+        return {
+            "vmap over x": func.vmap(lambda x: fn(x, w, b))(xs),
+            "vmap of grad": func.vmap(func.grad(loss, argnums=(0, 1)), in_dims=(0, None))(xs, w),
+            "jvp": func.jvp(lambda x: fn(x, w, b), (x,), (xs[1],))[1],
+            "jacrev": func.jacrev(lambda w: fn(x, w, b).sum(dim=(0, 2, 3, 4)))(w),
+        }
+
+    ours = lambda x, w, b: convt3d.conv_transpose3d(x, w, b, **args, backend=backend)  # noqa: E731
+    eager = lambda x, w, b: F.conv_transpose3d(x, w, b, **args)  # noqa: E731
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        got = transforms(ours, x, w, b, xs)
+    expected = transforms(eager, x.double(), w.double(), b.double(), xs.double())
+    for name in got:
+        for got_part, expected_part in zip(*((got[name], expected[name]) if isinstance(got[name], tuple)
+                                             else ((got[name],), (expected[name],)))):
+            assert_close_rel(got_part, expected_part, 1e-5, name)
+
+    def shapes(fn):
+        xf = torch.empty(2, 8, 4, 5, 6, device="cuda").to(memory_format=torch.channels_last_3d).requires_grad_()
+        wf = torch.empty(8, 4, 3, 3, 3, device="cuda", requires_grad=True)
+        y = fn(xf, wf, None)
+        y.sum().backward()
+        return [(t.shape, t.dtype, t.device, t.stride()) for t in (y, xf.grad, wf.grad)]
+
+    with FakeTensorMode():
+        assert shapes(ours) == shapes(eager)
+
+
 def test_bench_timer_flushes_the_l2_from_the_gpu():
     """time_cuda's flush buffer lives on the GPU while the calls run (until the fifth session it was allocated on
     the CPU, so its writes never reached the GPU's L2)."""

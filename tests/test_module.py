@@ -201,6 +201,31 @@ def test_a_change_since_binding_takes_the_full_way(prepared_spy, change):
     assert len(prepared_spy.full) == 1 + calls
 
 
+@pytest.mark.parametrize("where", ["vmap", "fake"])
+def test_a_call_under_vmap_or_on_fake_tensors_leaves_the_bound_forward(prepared_spy, where):
+    """Calls whose input has the very signature of a bound one but cannot run it (vmap's per-example tensors;
+    FakeTensorMode's, which have no data) take the full way, which runs PyTorch's kernel, and leave the bound forward
+    to the next plain call. Before, the bound forward ran the prepared call on the fake tensor, and each of them left
+    the signature marked as one that never binds."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    layer, x = _bound_layer(stride=2, padding=1)
+    served = prepared_spy(layer, x)
+    with torch.no_grad():
+        layer(x), layer(x)
+        assert len(served) == 2 and len(prepared_spy.full) == 1
+        if where == "vmap":
+            out = torch.func.vmap(layer)(torch.stack([x, 2 * x]))
+            assert_close_rel(out, torch.stack([_expected(layer, x), _expected(layer, 2 * x)]), 1e-6)
+        else:
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                out = layer(mode.from_tensor(x))
+            assert out.shape == _expected(layer, x).shape
+        assert len(served) == 2 and len(prepared_spy.full) == 2
+        assert_close_rel(layer(x), _expected(layer, x), 1e-6)
+    assert len(served) == 3 and len(prepared_spy.full) == 2  # bound again at once
+
+
 def test_bound_forward_records_the_same_gradients(prepared_spy):
     layer, x = _bound_layer(stride=2, padding=1, output_padding=1)
     served = prepared_spy(layer, x)

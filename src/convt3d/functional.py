@@ -133,8 +133,8 @@ def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) 
     choice = _choice.get(key)
     if choice is not None:
         return choice
-    if input.device.type == "meta" or _is_fake(input):
-        return "eager"  # nothing to time or compare: PyTorch's own kernel gives the output's shape and layout
+    if without_data(input):
+        return "eager"  # nothing to time or compare (ops.apply runs PyTorch's kernel for these whatever the backend)
     candidates = ["torch", "eager"]
     if input.device.type == "cuda":
         from .backends.triton import unsupported_reason
@@ -153,8 +153,13 @@ def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) 
     return _choice[key]
 
 
-def _is_fake(t: torch.Tensor) -> bool:
-    """Whether t is a FakeTensor (torch._subclasses.FakeTensorMode: sizes, no data)."""
+def without_data(t: torch.Tensor) -> bool:
+    """Whether t has no data: on the meta device, or a FakeTensor (torch._subclasses.FakeTensorMode: sizes, no data;
+    as a subclass, so plain tensors skip that test). A kernel of convt3d's would read memory that is not there."""
+    if t.is_meta:
+        return True
+    if type(t) is torch.Tensor:
+        return False
     from torch._subclasses.fake_tensor import is_fake
 
     return is_fake(t)

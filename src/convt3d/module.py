@@ -82,8 +82,8 @@ class ConvTranspose3d(nn.ConvTranspose3d):
     def _bind(self, bounds: dict, signature, input, weight, bias) -> None:
         """After a call by the full way: the bound forward for later calls with input's signature (None if none
         serves), kept with the attributes it was bound with."""
-        if self.__dict__.get("_is_replica"):
-            return  # (nn.DataParallel's replicas live for one call)
+        if self.__dict__.get("_is_replica") or not ops.can_bind(input):
+            return  # (nn.DataParallel's replicas live for one call; ops.can_bind says which calls pass)
         config = self._config()
         if not all(type(v) is int or type(v) is tuple and all(type(i) is int for i in v) for v in config[:5]):
             return  # lists, or values that the full way may reject: always the full way

@@ -312,6 +312,10 @@ def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
             input, weight, bias, list(plan.stride), list(plan.padding), list(plan.output_padding), plan.groups,
             list(plan.dilation), backend,
         )
+    if functional.without_data(input):
+        # Meta and fake tensors: PyTorch's kernel gives the output's shape and layout (and its autograd the gradients'),
+        # whatever the backend. An earlier call's choice or bound launch for the same layer must not run on them.
+        return functional.run_backend("eager", input, weight, bias, plan)
     if _transforms_active() and _kernels_cannot_transform():
         # torch.func.vmap and jvp (and jacrev, jacfwd, hessian, built on them): PyTorch's own kernel, which every
         # transform batches and differentiates.
@@ -353,8 +357,9 @@ class BoundForward:
     phase path, 0.047 ms to vae_k4s2p1's with TF32 off (fifty-fifth session). The caller finds it by the input's
     signature, which it does not check again; a call returns None where it would not serve (another weight or bias, or
     the same parameters holding other data, as module.to() leaves them; another current device; torch.func's
-    transforms): the caller then takes the full way (apply). Under grad mode it records the same autograd node as apply.
-    It refers to the weight and bias weakly, so that a module's replaced parameters are not kept alive by it."""
+    transforms; an input of a tensor subclass, such as FakeTensorMode's): the caller then takes the full way (apply).
+    Under grad mode it records the same autograd node as apply. It refers to the weight and bias weakly, so that a
+    module's replaced parameters are not kept alive by it."""
 
     __slots__ = ("run", "plan", "dtype", "device", "cuda_index", "weight", "weight_shape", "bias", "bias_shape")
 
@@ -367,8 +372,9 @@ class BoundForward:
 
     def __call__(self, input, weight, bias):
         device = self.device
-        if (_transforms_active() or weight is not self.weight() or weight.dtype is not self.dtype
-                or weight.device != device or weight.shape != self.weight_shape or not weight.is_contiguous()
+        if (_transforms_active() or type(input) is not torch.Tensor or weight is not self.weight()
+                or weight.dtype is not self.dtype or weight.device != device or weight.shape != self.weight_shape
+                or not weight.is_contiguous()
                 or self.cuda_index is not None and current_cuda_device() != self.cuda_index):
             return None
         if bias is None:
@@ -390,13 +396,19 @@ class BoundForward:
                                   None if bias is None else _unwrap_if_dead(bias), out, self.plan)
 
 
+def can_bind(input) -> bool:
+    """Whether a forward may be bound after a call on input: not while torch.compile or torch.jit.trace records it,
+    not under torch.func's transforms, not for an input of a tensor subclass (FakeTensorMode's among them) or on
+    another GPU than the current one. Such calls pass: a module leaves its bound forward for their signature, which a
+    plain tensor may share, as it was."""
+    return not (functional.recording() or _transforms_active() or type(input) is not torch.Tensor
+                or input.device.type == "cuda" and input.get_device() != current_cuda_device())
+
+
 def bind_forward(input, weight, bias, plan: Plan, backend: str):
     """A BoundForward for later calls with this weight and bias and an input of this one's signature (validated,
-    batched) with this backend, where a prepared call (the Triton backend's or the CUDA phase path's) would serve this
-    call now; else None. Call it after the call, which chooses and prepares."""
-    if (functional.recording() or _transforms_active()
-            or input.device.type == "cuda" and input.get_device() != current_cuda_device()):
-        return None
+    batched; can_bind(input) true) with this backend, where a prepared call (the Triton backend's or the CUDA phase
+    path's) would serve this call now; else None. Call it after the call, which chooses and prepares."""
     if backend == "auto":
         backend = functional.chosen_backend(input, bias, plan)
     if backend == "torch" and input.is_cuda:
