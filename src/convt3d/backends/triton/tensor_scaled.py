@@ -54,6 +54,9 @@ SYNC_WORDS = POSTS.value + MAX_PROGRAMS
 # multiprocessor, made the pass 0.004 ms slower than the held one on video_k3s2p1op1, about what FP16 saved in the
 # main kernel (benchmarks/RESULTS.md, forty-sixth session), so on a GPU larger layers keep TF32 operands.
 BLOCK_C, BLOCK_S, MAX_BLOCK_W, NUM_WARPS = 64, 256, 8192, 8
+# Programs per multiprocessor that the held form counts on (benchmarks/diag_pass_tiles.py varies it with BLOCK_S and
+# NUM_WARPS; every program of the cooperative grid must be resident at once).
+PROGRAMS_PER_SM = 1
 READ_AGAIN_BLOCK_W = 2048
 # A weight tile's input channels (forward.tap_major_tile): 64 FP16 values, 128 bytes stored together.
 W_BLOCK_CI = 64
@@ -90,7 +93,7 @@ def _geometry(input_shape, weight_shape, groups: int, device_index, narrow: bool
     s = input_shape[2] * input_shape[3] * input_shape[4]
     cin_g, columns = weight_shape[0] // groups, weight_shape[1] * weight_shape[2] * weight_shape[3] * weight_shape[4]
     multiprocessors = (1 if device_index is None
-                       else torch.cuda.get_device_properties(device_index).multi_processor_count)
+                       else torch.cuda.get_device_properties(device_index).multi_processor_count * PROGRAMS_PER_SM)
     x_tiles = n * cdiv(c, BLOCK_C) * cdiv(s, BLOCK_S)
     block_ci = min(W_BLOCK_CI, next_power_of_2(cin_g))
 
