@@ -10,8 +10,8 @@ epilogue's gather, 2 with one K-step per program (the program's time but for its
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), on operands laid out
 beforehand. Each output is NaN-poisoned before its first call, then checked against eager in the same mode
-(KernelBench's check) and float64 (relative error). --modes: TF32 mode (tf32) and TF32 off (off: 3xTF32) for float32
-layers. --configs and --general replace the tap_columns and general configs below (MxNxCI w<warps> s<stages>).
+(KernelBench's check) and float64 (relative error). --modes: TF32 mode (tf32: the library's form, FP16 operands scaled
+per tensor where its operand pass holds the layer) and TF32 off (off: 3xTF32) for float32 layers. --configs and --general replace the tap_columns and general configs below (MxNxCI w<warps> s<stages>).
 """
 
 import argparse
@@ -20,7 +20,7 @@ import re
 import torch
 
 from convt3d.backends.triton import forward as tf
-from convt3d.backends.triton import tap_columns
+from convt3d.backends.triton import tap_columns, tensor_scaled
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import DTYPES, sweep_layers
@@ -73,7 +73,10 @@ def layer_rows(layer, mode, args):
     dtype = DTYPES[layer.dtype]
     plan = layer.plan()
     module, x, w, b, reference = layer.kernel_case("cuda")
-    precision = tf.precision_for(dtype)
+    # The precision the library computes the layer in: in TF32 mode FP16 operands scaled per tensor where the operand
+    # pass holds the layer (tensor_scaled.py), else TF32.
+    precision = tensor_scaled.operand_precision(x, w, plan.groups, tf.precision_for(dtype))
+    name += " FP16-scaled" if precision == tensor_scaled.FP16_TENSOR_SCALED else ""
     with torch.no_grad():
         expected = module(x)
         t = time_cuda(lambda: module(x), iters=args.iters)
