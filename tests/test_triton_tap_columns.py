@@ -40,6 +40,9 @@ CASES = [
     layer((2, 3, 1), (3, 2, 1), (1, 0, 0), (2, 3, 1), dilation=(2, 1, 1), output_padding=(1, 1, 0)),
     # Padding larger than the kernel along W: whole column phases read nothing, shifts all positive.
     layer((1, 2, 3), (1, 2, 2), (0, 1, 4), (2, 3, 9), output_padding=(0, 1, 1)),
+    # k3 s2 p1 output_padding 1 along W (the video decoder's columns) by 16 output channels: two column groups, taps
+    # 0 and 1 (shifts 1 and 0) and tap 2 (shift 0).
+    layer((1, 2, 3), (1, 2, 2), (0, 1, 1), (2, 3, 7), in_channels=6, out_channels=16, output_padding=(0, 1, 1)),
 ]
 
 # The interpreter's config (on a GPU: the first of the library's, the one with the fewest slots per tile and the one
