@@ -72,8 +72,7 @@ def tap_columns_kernel(
     P_D: tl.constexpr, P_H: tl.constexpr, P_W: tl.constexpr,
     DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     STEP_D: tl.constexpr, STEP_H: tl.constexpr,
-    KW: tl.constexpr, KW_A: tl.constexpr, KW_B: tl.constexpr, T0_A: tl.constexpr, T0_B: tl.constexpr,
-    GATHER_A: tl.constexpr, GATHER_B: tl.constexpr, DMIN: tl.constexpr, HALO: tl.constexpr,
+    KW: tl.constexpr, KW_A: tl.constexpr, KW_B: tl.constexpr, DMIN: tl.constexpr, HALO: tl.constexpr,
     U_W: tl.constexpr, CI_BLOCKS: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr,
@@ -82,9 +81,8 @@ def tap_columns_kernel(
 ):
     # GEMM columns (t_w, co), co fastest: a tap's weight rows lie together, and each thread's accumulator holds
     # all taps of its columns, so that summing over taps stays in registers. Tensor shapes are powers of two, so the
-    # KW taps are split in two column groups on the same A tile: taps [T0_A, T0_A + KW_A) and [T0_B, T0_B + KW_B) (KW_B
-    # 0: one group), the taps past KW padding (zero columns). KW = 3 takes 2 + 1 groups rather than 4 padded columns.
-    # GATHER_A / GATHER_B: whether a group has a tap whose column of P must move (tap_groups).
+    # KW taps are split in two column groups on the same A tile: taps [0, KW_A) and [KW_A, KW_A + KW_B) (KW_B 0: one
+    # group), the taps past KW padding (zero columns). KW = 3 takes 2 + 1 groups rather than 4 padded columns.
     # One program per work item: a persistent grid, each program running several items' K-steps as one loop so that
     # the next item's loads overlap an item's epilogue, roughly doubled the registers and took 16-232% more time on
     # every sweep layer tried (benchmarks/RESULTS.md, thirtieth session).
@@ -137,10 +135,10 @@ def tap_columns_kernel(
     slot_ok = (c >= 0) & (c < W) & (u_h < U_H)
     # B: the weight rows (t_w, co) of each column group, of the taps (t_d, t_h, t_w), in the layout (taps, groups,
     # C_out/g, C_in/g).
-    b_rows_a, b_ok_a = _weight_rows(T0_A, KW_A, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
+    b_rows_a, b_ok_a = _weight_rows(0, KW_A, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
     acc_a = tl.zeros([BLOCK_M, KW_A * BLOCK_CO], dtype=tl.float32)
     if KW_B > 0:
-        b_rows_b, b_ok_b = _weight_rows(T0_B, KW_B, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
+        b_rows_b, b_ok_b = _weight_rows(KW_A, KW_B, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
         acc_b = tl.zeros([BLOCK_M, KW_B * BLOCK_CO], dtype=tl.float32)
     # The K-steps walk (depth tap, height tap, channel block), the channels fastest, counted on (forward.count_on)
     # rather than divided out of k: this loop has few steps (video_k3s2p1op1: 2.25 taps of 2 channel blocks). With U_W
@@ -191,9 +189,9 @@ def tap_columns_kernel(
         return
     # Each tap's column of P, moved up by its shift delta(t_w) - DMIN, lines up with the outputs it feeds; summed per
     # column phase.
-    out_even, out_odd = _phase_sums(acc_a, T0_A, KW_A, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, GATHER_A, DIAG)
+    out_even, out_odd = _phase_sums(acc_a, 0, KW_A, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
     if KW_B > 0:
-        even_b, odd_b = _phase_sums(acc_b, T0_B, KW_B, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, GATHER_B, DIAG)
+        even_b, odd_b = _phase_sums(acc_b, KW_A, KW_B, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
         out_even += even_b
         out_odd += odd_b
     if SCALED:  # FP16 operands scaled per tensor (tensor_scaled.py), w_lo_ptr pointing at their pass's sync words
@@ -250,10 +248,9 @@ def _weight_rows(T0: tl.constexpr, TAPS: tl.constexpr, KW, group, co0, GROUPS, C
 @triton.jit
 def _phase_sums(acc, T0: tl.constexpr, TAPS: tl.constexpr, m, S_W: tl.constexpr, P_W: tl.constexpr,
                 DIL_W: tl.constexpr, DMIN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr,
-                GATHER: tl.constexpr, DIAG: tl.constexpr):
+                DIAG: tl.constexpr):
     """The sums over the column phases 0 and 1 of a column group's taps t_w in [T0, T0 + TAPS), each tap's column of P
-    (acc) moved up by its shift, [BLOCK_M, BLOCK_CO] each (the second zero with S_W 1). GATHER false: every shift is
-    zero, nothing moves."""
+    (acc) moved up by its shift, [BLOCK_M, BLOCK_CO] each (the second zero with S_W 1)."""
     taps = tl.reshape(acc, (BLOCK_M, TAPS, BLOCK_CO))
     t = T0 + tl.arange(0, TAPS)
     phase = (DIL_W * t + (S_W - 1) * P_W) % S_W  # (DIL_W * t - P_W) mod S_W, on a nonnegative operand
@@ -261,7 +258,7 @@ def _phase_sums(acc, T0: tl.constexpr, TAPS: tl.constexpr, m, S_W: tl.constexpr,
     # (Clamped: the padding taps' shifts may point outside the tile; their columns are zero.)
     source = tl.minimum(tl.maximum(m[:, None, None] + shift[None, :, None], 0), BLOCK_M - 1) + tl.zeros(
         [BLOCK_M, TAPS, BLOCK_CO], dtype=tl.int32)
-    if DIAG == 1 or not GATHER:  # (DIAG 1, diagnostic: no gather, a wrong result where GATHER, to time it)
+    if DIAG == 1:  # diagnostic: no gather (a wrong result), to time it
         aligned = taps
     else:
         aligned = tl.gather(taps, source, 0)
@@ -315,33 +312,6 @@ def column_layout(plan: Plan, block_n: int) -> tuple[int, int, int]:
     return max(block_co, 16 // kw_p2), kw_p2, 0
 
 
-def tap_shift(plan: Plan, t: int) -> int:
-    """How far (in slots) the epilogue moves W tap t's column of P: delta(t) - DMIN."""
-    s, p, dil = plan.stride[2], plan.padding[2], plan.dilation[2]
-    return ((dil * t - p) % s + p - dil * t) // s - w_shifts(plan)[0]
-
-
-def tap_groups(plan: Plan, kw_a: int, kw_b: int) -> tuple[int, int, bool, bool]:
-    """(T0_A, T0_B, GATHER_A, GATHER_B): where the two column groups' taps start, and whether each has a tap with a
-    nonzero shift (its columns then go through the epilogue's gather; a group whose shifts are all zero skips it).
-    Group A comes first, [0, KW_A) and [KW_A, KW), unless group B coming first, [0, KW_B) and [KW_B, KW) (where KW_B
-    is exact: no padding taps inside the range), leaves fewer taps to gather: k = 3, stride 2, padding 1 (shifts 1, 0,
-    0) then gathers tap 0's columns alone rather than taps 0 and 1's."""
-    kw = plan.kernel_size[2]
-
-    def gathers(t0: int, taps: int) -> bool:
-        return any(tap_shift(plan, t) != 0 for t in range(t0, min(t0 + taps, kw)))
-
-    a_first = (0, kw_a, gathers(0, kw_a), kw_b > 0 and gathers(kw_a, kw_b))
-    if kw_b == 0 or kw_a + kw_b != kw:
-        return a_first
-    b_first = (kw_b, 0, gathers(kw_b, kw_a), gathers(0, kw_b))
-
-    def gathered(groups):
-        return kw_a * groups[2] + kw_b * groups[3]
-    return b_first if gathered(b_first) < gathered(a_first) else a_first
-
-
 # Planes by their phases' taps (the kernel's BY_TAPS) on grids of at most this many programs per multiprocessor, where
 # the last wave is a large part of the time. On the H200 (132 multiprocessors; benchmarks/RESULTS.md, fiftieth
 # session), each config alone, old order -> new: wide_256to128_k3s2's best at 640 and 1,280 programs 0.0359-0.0366 ->
@@ -377,7 +347,6 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int, multiproces
     (kd, kh, kw), (s_d, s_h, s_w) = plan.kernel_size, plan.stride
     (p_d, p_h, p_w), (dl_d, dl_h, dl_w) = plan.padding, plan.dilation
     block_co, kw_a, kw_b = column_layout(plan, block_n)
-    t0_a, t0_b, gather_a, gather_b = tap_groups(plan, kw_a, kw_b)
     block_ci = max(16, min(block_ci, next_power_of_2(cin_g)))
     u_h, u_w = cdiv(oh, s_h), cdiv(ow, s_w)
     tiles = cdiv(u_h * (u_w + halo) - halo, block_m - halo)
@@ -394,8 +363,7 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int, multiproces
     constexprs = (
         ("S_D", s_d), ("S_H", s_h), ("S_W", s_w), ("P_D", p_d), ("P_H", p_h), ("P_W", p_w),
         ("DIL_D", dl_d), ("DIL_H", dl_h), ("DIL_W", dl_w), ("STEP_D", s_d // math.gcd(s_d, dl_d)),
-        ("STEP_H", s_h // math.gcd(s_h, dl_h)), ("KW", kw), ("KW_A", kw_a), ("KW_B", kw_b), ("T0_A", t0_a),
-        ("T0_B", t0_b), ("GATHER_A", gather_a), ("GATHER_B", gather_b), ("DMIN", d_min),
+        ("STEP_H", s_h // math.gcd(s_h, dl_h)), ("KW", kw), ("KW_A", kw_a), ("KW_B", kw_b), ("DMIN", d_min),
         ("HALO", halo), ("U_W", u_w), ("CI_BLOCKS", cdiv(cin_g, block_ci)), ("BLOCK_M", block_m),
         ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci), ("EVEN_CI", cin_g % block_ci == 0),
         ("BY_TAPS", by_taps), ("ORDER_D", order_d if by_taps else -1), ("ORDER_H", order_h if by_taps else -1))
