@@ -11,7 +11,8 @@ epilogue's gather, 2 with one K-step per program (the program's time but for its
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), on operands laid out
 beforehand. Each output is NaN-poisoned before its first call, then checked against eager in the same mode
 (KernelBench's check) and float64 (relative error). --modes: TF32 mode (tf32: the library's form, FP16 operands scaled
-per tensor where its operand pass holds the layer) and TF32 off (off: 3xTF32) for float32 layers. --configs and --general replace the tap_columns and general configs below (MxNxCI w<warps> s<stages>).
+per tensor where its operand pass holds the layer) and TF32 off (off: 3xTF32) for float32 layers. --configs and
+--general replace the tap_columns and general configs below (MxNxCI w<warps> s<stages>).
 """
 
 import argparse
