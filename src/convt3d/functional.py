@@ -133,8 +133,6 @@ def choose_backend(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan) 
     choice = _choice.get(key)
     if choice is not None:
         return choice
-    if without_data(input):
-        return "eager"  # nothing to time or compare (ops.apply runs PyTorch's kernel for these whatever the backend)
     candidates = ["torch", "eager"]
     if input.device.type == "cuda":
         from .backends.triton import unsupported_reason

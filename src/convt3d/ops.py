@@ -312,13 +312,11 @@ def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
             input, weight, bias, list(plan.stride), list(plan.padding), list(plan.output_padding), plan.groups,
             list(plan.dilation), backend,
         )
-    if functional.without_data(input):
-        # Meta and fake tensors: PyTorch's kernel gives the output's shape and layout (and its autograd the gradients'),
-        # whatever the backend. An earlier call's choice or bound launch for the same layer must not run on them.
-        return functional.run_backend("eager", input, weight, bias, plan)
-    if _transforms_active() and _kernels_cannot_transform():
-        # torch.func.vmap and jvp (and jacrev, jacfwd, hessian, built on them): PyTorch's own kernel, which every
-        # transform batches and differentiates.
+    if functional.without_data(input) or _transforms_active() and _kernels_cannot_transform():
+        # PyTorch's own kernel, whatever the backend: for meta and fake tensors it gives the output's shape and layout
+        # (and its autograd the gradients'), and no earlier call's choice or bound launch may run on them; under
+        # torch.func.vmap and jvp (and jacrev, jacfwd, hessian, built on them) every transform batches and
+        # differentiates it.
         return functional.run_backend("eager", input, weight, bias, plan)
     needs_grad = torch.is_grad_enabled() and (
         input.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
