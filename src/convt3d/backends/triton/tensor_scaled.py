@@ -92,8 +92,9 @@ def _geometry(input_shape, weight_shape, groups: int, device_index, narrow: bool
     n, c = input_shape[:2]
     s = input_shape[2] * input_shape[3] * input_shape[4]
     cin_g, columns = weight_shape[0] // groups, weight_shape[1] * weight_shape[2] * weight_shape[3] * weight_shape[4]
-    multiprocessors = (1 if device_index is None
-                       else torch.cuda.get_device_properties(device_index).multi_processor_count * PROGRAMS_PER_SM)
+    # The programs that can be resident at once (the held form's cooperative grid needs them all resident).
+    resident = (1 if device_index is None
+                else torch.cuda.get_device_properties(device_index).multi_processor_count * PROGRAMS_PER_SM)
     x_tiles = n * cdiv(c, BLOCK_C) * cdiv(s, BLOCK_S)
     block_ci = min(W_BLOCK_CI, next_power_of_2(cin_g))
 
@@ -101,11 +102,11 @@ def _geometry(input_shape, weight_shape, groups: int, device_index, narrow: bool
         block_k = max(1, block_w // block_ci)
         return weight_tiles(groups, cin_g, columns, block_ci, block_k)[2], block_k
 
-    # The smallest tiles that take the weight in as many programs as there are multiprocessors, at most.
-    block_w = max(16, next_power_of_2(cdiv(groups * cin_g * columns, multiprocessors)))
-    while w_tiles(block_w)[0] > multiprocessors and block_w <= MAX_BLOCK_W:
+    # The smallest tiles that take the weight in as many programs as can be resident, at most.
+    block_w = max(16, next_power_of_2(cdiv(groups * cin_g * columns, resident)))
+    while w_tiles(block_w)[0] > resident and block_w <= MAX_BLOCK_W:
         block_w *= 2
-    if x_tiles <= multiprocessors <= MAX_PROGRAMS and block_w <= MAX_BLOCK_W and narrow:
+    if x_tiles <= resident <= MAX_PROGRAMS and block_w <= MAX_BLOCK_W and narrow:
         tiles, block_k = w_tiles(block_w)
         return max(x_tiles, tiles), x_tiles, tiles, block_ci, block_k, True
     # (interpreted, programs run one after another: a second would wait at the barrier for ever)
