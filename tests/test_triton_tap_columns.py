@@ -41,8 +41,11 @@ CASES = [
     # Padding larger than the kernel along W: whole column phases read nothing, shifts all positive.
     layer((1, 2, 3), (1, 2, 2), (0, 1, 4), (2, 3, 9), output_padding=(0, 1, 1)),
     # k3 s2 p1 output_padding 1 along W (the video decoder's columns) by 16 output channels: two column groups, taps
-    # 0 and 1 (shifts 1 and 0) and tap 2 (shift 0).
+    # 1 and 2 (shift 0) and tap 0 (shift 1: its A tile a slot further on, or gathered under 3xTF32).
     layer((1, 2, 3), (1, 2, 2), (0, 1, 1), (2, 3, 7), in_channels=6, out_channels=16, output_padding=(0, 1, 1)),
+    # k3 s2 p0 along W: taps 0 and 1 (shift 1) and tap 2 (shift 0), two A tiles a K-step (under 3xTF32 one, taps 0
+    # and 1 gathered).
+    layer((1, 1, 3), (1, 1, 2), 0, (2, 3, 6), in_channels=6, out_channels=16, output_padding=(0, 0, 1)),
 ]
 
 # The interpreter's config (on a GPU: the first of the library's, the one with the fewest slots per tile and the one
@@ -191,6 +194,22 @@ def test_shifts_and_halo():
     assert tap_columns.w_shifts(make_plan((1, 1, 2, 2, 2), (1, 1, 2, 2, 2), stride=2)) == (0, 0)
 
 
+@pytest.mark.parametrize("kernel, stride, padding, shifted_tiles, groups, halo", [
+    (3, 2, 1, True, (1, 0, 0, 1), 0),  # shifts 1, 0, 0: taps 1 and 2 on the tile, tap 0 one slot further on
+    (3, 2, 1, False, (1, 0, 0, -1), 1),  # (3xTF32) taps 1 and 2 on the tile, tap 0 gathered
+    (3, 2, 0, True, (0, 2, 1, 0), 0),  # shifts 1, 1, 0: taps 0 and 1 one slot further on, tap 2 on the tile
+    (3, 2, 0, False, (0, 2, -1, 0), 1),  # (3xTF32) taps 0 and 1 gathered, tap 2 on their tile
+    (3, 1, 1, True, (0, 2, -1, 0), 2),  # shifts 2, 1, 0: taps 0 and 1 gathered, tap 2 on their tile
+    (4, 2, 1, True, (0, 4, -1, 0), 2),  # shifts 2, 1, 1, 0: one group of four, gathered
+])
+def test_tap_groups_read_shifted_tiles_where_a_groups_shifts_agree(kernel, stride, padding, shifted_tiles, groups,
+                                                                   halo):
+    plan = make_plan((1, 32, 2, 2, 8), (32, 16, 1, 1, kernel), stride=(1, 1, stride), padding=(0, 0, padding))
+    _, kw_a, kw_b = tap_columns.column_layout(plan, 128)
+    assert tap_columns.tap_groups(plan, kw_a, kw_b, shifted_tiles) == groups
+    assert dict(tap_columns._geometry(plan, 64, 128, 32, None, None, shifted_tiles)[3])["HALO"] == halo
+
+
 @pytest.mark.parametrize("kernel, stride, padding, dilation, order", [
     (3, 2, 1, 1, 1),  # k3 s2 p1: phase 1 has taps 0 and 2, phase 0 tap 1
     (3, 2, 1, 2, 1),  # problem 77: every tap in phase 1
@@ -209,7 +228,7 @@ def test_planes_by_taps_on_small_grids_only():
     def by_taps(multiprocessors):
         return dict(tap_columns._geometry(plan, 128, 128, 32, multiprocessors, None)[3])["BY_TAPS"]
 
-    programs = 16 * 2 * 33  # (od, v_h) planes by 33 tiles of 127 output slots, one channel block
+    programs = 16 * 2 * 32  # (od, v_h) planes by 32 tiles of 128 output slots (no halo), one channel block
     assert by_taps(None) and by_taps(-(-programs // tap_columns.BY_TAPS_WAVES))
     assert not by_taps(programs // tap_columns.BY_TAPS_WAVES - 1)
     balanced = make_plan((1, 64, 8, 64, 64), (64, 32, 4, 4, 4), stride=2, padding=1)

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ...plan import AxisPlan, Plan
-from . import cdiv, interpreted, next_power_of_2, power_of_2_at_most
+from . import TF32X3, cdiv, interpreted, next_power_of_2, power_of_2_at_most
 from .forward import (_axis_taps, _sm_count, channels_last_strides, count_on, dependent_options, inverse_scales,
                       load_operands, load_weights, mma, mma_precision, wait_for_previous)
 from .launch import Launcher
@@ -72,8 +72,9 @@ def tap_columns_kernel(
     P_D: tl.constexpr, P_H: tl.constexpr, P_W: tl.constexpr,
     DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     STEP_D: tl.constexpr, STEP_H: tl.constexpr,
-    KW: tl.constexpr, KW_A: tl.constexpr, KW_B: tl.constexpr, DMIN: tl.constexpr, HALO: tl.constexpr,
-    U_W: tl.constexpr, CI_BLOCKS: tl.constexpr,
+    KW: tl.constexpr, KW_A: tl.constexpr, KW_B: tl.constexpr, T0_A: tl.constexpr, T0_B: tl.constexpr,
+    OFFSET_A: tl.constexpr, OFFSET_B: tl.constexpr, GATHER_A: tl.constexpr, GATHER_B: tl.constexpr,
+    DMIN: tl.constexpr, HALO: tl.constexpr, U_W: tl.constexpr, CI_BLOCKS: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr, EVEN_CI: tl.constexpr,
     SCALED: tl.constexpr, PDL: tl.constexpr, BY_TAPS: tl.constexpr, ORDER_D: tl.constexpr, ORDER_H: tl.constexpr,
@@ -81,8 +82,11 @@ def tap_columns_kernel(
 ):
     # GEMM columns (t_w, co), co fastest: a tap's weight rows lie together, and each thread's accumulator holds
     # all taps of its columns, so that summing over taps stays in registers. Tensor shapes are powers of two, so the
-    # KW taps are split in two column groups on the same A tile: taps [0, KW_A) and [KW_A, KW_A + KW_B) (KW_B 0: one
-    # group), the taps past KW padding (zero columns). KW = 3 takes 2 + 1 groups rather than 4 padded columns.
+    # KW taps are split in two column groups: taps [T0_A, T0_A + KW_A) and [T0_B, T0_B + KW_B) (KW_B 0: one group),
+    # the taps past KW padding (zero columns). KW = 3 takes 2 + 1 groups rather than 4 padded columns. A group whose
+    # taps share one shift reads its A tile that many slots (OFFSET) further on, so that its columns of P line up with
+    # their outputs as computed; the epilogue gathers a group's columns (GATHER) where their shifts differ
+    # (tap_groups). Groups of one offset share one A tile.
     # One program per work item: a persistent grid, each program running several items' K-steps as one loop so that
     # the next item's loads overlap an item's epilogue, roughly doubled the registers and took 16-232% more time on
     # every sweep layer tried (benchmarks/RESULTS.md, thirtieth session).
@@ -132,13 +136,19 @@ def tap_columns_kernel(
     base_h, m0_h, t0_h, jh_lo, jh_hi = _axis_taps(v_h, first // row_slots, u_h_last, H, KH, S_H, P_H, DIL_H, STEP_H)
 
     x_base = x_ptr + n.to(tl.int64) * sxn + (group * CIN_G).to(tl.int64) * sxc
-    slot_ok = (c >= 0) & (c < W) & (u_h < U_H)
+    # Each column group's A tile: the input columns c + OFFSET of the slots (masked outside the input).
+    OWN_TILE_B: tl.constexpr = (KW_B > 0) & (OFFSET_B != OFFSET_A)
+    c_a = c + OFFSET_A
+    slot_ok_a = (c_a >= 0) & (c_a < W) & (u_h < U_H)
+    if OWN_TILE_B:
+        c_b = c + OFFSET_B
+        slot_ok_b = (c_b >= 0) & (c_b < W) & (u_h < U_H)
     # B: the weight rows (t_w, co) of each column group, of the taps (t_d, t_h, t_w), in the layout (taps, groups,
     # C_out/g, C_in/g).
-    b_rows_a, b_ok_a = _weight_rows(0, KW_A, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
+    b_rows_a, b_ok_a = _weight_rows(T0_A, KW_A, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
     acc_a = tl.zeros([BLOCK_M, KW_A * BLOCK_CO], dtype=tl.float32)
     if KW_B > 0:
-        b_rows_b, b_ok_b = _weight_rows(KW_A, KW_B, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
+        b_rows_b, b_ok_b = _weight_rows(T0_B, KW_B, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO)
         acc_b = tl.zeros([BLOCK_M, KW_B * BLOCK_CO], dtype=tl.float32)
     # The K-steps walk (depth tap, height tap, channel block), the channels fastest, counted on (forward.count_on)
     # rather than divided out of k: this loop has few steps (video_k3s2p1op1: 2.25 taps of 2 channel blocks). With U_W
@@ -151,28 +161,26 @@ def tap_columns_kernel(
     steps = tl.where(od < OD, (jd_hi - jd_lo) * (jh_hi - jh_lo) * CI_BLOCKS, 0)
     if DIAG == 2:  # diagnostic: one K-step (a wrong result): the program's time but for its other steps
         steps = tl.minimum(steps, 1)
-    if PRECISION != 2:
-        rows_hc = u_h * sxh + c * sxw  # the slots' own part of their input offsets (below)
+    rows_hc_a = u_h * sxh + c_a * sxw  # the slots' own part of their input offsets (_step_rows)
+    if OWN_TILE_B:
+        rows_hc_b = u_h * sxh + c_b * sxw
     for k in range(steps):
         t_d = tl.minimum(t0_d + jd * STEP_D, KD - 1)
         t_h = tl.minimum(t0_h + jh * STEP_H, KH - 1)
         i_d = q_d - m0_d - jd * M_STEP_D + m * 0  # broadcast: the interpreter cannot mask with scalars
-        if PRECISION == 2:
-            i_h = u_h + base_h - m0_h - jh * M_STEP_H
-            row_ok = slot_ok & (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H)
-            rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
-                    + tl.minimum(tl.maximum(c, 0), W - 1) * sxw)
-        else:  # as forward.py's _phase_gemm (rows not ok at offset 0): on the H200 3-4% faster by the mean on
-            # vae_k4s2p1 and video_k3s2p1op1 in TF32, within 2% on the others tried (benchmarks/RESULTS.md, forty-fourth
-            # session)
-            shift_h = base_h - m0_h - jh * M_STEP_H  # the step reads input row (i_d, u_h + shift_h, c)
-            row_ok = slot_ok & (i_d >= 0) & (i_d < D) & (u_h >= -shift_h) & (u_h < H - shift_h)
-            rows = tl.where(row_ok, rows_hc + (i_d * sxd + shift_h * sxh), 0)
+        shift_h = base_h - m0_h - jh * M_STEP_H  # the step reads input row (i_d, u_h + shift_h, c)
+        rows, row_ok = _step_rows(c_a, slot_ok_a, rows_hc_a, u_h, i_d, shift_h, D, H, W, sxd, sxh, sxw, PRECISION)
         tap_base = (t_d * KH + t_h) * KW * GROUPS * COUT_G * CIN_G
         a, a_lo, b, b_lo = load_operands(x_base, w_ptr, w_lo_ptr, rows, row_ok, tap_base + b_rows_a, b_ok_a, ci0,
                                          CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI)
         acc_a = mma(acc_a, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
-        if KW_B > 0:
+        if OWN_TILE_B:
+            rows, row_ok = _step_rows(c_b, slot_ok_b, rows_hc_b, u_h, i_d, shift_h, D, H, W, sxd, sxh, sxw,
+                                      PRECISION)
+            a, a_lo, b, b_lo = load_operands(x_base, w_ptr, w_lo_ptr, rows, row_ok, tap_base + b_rows_b, b_ok_b,
+                                             ci0, CIN_G, sxc, PRECISION, BLOCK_CI, EVEN_CI)
+            acc_b = mma(acc_b, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
+        elif KW_B > 0:
             b, b_lo = load_weights(w_ptr, w_lo_ptr, tap_base + b_rows_b, b_ok_b, ci0, CIN_G, PRECISION, BLOCK_CI,
                                    EVEN_CI)
             acc_b = mma(acc_b, a, a_lo, b, b_lo, PRECISION, INTERPRETED)
@@ -187,11 +195,11 @@ def tap_columns_kernel(
             total += tl.sum(tl.sum(acc_b, axis=1), axis=0)
         tl.store(y_ptr + tl.program_id(0), total.to(y_ptr.dtype.element_ty))
         return
-    # Each tap's column of P, moved up by its shift delta(t_w) - DMIN, lines up with the outputs it feeds; summed per
-    # column phase.
-    out_even, out_odd = _phase_sums(acc_a, 0, KW_A, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
+    # Each tap's column of P, moved up by its shift delta(t_w) - DMIN (where the group's A tile did not), lines up with
+    # the outputs it feeds; summed per column phase.
+    out_even, out_odd = _phase_sums(acc_a, T0_A, KW_A, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, GATHER_A, DIAG)
     if KW_B > 0:
-        even_b, odd_b = _phase_sums(acc_b, KW_A, KW_B, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, DIAG)
+        even_b, odd_b = _phase_sums(acc_b, T0_B, KW_B, m, S_W, P_W, DIL_W, DMIN, BLOCK_M, BLOCK_CO, GATHER_B, DIAG)
         out_even += even_b
         out_odd += odd_b
     if SCALED:  # FP16 operands scaled per tensor (tensor_scaled.py), w_lo_ptr pointing at their pass's sync words
@@ -235,6 +243,22 @@ def _phase(ORDER: tl.constexpr, rank):
 
 
 @triton.jit
+def _step_rows(c, slot_ok, rows_hc, u_h, i_d, shift_h, D, H, W, sxd, sxh, sxw, PRECISION: tl.constexpr):
+    """A K-step's input offsets and validity for slots reading input columns c, rows u_h + shift_h of plane i_d
+    (rows_hc: u_h * sxh + c * sxw)."""
+    if PRECISION == 2:
+        i_h = u_h + shift_h
+        row_ok = slot_ok & (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H)
+        rows = (tl.minimum(tl.maximum(i_d, 0), D - 1) * sxd + tl.minimum(tl.maximum(i_h, 0), H - 1) * sxh
+                + tl.minimum(tl.maximum(c, 0), W - 1) * sxw)
+    else:  # as forward.py's _phase_gemm (rows not ok at offset 0): on the H200 3-4% faster by the mean on vae_k4s2p1
+        # and video_k3s2p1op1 in TF32, within 2% on the others tried (benchmarks/RESULTS.md, forty-fourth session)
+        row_ok = slot_ok & (i_d >= 0) & (i_d < D) & (u_h >= -shift_h) & (u_h < H - shift_h)
+        rows = tl.where(row_ok, rows_hc + (i_d * sxd + shift_h * sxh), 0)
+    return rows, row_ok
+
+
+@triton.jit
 def _weight_rows(T0: tl.constexpr, TAPS: tl.constexpr, KW, group, co0, GROUPS, COUT_G, CIN_G, BLOCK_CO: tl.constexpr):
     """Offsets (within one (t_d, t_h) tap's block) and validity of the weight rows of the GEMM columns (t_w, co), t_w
     in [T0, T0 + TAPS): the taps past KW and the channels past C_out/g load as zeros, so their columns of P are zero."""
@@ -248,9 +272,10 @@ def _weight_rows(T0: tl.constexpr, TAPS: tl.constexpr, KW, group, co0, GROUPS, C
 @triton.jit
 def _phase_sums(acc, T0: tl.constexpr, TAPS: tl.constexpr, m, S_W: tl.constexpr, P_W: tl.constexpr,
                 DIL_W: tl.constexpr, DMIN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_CO: tl.constexpr,
-                DIAG: tl.constexpr):
+                GATHER: tl.constexpr, DIAG: tl.constexpr):
     """The sums over the column phases 0 and 1 of a column group's taps t_w in [T0, T0 + TAPS), each tap's column of P
-    (acc) moved up by its shift, [BLOCK_M, BLOCK_CO] each (the second zero with S_W 1)."""
+    (acc) moved up by its shift where GATHER (else its A tile was), [BLOCK_M, BLOCK_CO] each (the second zero with S_W
+    1)."""
     taps = tl.reshape(acc, (BLOCK_M, TAPS, BLOCK_CO))
     t = T0 + tl.arange(0, TAPS)
     phase = (DIL_W * t + (S_W - 1) * P_W) % S_W  # (DIL_W * t - P_W) mod S_W, on a nonnegative operand
@@ -258,7 +283,7 @@ def _phase_sums(acc, T0: tl.constexpr, TAPS: tl.constexpr, m, S_W: tl.constexpr,
     # (Clamped: the padding taps' shifts may point outside the tile; their columns are zero.)
     source = tl.minimum(tl.maximum(m[:, None, None] + shift[None, :, None], 0), BLOCK_M - 1) + tl.zeros(
         [BLOCK_M, TAPS, BLOCK_CO], dtype=tl.int32)
-    if DIAG == 1:  # diagnostic: no gather (a wrong result), to time it
+    if DIAG == 1 or not GATHER:  # (DIAG 1, diagnostic: no gather, a wrong result where GATHER, to time it)
         aligned = taps
     else:
         aligned = tl.gather(taps, source, 0)
@@ -312,6 +337,38 @@ def column_layout(plan: Plan, block_n: int) -> tuple[int, int, int]:
     return max(block_co, 16 // kw_p2), kw_p2, 0
 
 
+def tap_shift(plan: Plan, t: int) -> int:
+    """How many slots further on W tap t's column of P is read for an output column group: delta(t) - DMIN."""
+    s, p, dil = plan.stride[2], plan.padding[2], plan.dilation[2]
+    return ((dil * t - p) % s + p - dil * t) // s - w_shifts(plan)[0]
+
+
+def tap_groups(plan: Plan, kw_a: int, kw_b: int, shifted_tiles: bool = True) -> tuple[int, int, int, int]:
+    """(T0_A, T0_B, SHIFT_A, SHIFT_B): where the two column groups' taps start, and the one shift of each group's
+    taps (its A tile is read that many slots further on), or -1 where they differ (the epilogue gathers the group's
+    columns). Group A comes first, [0, KW_A) and [KW_A, KW), or group B does, [0, KW_B) and [KW_B, KW) (where KW_B is
+    exact), whichever gathers fewer columns, then reads fewer A tiles: k = 3, stride 2, padding 1 (shifts 1, 0, 0)
+    puts taps 1 and 2 in group A and tap 0 in group B, read one slot further on, and gathers nothing.
+    shifted_tiles false: a group reads the tile as is or is gathered. So under 3xTF32 (split A tiles): on the H200 a
+    second tile took video_k3s2p1op1's fastest config's kernel from 0.059 to 0.067 ms by the minima, where with FP16
+    operands it took it from 0.028 to 0.026 (benchmarks/RESULTS.md, sixty-first session)."""
+    kw = plan.kernel_size[2]
+
+    def shift(t0: int, taps: int) -> int:
+        shifts = {tap_shift(plan, t) for t in range(t0, min(t0 + taps, kw))}
+        return shifts.pop() if len(shifts) == 1 and (shifted_tiles or 0 in shifts) else -1
+
+    def layout(t0_a: int, t0_b: int):
+        return t0_a, t0_b, shift(t0_a, kw_a), shift(t0_b, kw_b) if kw_b else 0
+
+    def cost(groups):
+        gathered = kw_a * (groups[2] < 0) + kw_b * (groups[3] < 0)
+        return gathered, len({max(groups[2], 0), max(groups[3], 0)})
+
+    layouts = [layout(0, kw_a)] + ([layout(kw_b, 0)] if kw_b and kw_a + kw_b == kw else [])
+    return min(layouts, key=cost)
+
+
 # Planes by their phases' taps (the kernel's BY_TAPS) on grids of at most this many programs per multiprocessor, where
 # the last wave is a large part of the time. On the H200 (132 multiprocessors; benchmarks/RESULTS.md, fiftieth
 # session), each config alone, old order -> new: wide_256to128_k3s2's best at 640 and 1,280 programs 0.0359-0.0366 ->
@@ -335,11 +392,11 @@ def phase_order(axis: AxisPlan) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int, multiprocessors: int | None,
-              by_taps: bool | None):
+              by_taps: bool | None, shifted_tiles: bool = True):
     """(grid, the kernel's sizes, blocks, constexprs) of a config for a layer: once per layer, as host time shows.
     multiprocessors: the GPU's (None under the interpreter: no limit on BY_TAPS). by_taps: BY_TAPS as given, or None
-    for where its phases differ and the grid is at most BY_TAPS_WAVES per multiprocessor."""
-    d_min, halo = w_shifts(plan)
+    for where its phases differ and the grid is at most BY_TAPS_WAVES per multiprocessor. shifted_tiles: as
+    tap_groups'."""
     n, c_in, (d, h, w_in) = plan.batch, plan.in_channels, plan.input_spatial
     groups = plan.groups
     cin_g, cout_g = c_in // groups, plan.out_channels // groups
@@ -347,6 +404,10 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int, multiproces
     (kd, kh, kw), (s_d, s_h, s_w) = plan.kernel_size, plan.stride
     (p_d, p_h, p_w), (dl_d, dl_h, dl_w) = plan.padding, plan.dilation
     block_co, kw_a, kw_b = column_layout(plan, block_n)
+    t0_a, t0_b, shift_a, shift_b = tap_groups(plan, kw_a, kw_b, shifted_tiles)
+    d_min, halo = w_shifts(plan)
+    if shift_a >= 0 and shift_b >= 0:  # nothing gathered: no slot of a tile needs more input columns than its own
+        halo = 0
     block_ci = max(16, min(block_ci, next_power_of_2(cin_g)))
     u_h, u_w = cdiv(oh, s_h), cdiv(ow, s_w)
     tiles = cdiv(u_h * (u_w + halo) - halo, block_m - halo)
@@ -363,7 +424,9 @@ def _geometry(plan: Plan, block_m: int, block_n: int, block_ci: int, multiproces
     constexprs = (
         ("S_D", s_d), ("S_H", s_h), ("S_W", s_w), ("P_D", p_d), ("P_H", p_h), ("P_W", p_w),
         ("DIL_D", dl_d), ("DIL_H", dl_h), ("DIL_W", dl_w), ("STEP_D", s_d // math.gcd(s_d, dl_d)),
-        ("STEP_H", s_h // math.gcd(s_h, dl_h)), ("KW", kw), ("KW_A", kw_a), ("KW_B", kw_b), ("DMIN", d_min),
+        ("STEP_H", s_h // math.gcd(s_h, dl_h)), ("KW", kw), ("KW_A", kw_a), ("KW_B", kw_b), ("T0_A", t0_a),
+        ("T0_B", t0_b), ("OFFSET_A", max(shift_a, 0)), ("OFFSET_B", max(shift_b, 0)), ("GATHER_A", shift_a < 0),
+        ("GATHER_B", shift_b < 0), ("DMIN", d_min),
         ("HALO", halo), ("U_W", u_w), ("CI_BLOCKS", cdiv(cin_g, block_ci)), ("BLOCK_M", block_m),
         ("BLOCK_CO", block_co), ("BLOCK_CI", block_ci), ("EVEN_CI", cin_g % block_ci == 0),
         ("BY_TAPS", by_taps), ("ORDER_D", order_d if by_taps else -1), ("ORDER_H", order_h if by_taps else -1))
@@ -375,7 +438,7 @@ def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_in
     bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out)."""
     multiprocessors = None if _kernel.interpreted else _sm_count(device_index)
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_CI"], multiprocessors,
-                                                cfg.get("BY_TAPS"))
+                                                cfg.get("BY_TAPS"), precision != TF32X3)
     return _kernel.bind(
         grid, (*sizes, *channels_last_strides(plan), *out_strides, *blocks),
         (*constexprs, ("HAS_BIAS", has_bias), *mma_precision(precision), ("INTERPRETED", _kernel.interpreted),
