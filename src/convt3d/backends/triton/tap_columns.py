@@ -18,11 +18,13 @@ which the epilogue forms by gathering each tap's column of P from the row delta(
 smallest delta), in registers. A row of outputs needs its input columns from u + DMIN to u + DMAX, HALO = DMAX -
 DMIN more than it has: each output row's input columns are laid out as a virtual row of U_W + HALO slots (slot s holds
 input column s + DMIN and output column group u = s), the rows one after another, and a program takes BLOCK_M
-consecutive slots, of which the first BLOCK_M - HALO are its outputs; the next program starts there.
+consecutive slots, of which the first BLOCK_M - HALO are its outputs; the next program starts there. Where the taps
+of a column group (below) share one shift, the group's A tile is read that many slots further on instead, and its
+columns need no gather; where no group gathers, the tiles have no halo (tap_groups).
 
 A K-step loads its A tile once for two GEMMs where KW is not a power of two (column_layout): KW = 3 takes 2 + 1 taps'
 columns instead of 4, the fourth all zeros, so that a 64-channel block fits in 192 columns and each input tile is
-loaded once for all 64 output channels.
+loaded once for all 64 output channels (twice where the two groups read tiles at different shifts).
 
 Operands as the general kernel's operand pass lays them out: the input channels-last and the weight tap-major and
 K-major, TF32-rounded or split (precisions as in forward.py; under 3xTF32 A is split as it loads). Stride along W of 1
