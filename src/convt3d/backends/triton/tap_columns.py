@@ -46,10 +46,15 @@ from .forward import (_axis_taps, _sm_count, channels_last_strides, count_on, de
 from .launch import Launcher
 
 
+def _w_deltas(plan: Plan) -> list[int]:
+    """delta(t_w) of each W tap."""
+    s, p, dil, k = plan.stride[2], plan.padding[2], plan.dilation[2], plan.kernel_size[2]
+    return [((dil * t - p) % s + p - dil * t) // s for t in range(k)]
+
+
 def w_shifts(plan: Plan) -> tuple[int, int]:
     """(DMIN, HALO): the smallest delta(t_w) over the W taps, and the largest less the smallest."""
-    s, p, dil, k = plan.stride[2], plan.padding[2], plan.dilation[2], plan.kernel_size[2]
-    deltas = [((dil * t - p) % s + p - dil * t) // s for t in range(k)]
+    deltas = _w_deltas(plan)
     return min(deltas), max(deltas) - min(deltas)
 
 
@@ -281,13 +286,13 @@ def _phase_sums(acc, T0: tl.constexpr, TAPS: tl.constexpr, m, S_W: tl.constexpr,
     taps = tl.reshape(acc, (BLOCK_M, TAPS, BLOCK_CO))
     t = T0 + tl.arange(0, TAPS)
     phase = (DIL_W * t + (S_W - 1) * P_W) % S_W  # (DIL_W * t - P_W) mod S_W, on a nonnegative operand
-    shift = (phase + P_W - DIL_W * t) // S_W - DMIN  # exact divisions
-    # (Clamped: the padding taps' shifts may point outside the tile; their columns are zero.)
-    source = tl.minimum(tl.maximum(m[:, None, None] + shift[None, :, None], 0), BLOCK_M - 1) + tl.zeros(
-        [BLOCK_M, TAPS, BLOCK_CO], dtype=tl.int32)
     if DIAG == 1 or not GATHER:  # (DIAG 1, diagnostic: no gather, a wrong result where GATHER, to time it)
         aligned = taps
     else:
+        shift = (phase + P_W - DIL_W * t) // S_W - DMIN  # exact divisions
+        # (Clamped: the padding taps' shifts may point outside the tile; their columns are zero.)
+        source = tl.minimum(tl.maximum(m[:, None, None] + shift[None, :, None], 0), BLOCK_M - 1) + tl.zeros(
+            [BLOCK_M, TAPS, BLOCK_CO], dtype=tl.int32)
         aligned = tl.gather(taps, source, 0)
     even = tl.sum(tl.where((phase == 0)[None, :, None], aligned, 0.0), axis=1)
     odd = tl.sum(tl.where((phase == 1)[None, :, None], aligned, 0.0), axis=1)
@@ -339,12 +344,6 @@ def column_layout(plan: Plan, block_n: int) -> tuple[int, int, int]:
     return max(block_co, 16 // kw_p2), kw_p2, 0
 
 
-def tap_shift(plan: Plan, t: int) -> int:
-    """How many slots further on W tap t's column of P is read for an output column group: delta(t) - DMIN."""
-    s, p, dil = plan.stride[2], plan.padding[2], plan.dilation[2]
-    return ((dil * t - p) % s + p - dil * t) // s - w_shifts(plan)[0]
-
-
 def tap_groups(plan: Plan, kw_a: int, kw_b: int, shifted_tiles: bool = True) -> tuple[int, int, int, int]:
     """(T0_A, T0_B, SHIFT_A, SHIFT_B): where the two column groups' taps start, and the one shift of each group's
     taps (its A tile is read that many slots further on), or -1 where they differ (the epilogue gathers the group's
@@ -355,9 +354,11 @@ def tap_groups(plan: Plan, kw_a: int, kw_b: int, shifted_tiles: bool = True) -> 
     second tile took video_k3s2p1op1's fastest config's kernel from 0.059 to 0.067 ms by the minima, where with FP16
     operands it took it from 0.028 to 0.026 (benchmarks/RESULTS.md, sixty-first session)."""
     kw = plan.kernel_size[2]
+    deltas = _w_deltas(plan)
+    tap_shifts = [delta - min(deltas) for delta in deltas]  # slots further on that tap t's column of P is read
 
     def shift(t0: int, taps: int) -> int:
-        shifts = {tap_shift(plan, t) for t in range(t0, min(t0 + taps, kw))}
+        shifts = set(tap_shifts[t0:t0 + taps])
         return shifts.pop() if len(shifts) == 1 and (shifted_tiles or 0 in shifts) else -1
 
     def layout(t0_a: int, t0_b: int):
