@@ -23,6 +23,10 @@ case "$cmd" in
         if ! need xdist; then set -- -n auto "$@"; fi  # a later -n of the caller's wins
         # matplotlib only lets the bench tests draw their chart; offline without it they skip that part.
         if need matplotlib; then "$PY" -m pip install -q matplotlib || echo "matplotlib unavailable"; fi
+        # onnx, onnxscript and onnxruntime only let the ONNX export tests run; offline without them those skip.
+        if need onnx || need onnxscript || need onnxruntime; then
+            "$PY" -m pip install -q onnx onnxscript onnxruntime || echo "onnx packages unavailable: ONNX tests skip"
+        fi
         exec "$PY" -m pytest "$@" ;;
     bench)
         if need matplotlib; then "$PY" -m pip install -q matplotlib || echo "matplotlib unavailable: no --plot"; fi

@@ -12,7 +12,8 @@ differentiable aten path everywhere. Eager calls that need autograd run the forw
 record a plain autograd.Function's node with the same gradients (under torch.func's transforms, a setup_context
 twin that computes in its forward), except on CUDA where eager's kernel runs the forward and aten's own backward
 would serve: PyTorch's autograd records that call itself. The op's Python dispatch is for torch.compile (and
-torch.export) and torch.jit.trace. CUDA tensors on another GPU than the current one run under that GPU (Triton
+torch.export) and torch.jit.trace; torch.onnx.export records PyTorch's own op instead, which ONNX has as ConvTranspose.
+CUDA tensors on another GPU than the current one run under that GPU (Triton
 launches on the current device). A module's later calls like one that a prepared call served (the Triton backend's,
 or the CUDA phase correlation's) go straight to that call (BoundForward, bind_forward).
 """
@@ -20,6 +21,7 @@ or the CUDA phase correlation's) go straight to that call (BoundForward, bind_fo
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from typing import Optional, Sequence
 
@@ -303,11 +305,22 @@ _record_eager_call = _c_apply(_EagerConvTranspose3d)
 _unwrap_if_dead = getattr(_functorch, "unwrap_if_dead", lambda t: t)
 
 
+def _onnx_exporting() -> bool:
+    """Whether torch.onnx exports this call. torch imports torch.onnx lazily; where nothing imported it, no export
+    runs, and the question does not import it."""
+    onnx = sys.modules.get("torch.onnx")
+    return onnx is not None and onnx.is_in_onnx_export()
+
+
 def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: Plan, backend: str):
     """Run a validated batched call: through the registered op where torch.compile or torch.jit.trace records it
     (functional.recording), through a plain autograd Function where only autograd needs it, else directly (the op's
     dispatch costs tens of microseconds, as much as a small layer's kernel)."""
     if functional.recording():
+        if not torch.compiler.is_dynamo_compiling() and _onnx_exporting():
+            # ONNX has no convt3d op, and its ConvTranspose is this function: PyTorch's own op, which both of
+            # torch.onnx's exporters translate to ConvTranspose, stands for the layer in the exported graph.
+            return functional.run_backend("eager", input, weight, bias, plan)
         return conv_transpose3d_op(
             input, weight, bias, list(plan.stride), list(plan.padding), list(plan.output_padding), plan.groups,
             list(plan.dilation), backend,
