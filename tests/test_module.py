@@ -39,6 +39,45 @@ def test_unbatched_input():
     assert_close_rel(layer(x), nn.functional.conv_transpose3d(x, layer.weight, layer.bias, 2), 1e-12)
 
 
+@pytest.mark.parametrize("unbatched", [False, True])
+def test_jit_script_compiles_pytorchs_op_in_its_place(unbatched):
+    """torch.jit.script (before, it failed on convt3d's Python): the scripted layer runs PyTorch's own op, as
+    nn.ConvTranspose3d's forward does, so that the script saves and loads without convt3d; against float64 on a fresh
+    input, with output_size, its gradients reaching the parameters it shares with the eager model, and the eager model
+    left as it was."""
+    import io
+
+    torch.manual_seed(0)
+    layers = dict(stride=(2, 1, 2), padding=(1, 0, 1), output_padding=(1, 0, 0), groups=2, dilation=(1, 2, 1))
+    model = nn.Sequential(convt3d.ConvTranspose3d(4, 6, 3, **layers), nn.ReLU(),
+                          convt3d.ConvTranspose3d(6, 2, 2, stride=(1, 2, 2), bias=False))
+    reference = nn.Sequential(nn.ConvTranspose3d(4, 6, 3, **layers), nn.ReLU(),
+                              nn.ConvTranspose3d(6, 2, 2, stride=(1, 2, 2), bias=False)).double()
+    reference.load_state_dict(model.state_dict())
+    model(torch.rand(2, 4, 3, 4, 5))  # eager calls first: the modules hold bound forwards
+    scripted = torch.jit.script(model)
+    first = getattr(scripted, "0")
+    assert "aten::conv_transpose3d" in str(first.inlined_graph)
+    buffer = io.BytesIO()
+    torch.jit.save(scripted, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    x = torch.randn(3, 4, 3, 4, 5)[0 if unbatched else slice(None)]
+    assert_close_rel(loaded(x), reference(x.double()), 1e-5)
+    actual = scripted(x)
+    assert_close_rel(actual, reference(x.double()), 1e-5)
+    actual.sum().backward()
+    reference(x.double()).sum().backward()
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        assert_close_rel(ours.grad, theirs.grad, 1e-5)
+    assert all(type(model[i]) is convt3d.ConvTranspose3d for i in (0, 2))
+    assert_close_rel(model(x), reference(x.double()), 1e-5)
+    output_size = [5, 8, 10]  # output_padding (0, 0, 1) in place of the layer's (1, 0, 0)
+    assert_close_rel(first(x, output_size), reference[0](x.double(), output_size), 1e-5)
+    with pytest.raises(Exception, match="output size"):
+        first(x, [20, 8, 9])
+
+
 def test_convert_keeps_outputs_parameters_and_dtype():
     torch.manual_seed(1)
     model = nn.Sequential(

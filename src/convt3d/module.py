@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import ops
@@ -19,7 +20,8 @@ class ConvTranspose3d(nn.ConvTranspose3d):
     """nn.ConvTranspose3d computed by convt3d: same constructor, parameters and state_dict.
 
     `backend` ("auto", "torch", "triton", "eager") is an attribute, not a parameter, so
-    state_dicts move freely between this class and nn.ConvTranspose3d.
+    state_dicts move freely between this class and nn.ConvTranspose3d. torch.jit.script compiles
+    nn.ConvTranspose3d's forward in its place (_scripted_forward).
     """
 
     backend: str = "auto"
@@ -27,8 +29,26 @@ class ConvTranspose3d(nn.ConvTranspose3d):
     # where none serves; and the attributes they were bound with (_config). Not saved with the module.
     _bound_forwards: Optional[dict] = None
     _bound_config: Optional[tuple] = None
+    # What torch.jit.script leaves out of a scripted module (_scripted_forward uses none of them).
+    __jit_ignored_attributes__ = ["backend", "_bound_forwards", "_bound_config"]
 
     def forward(self, input: torch.Tensor, output_size: Optional[list[int]] = None) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            return self._scripted_forward(input, output_size)
+        return self._eager_forward(input, output_size)
+
+    def _scripted_forward(self, input: torch.Tensor, output_size: Optional[list[int]] = None) -> torch.Tensor:
+        """torch.jit.script's forward: PyTorch's own op, as nn.ConvTranspose3d's forward runs it (TorchScript compiles
+        none of convt3d's Python), so that a scripted model saves and loads wherever TorchScript runs."""
+        if self.padding_mode != "zeros":
+            raise ValueError("Only 'zeros' padding mode is supported for ConvTranspose3d")
+        output_padding = self._output_padding(
+            input, output_size, self.stride, self.padding, self.kernel_size, 3, self.dilation)  # type: ignore[arg-type]
+        return F.conv_transpose3d(input, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups,
+                                  self.dilation)
+
+    @torch.jit.unused  # (TorchScript compiles _scripted_forward instead)
+    def _eager_forward(self, input: torch.Tensor, output_size: Optional[list[int]] = None) -> torch.Tensor:
         params = self._parameters
         # Read from the parameters' dict: nn.Module's attribute lookup cost 1 us per parameter on the 2-core CPU.
         # Where weight or bias is not a plain parameter (torch.nn.utils.parametrize, weight_norm), as attributes.
