@@ -12,10 +12,10 @@ differentiable aten path everywhere. Eager calls that need autograd run the forw
 record a plain autograd.Function's node with the same gradients (under torch.func's transforms, a setup_context
 twin that computes in its forward), except on CUDA where eager's kernel runs the forward and aten's own backward
 would serve: PyTorch's autograd records that call itself. The op's Python dispatch is for torch.compile (and
-torch.export) and torch.jit.trace; torch.onnx.export records PyTorch's own op instead, which ONNX has as ConvTranspose.
-CUDA tensors on another GPU than the current one run under that GPU (Triton
-launches on the current device). A module's later calls like one that a prepared call served (the Triton backend's,
-or the CUDA phase correlation's) go straight to that call (BoundForward, bind_forward).
+torch.export) and torch.jit.trace; torch.onnx.export records PyTorch's own op instead, which ONNX has as
+ConvTranspose. CUDA tensors on another GPU than the current one run under that GPU (Triton launches on the current
+device). A module's later calls like one that a prepared call served (the Triton backend's, or the CUDA phase
+correlation's) go straight to that call (BoundForward, bind_forward).
 """
 
 from __future__ import annotations
