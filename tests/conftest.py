@@ -49,6 +49,26 @@ def nan_poisoned_allocator():
         yield
 
 
+def eager_called_models():
+    """A two-layer convt3d model (tuple strides, padding and output_padding, groups, dilation, a layer without bias)
+    that has already run eager calls, so that its modules hold bound forwards, and its float64 nn.ConvTranspose3d twin
+    with the same parameters: for the tests of what records or exports a model (torch.jit.trace and script,
+    torch.export, torch.onnx)."""
+    import convt3d
+    from torch import nn
+
+    torch.manual_seed(0)
+    first = dict(stride=(2, 1, 2), padding=(1, 0, 1), output_padding=(1, 0, 0), groups=2, dilation=(1, 2, 1))
+    model = nn.Sequential(convt3d.ConvTranspose3d(4, 6, 3, **first), nn.ReLU(),
+                          convt3d.ConvTranspose3d(6, 2, 2, stride=(1, 2, 2), bias=False))
+    reference = nn.Sequential(nn.ConvTranspose3d(4, 6, 3, **first), nn.ReLU(),
+                              nn.ConvTranspose3d(6, 2, 2, stride=(1, 2, 2), bias=False)).double()
+    reference.load_state_dict(model.state_dict())
+    model(torch.rand(2, 4, 3, 4, 5))
+    model(torch.rand(2, 4, 3, 4, 5))
+    return model, reference
+
+
 def random_config(rng: random.Random, max_size: int = 5) -> dict:
     """A random valid ConvTranspose3d configuration, small enough for float64 on the CPU."""
     while True:

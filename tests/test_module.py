@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 import convt3d
-from conftest import assert_close_rel
+from conftest import assert_close_rel, eager_called_models
 
 
 def test_same_parameters_and_state_dict_as_pytorch():
@@ -47,14 +47,7 @@ def test_jit_script_compiles_pytorchs_op_in_its_place(unbatched):
     left as it was."""
     import io
 
-    torch.manual_seed(0)
-    layers = dict(stride=(2, 1, 2), padding=(1, 0, 1), output_padding=(1, 0, 0), groups=2, dilation=(1, 2, 1))
-    model = nn.Sequential(convt3d.ConvTranspose3d(4, 6, 3, **layers), nn.ReLU(),
-                          convt3d.ConvTranspose3d(6, 2, 2, stride=(1, 2, 2), bias=False))
-    reference = nn.Sequential(nn.ConvTranspose3d(4, 6, 3, **layers), nn.ReLU(),
-                              nn.ConvTranspose3d(6, 2, 2, stride=(1, 2, 2), bias=False)).double()
-    reference.load_state_dict(model.state_dict())
-    model(torch.rand(2, 4, 3, 4, 5))  # eager calls first: the modules hold bound forwards
+    model, reference = eager_called_models()  # eager calls first: the modules hold bound forwards
     scripted = torch.jit.script(model)
     first = getattr(scripted, "0")
     assert "aten::conv_transpose3d" in str(first.inlined_graph)

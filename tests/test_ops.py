@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import convt3d
-from conftest import (assert_close_rel, assert_compiled_calls_match, layer_args, make_tensors, random_config,
-                      run_in_sample)
+from conftest import (assert_close_rel, assert_compiled_calls_match, eager_called_models, layer_args, make_tensors,
+                      random_config, run_in_sample)
 
 
 def test_op_is_registered():
@@ -346,20 +346,6 @@ def test_compile_under_autocast():
     assert compiled(x).dtype == torch.float32
 
 
-def _traceable_models():
-    """A convt3d model that has already run eager calls (so its modules hold bound forwards), and its float64
-    nn.ConvTranspose3d twin."""
-    torch.manual_seed(0)
-    model = nn.Sequential(convt3d.ConvTranspose3d(4, 3, 3, stride=2, padding=1, output_padding=1), nn.ReLU(),
-                          convt3d.ConvTranspose3d(3, 2, 2, stride=(1, 2, 2), bias=False))
-    reference = nn.Sequential(nn.ConvTranspose3d(4, 3, 3, stride=2, padding=1, output_padding=1), nn.ReLU(),
-                              nn.ConvTranspose3d(3, 2, 2, stride=(1, 2, 2), bias=False)).double()
-    reference.load_state_dict(model.state_dict())
-    model(torch.rand(2, 4, 3, 4, 5))
-    model(torch.rand(2, 4, 3, 4, 5))
-    return model, reference
-
-
 @pytest.mark.parametrize("unbatched", [False, True])
 def test_jit_trace_records_the_op(unbatched):
     """torch.jit.trace (nn.ConvTranspose3d traces): the registered op in the graph, no TracerWarning (the checks see
@@ -368,7 +354,7 @@ def test_jit_trace_records_the_op(unbatched):
     import io
     import warnings
 
-    model, reference = _traceable_models()
+    model, reference = eager_called_models()
     example = torch.rand(2, 4, 3, 4, 5)[0 if unbatched else slice(None)]
     with warnings.catch_warnings():
         warnings.simplefilter("error", torch.jit.TracerWarning)
@@ -391,7 +377,7 @@ def test_jit_trace_records_the_op(unbatched):
 def test_export_with_a_dynamic_batch():
     """torch.export.export of a model that has run eager calls and been traced (whose bound forwards' keys held
     traced sizes before, which export then failed on): the exported program on another batch size against float64."""
-    model, reference = _traceable_models()
+    model, reference = eager_called_models()
     torch.jit.trace(model, torch.rand(2, 4, 3, 4, 5))
     batch = torch.export.Dim("batch", min=1, max=8)
     exported = torch.export.export(model, (torch.rand(2, 4, 3, 4, 5),), dynamic_shapes=({0: batch},))
@@ -412,14 +398,7 @@ def test_onnx_export_writes_convtranspose(dynamo, unbatched):
     import io
     import warnings
 
-    torch.manual_seed(0)
-    layers = dict(stride=(2, 1, 2), padding=(1, 0, 1), output_padding=(1, 0, 0), groups=2, dilation=(1, 2, 1))
-    model = nn.Sequential(convt3d.ConvTranspose3d(4, 6, 3, **layers), nn.ReLU(),
-                          convt3d.ConvTranspose3d(6, 2, 2, stride=(1, 2, 2), bias=False)).eval()
-    reference = nn.Sequential(nn.ConvTranspose3d(4, 6, 3, **layers), nn.ReLU(),
-                              nn.ConvTranspose3d(6, 2, 2, stride=(1, 2, 2), bias=False)).double()
-    reference.load_state_dict(model.state_dict())
-    model(torch.rand(2, 4, 3, 4, 5))
+    model, reference = eager_called_models()
     example = torch.rand(2, 4, 3, 4, 5)[0 if unbatched else slice(None)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation, the dynamo exporter's notes
