@@ -306,8 +306,10 @@ _unwrap_if_dead = getattr(_functorch, "unwrap_if_dead", lambda t: t)
 
 
 def _onnx_exporting() -> bool:
-    """Whether torch.onnx exports this call. torch imports torch.onnx lazily; where nothing imported it, no export
-    runs, and the question does not import it."""
+    """Whether torch.onnx exports this call: never where Dynamo traces it (torch.compile); torch imports torch.onnx
+    lazily, and where nothing imported it no export runs, so the question does not import it."""
+    if torch.compiler.is_dynamo_compiling():
+        return False
     onnx = sys.modules.get("torch.onnx")
     return onnx is not None and onnx.is_in_onnx_export()
 
@@ -317,7 +319,7 @@ def apply(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor
     (functional.recording), through a plain autograd Function where only autograd needs it, else directly (the op's
     dispatch costs tens of microseconds, as much as a small layer's kernel)."""
     if functional.recording():
-        if not torch.compiler.is_dynamo_compiling() and _onnx_exporting():
+        if _onnx_exporting():
             # ONNX has no convt3d op, and its ConvTranspose is this function: PyTorch's own op, which both of
             # torch.onnx's exporters translate to ConvTranspose, stands for the layer in the exported graph.
             return functional.run_backend("eager", input, weight, bias, plan)
