@@ -236,7 +236,10 @@ def by_phases(input, weight, bias, plan: Plan) -> torch.Tensor:
     # a fill on a second stream beside the correlation, of the planes or rows it does not write (0.44-0.64 ms against
     # 0.316-0.320), or with the correlation writing its lattice planes whole (0.47 against 0.329; thirty-third
     # session, diag_overlap.py and diag_whole_planes.py), or a compact correlation by batch chunks with each chunk's
-    # expand on a second stream (0.34-0.68 against 0.311; fifty-third session, diag_pipeline.py).
+    # expand on a second stream (0.34-0.68 against 0.311; fifty-third session, diag_pipeline.py), or the fill by
+    # batch chunks on a second stream beside each chunk's correlation (0.314-0.545 against 0.311-0.312), or the
+    # correlation writing its lattice rows whole, zeros between (0.343 against 0.310; sixty-third session,
+    # diag_fill_chunks.py and diag_full_rows.py).
     fill_all = FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
     if fill_all:
         _fill(out, bias)
