@@ -243,6 +243,22 @@ def test_unsupported_reason_names_samples_past_32_bit_offsets():
     assert "2**31" in unsupported_reason(x, large)
 
 
+def test_an_interpreter_that_cannot_run_the_kernels_is_named_before_any_work(monkeypatch):
+    # Triton 3.6's interpreter with NumPy 2.4 or later fails inside every kernel (backends/triton/probe.py): the
+    # backend says so up front. (The failing pair itself was checked by hand: Triton 3.6.0 with NumPy 2.4.6.)
+    import convt3d.backends.triton as triton_backend
+
+    if not triton_backend.interpreted():
+        pytest.skip("the interpreter's check (TRITON_INTERPRET=1)")
+    assert triton_backend._interpreter_runs_loops()  # this machine's Triton and NumPy run them
+    x, w, b = torch.rand(1, 3, 2, 3, 5), torch.randn(3, 5, 3, 3, 3), torch.randn(5)  # a layer no other test prepares
+    before = x.clone()
+    monkeypatch.setattr(triton_backend, "_interpreter_runs_loops", lambda: False)
+    with pytest.raises(RuntimeError, match="backend='triton' cannot run this call: Triton's interpreter here"):
+        convt3d.conv_transpose3d(x, w, b, stride=2, backend="triton")
+    assert torch.equal(x, before)
+
+
 @pytest.mark.parametrize("allow_tf32", [True, False])
 def test_auto_tries_triton_at_float32_accuracy_where_its_tf32_result_disagrees(monkeypatch, caplog, allow_tf32):
     # cuDNN runs some layers in float32 although TF32 is allowed (grouped ones, on the H200): the TF32 result then

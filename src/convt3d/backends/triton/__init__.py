@@ -50,9 +50,19 @@ def unsupported_reason(input: torch.Tensor, plan: Plan):
         return "triton is not installed"
     if input.device.type != "cuda" and not interpreted():
         return f"device {input.device.type} needs TRITON_INTERPRET=1"
+    if interpreted() and not _interpreter_runs_loops():
+        return ("Triton's interpreter here cannot run a loop bounded by a kernel argument (Triton 3.6's with NumPy 2.4 "
+                "or later; Triton 3.9's, or NumPy 2.3, runs them)")
     if input.dtype not in SUPPORTED_DTYPES:
         return f"dtype {input.dtype} (supported: float32, float16, bfloat16)"
     return _too_large(plan)
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter_runs_loops() -> bool:
+    from .probe import interpreter_runs_loops  # (a kernel of its own: imports Triton, runs once)
+
+    return interpreter_runs_loops()
 
 
 @functools.lru_cache(maxsize=256)
