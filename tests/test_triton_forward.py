@@ -244,7 +244,7 @@ def test_unsupported_reason_names_samples_past_32_bit_offsets():
 
 
 def test_an_interpreter_that_cannot_run_the_kernels_is_named_before_any_work(monkeypatch):
-    # Triton 3.6's interpreter with NumPy 2.4 or later fails inside every kernel (backends/triton/probe.py): the
+    # Triton 3.6's interpreter with NumPy 2.4.6 or 2.5.2 fails inside every kernel (backends/triton/probe.py): the
     # backend says so up front. (The failing pair itself was checked by hand: Triton 3.6.0 with NumPy 2.4.6.)
     import convt3d.backends.triton as triton_backend
 

@@ -51,8 +51,8 @@ def unsupported_reason(input: torch.Tensor, plan: Plan):
     if input.device.type != "cuda" and not interpreted():
         return f"device {input.device.type} needs TRITON_INTERPRET=1"
     if interpreted() and not _interpreter_runs_loops():
-        return ("Triton's interpreter here cannot run a loop bounded by a kernel argument (Triton 3.6's with NumPy 2.4 "
-                "or later; Triton 3.9's, or NumPy 2.3, runs them)")
+        return ("Triton's interpreter here cannot run a loop bounded by a kernel argument (seen with Triton 3.6 and "
+                "NumPy 2.4.6 or 2.5.2; Triton 3.9, or NumPy 2.3.5, runs them)")
     if input.dtype not in SUPPORTED_DTYPES:
         return f"dtype {input.dtype} (supported: float32, float16, bfloat16)"
     return _too_large(plan)

@@ -1,9 +1,9 @@
 """Whether Triton's interpreter (TRITON_INTERPRET=1) can run this backend's kernels here.
 
 Their loops run to bounds that are kernel arguments (`range(n)`, `range(pid, tiles, programs)`), which the interpreter
-turns into Python ints. Triton 3.6's interpreter does so by int() of a one-element NumPy array, which NumPy 2.4 and
-later refuse ("only 0-dimensional arrays can be converted to Python scalars"): every kernel then fails deep inside
-the interpreter. Seen on this project's machines: Triton 3.6 with NumPy 2.4.6 and 2.5.2 fails, Triton 3.6 with NumPy
+turns into Python ints. Triton 3.6's interpreter does so by int() of a one-element NumPy array, which newer NumPy
+refuses ("only 0-dimensional arrays can be converted to Python scalars"): every kernel then fails deep inside the
+interpreter. Seen on this project's machines: Triton 3.6 with NumPy 2.4.6 and 2.5.2 fails, Triton 3.6 with NumPy
 2.3.5 and Triton 3.9 with NumPy 2.4.6 run the kernels.
 """
 
