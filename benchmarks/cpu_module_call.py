@@ -1,18 +1,23 @@
 """Host time of a convt3d module call above the Triton backend's prepared call, on the CPU.
 
-    PYTHONPATH=src python3 benchmarks/cpu_module_call.py
+    PYTHONPATH=src python3 benchmarks/cpu_module_call.py [--device cuda]
 
 A backend="triton" module (the kernels in Triton's interpreter, TRITON_INTERPRET=1) whose prepared call
 (backends.triton._prepared) is replaced by a function returning a tensor made beforehand: what is timed is the Python
 from the module's call to that call, under no_grad and in grad mode (parameters requiring grad, as modules have them),
 and eager's module for scale. Each figure is the fastest of 40 batches of 1,000 calls, per call. Compare code versions
-in alternating processes (PYTHONPATH=<old>/src, then <new>/src).
+in alternating processes (PYTHONPATH=<old>/src, then <new>/src). --device cuda: the same on a GPU machine's host, the
+first call running the kernels natively (there Triton 3.6's interpreter fails with NumPy 2.5, and the host is the
+one whose time KernelBench's timing counts).
 """
 
 import os
+import sys
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if "cuda" not in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import argparse  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
@@ -32,10 +37,14 @@ def per_call_us(fn, batches=40, calls=1000):
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    device = parser.parse_args().device
     torch.manual_seed(0)
-    eager = torch.nn.ConvTranspose3d(8, 4, 3, stride=2, padding=1, output_padding=1)
+    eager = torch.nn.ConvTranspose3d(8, 4, 3, stride=2, padding=1, output_padding=1).to(device)
     ours = convert(torch.nn.ConvTranspose3d(8, 4, 3, stride=2, padding=1, output_padding=1), backend="triton")
-    x = torch.rand(1, 8, 3, 4, 4)
+    ours.to(device)
+    x = torch.rand(1, 8, 3, 4, 4, device=device)
     with torch.no_grad():
         out = ours(x)  # the whole way once
         plan = functional.validate(x, ours.weight, ours.bias, ours.stride, ours.padding, ours.output_padding,
