@@ -898,7 +898,8 @@ _kernel = Launcher(conv_transpose3d_kernel)
 
 
 def _autotune(launch, candidates, key):
-    """Time each config warm (do_bench) and keep the fastest; configs that do not fit (shared memory) are skipped.
+    """Time each config by triton.testing.do_bench (its L2 cleared before each run and the runs queued: the GPU's time
+    from a cold L2, not the host's) and keep the fastest; configs that do not fit (shared memory) are skipped.
     The times and the choice go to the debug log: the same code has measured up to twice as slow in one process as
     in another (benchmarks/RESULTS.md, seventeenth session), and the log says whether the choice differed."""
     times = {}
@@ -910,7 +911,7 @@ def _autotune(launch, candidates, key):
     if not times:
         raise RuntimeError("convt3d: no Triton tile config fits this GPU for this layer")
     best = min(times, key=times.get)
-    logger.debug("convt3d: Triton config %s for %s (warm ms by config: %s)", candidates[best], key,
+    logger.debug("convt3d: Triton config %s for %s (do_bench ms by config: %s)", candidates[best], key,
                  {i: round(ms, 4) for i, ms in times.items()})
     return candidates[best]
 
