@@ -57,6 +57,12 @@ extern "C" __global__ void __launch_bounds__(256) span_fill(float4* __restrict__
 """
 
 
+def chunk_bounds(sizes) -> list[tuple[int, int]]:
+    """(first, end) samples of chunks of these sizes, in order."""
+    ends = [sum(sizes[:k + 1]) for k in range(len(sizes))]
+    return list(zip([0] + ends[:-1], ends))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=50)
@@ -116,13 +122,11 @@ def main():
         row(mode, "correlation into the lattice alone, operands made before",
             lambda: correlate(window, taps, scales, out, 0, batch))
         for sizes in splits:
-            bounds = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
             row(mode, f"the same in chunks {sizes}, one stream",
-                lambda: [correlate(window, taps, scales, out, a, b) for a, b in zip(bounds, bounds[1:])])
+                lambda: [correlate(window, taps, scales, out, a, b) for a, b in chunk_bounds(sizes)])
 
         def chunked(sizes, kind, order, priority):
-            bounds = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
-            chunks = list(zip(bounds, bounds[1:]))
+            chunks = chunk_bounds(sizes)
             main_stream = torch.cuda.Stream(priority=-1 if priority else 0)
             side = torch.cuda.Stream(priority=0)
             events = [torch.cuda.Event() for _ in chunks]

@@ -165,19 +165,22 @@ def prefer_shared(function) -> None:
     cuda._check(driver.cuFuncSetAttribute(function, 9, 100))  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 
 
+def checked(forward, expected, reference, eager) -> str:
+    """forward's output, into memory NaN-poisoned before, against the library's (bitwise), float64 (relative error)
+    and eager (KernelBench's check), as a line for the table."""
+    torch.cuda.empty_cache()
+    poisoned = torch.full(OUT_SHAPE, float("nan"), device="cuda")
+    del poisoned  # the caching allocator hands this NaN block to the output, the forward's first allocation
+    y = forward()
+    torch.cuda.synchronize()
+    return (f"equal to library {bool(torch.equal(y, expected))}, {relative_error(y, reference):.1e}, "
+            f"KB check {kernelbench_check(y, eager)}")
+
+
 def check_and_time(forms, expected, reference, eager, mode, row):
-    """Each (name, forward) of forms: its first output, into memory NaN-poisoned before, against the library's
-    (bitwise), float64 (relative error) and eager (KernelBench's check); then row(mode, name, forward, check)."""
+    """Each (name, forward) of forms: checked, then row(mode, name, forward, check)."""
     for name, forward in forms:
-        torch.cuda.empty_cache()
-        poisoned = torch.full(OUT_SHAPE, float("nan"), device="cuda")
-        del poisoned  # the caching allocator hands this NaN block to the output, the forward's first allocation
-        y = forward()
-        torch.cuda.synchronize()
-        check = (f"equal to library {bool(torch.equal(y, expected))}, {relative_error(y, reference):.1e}, "
-                 f"KB check {kernelbench_check(y, eager)}")
-        del y
-        row(mode, name, forward, check)
+        row(mode, name, forward, checked(forward, expected, reference, eager))
 
 
 def main():
