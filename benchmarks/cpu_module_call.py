@@ -11,13 +11,16 @@ first call running the kernels natively (there Triton 3.6's interpreter fails wi
 one whose time KernelBench's timing counts).
 """
 
+import argparse
 import os
-import sys
 
-if "cuda" not in sys.argv:
+# Parsed before torch and Triton are imported: the interpreter must be chosen before any kernel is defined.
+parser = argparse.ArgumentParser()
+parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+DEVICE = parser.parse_args().device
+if DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import argparse  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
@@ -36,10 +39,7 @@ def per_call_us(fn, batches=40, calls=1000):
     return best * 1e6
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    device = parser.parse_args().device
+def main(device: str):
     torch.manual_seed(0)
     eager = torch.nn.ConvTranspose3d(8, 4, 3, stride=2, padding=1, output_padding=1).to(device)
     ours = convert(torch.nn.ConvTranspose3d(8, 4, 3, stride=2, padding=1, output_padding=1), backend="triton")
@@ -60,4 +60,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(DEVICE)
