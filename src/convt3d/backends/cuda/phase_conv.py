@@ -66,9 +66,9 @@ correlation from 0.137 to 0.115 ms, into the lattice 0.184 -> 0.167, grad_input 
 as TF32 (benchmarks/diag_phase_conv.py).
 """
 
-# What both wgmma kernels (this one and grad_weight.py's) use: shared-memory addresses, cp.async groups, the
-# weight-side descriptor and the MMA (WGMMA_ASM is replaced by wgmma_asm(N)).
-WGMMA_HELPERS = r"""
+# What the wgmma kernels (this one, row_runs.py's and grad_weight.py's) use: shared-memory addresses, cp.async groups
+# and the weight-side descriptor.
+COPY_HELPERS = r"""
 __device__ __forceinline__ unsigned smem_addr(const float* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 // cp.async groups; "memory": shared-memory reads after a wait stay after it.
@@ -82,12 +82,60 @@ __device__ __forceinline__ unsigned long long b_desc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32)
            | (1ull << 62);
 }
+__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem_addr(dst)), "l"(src));
+}
+"""
 
+# ... and the MMA with A from registers (this kernel's and grad_weight.py's; WGMMA_ASM is replaced by wgmma_asm(N)).
+WGMMA_HELPERS = COPY_HELPERS + r"""
 // d = A (64 x 8, from registers) x B (8 x COB, shared memory through desc), plus d unless accumulate is 0.
 __device__ __forceinline__ void wgmma(float* d, const unsigned* a, unsigned long long desc, int accumulate = 1) {
     WGMMA_ASM
 }
 
+"""
+
+# What both phase correlations (this one and row_runs.py's) use to scale and split the window in FP16: the splits,
+# the power-of-two scales and the largest magnitude of a window plane.
+FP16_HELPERS = r"""
+// FP16 (SPLIT 3): x and y times scale as a pair of halves (x in the low half), rounding to nearest.
+__device__ __forceinline__ unsigned to_half2(float x, float y, float scale) {
+    unsigned h;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(y * scale), "f"(x * scale));
+    return h;
+}
+
+// 3xFP16 (SPLIT 2): x and y times scale as hi + lo, each a pair of halves (x in the low half): hi = f16(x s),
+// lo = f16(x s - hi), rounding to nearest.
+__device__ __forceinline__ void split_half2(float x, float y, float scale, unsigned& hi, unsigned& lo) {
+    x *= scale;
+    y *= scale;
+    hi = to_half2(x, y, 1.f);  // (x and y scaled already)
+    float hx, hy;
+    asm("{\n.reg .f16 l, u;\nmov.b32 {l, u}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, u;\n}\n"
+        : "=f"(hx), "=f"(hy) : "r"(hi));
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(lo) : "f"(y - hy), "f"(x - hx));
+}
+
+// The power of two that takes amax (at least every |value| it scales) into [2^14, 2^15) (the exponent clamped so
+// that the scale and its inverse are normal floats), and its inverse. FP16's largest value is 65504.
+__device__ __forceinline__ float pow2_scale(float amax, float& inverse) {
+    const int exponent = min(max(268 - ((__float_as_int(amax) >> 23) & 0xFF), 1), 253);
+    inverse = __int_as_float((254 - exponent) << 23);
+    return __int_as_float(exponent << 23);
+}
+
+// The largest magnitude in a window plane, the largest of the block maxima over its rows rows from first_row on
+// (rows of the window, (n * XD + depth) * XH + row) and blocks column blocks from first_block on (max_blocks a row).
+__device__ __forceinline__ float plane_max(const float* block_max, long long first_row, int rows, int first_block,
+                                           int blocks, int max_blocks, int lane) {
+    float amax = 0.f;
+    for (int e = lane; e < rows * blocks; e += 32)
+        amax = fmaxf(amax, block_max[(first_row + e / blocks) * max_blocks + first_block + e % blocks]);
+    for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+    return amax;
+}
 """
 
 SOURCE = r"""
@@ -122,9 +170,6 @@ __device__ __forceinline__ void ldmatrix4(unsigned* r, unsigned addr) {
 // To TF32, rounding to nearest (ties away from zero) as the operand pass rounds: two integer instructions, where
 // cvt.rna.tf32.f32 compiles to about ten on sm_90.
 __device__ __forceinline__ unsigned to_tf32(float x) { return (__float_as_uint(x) + 0x1000u) & 0xFFFFE000u; }
-__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem_addr(dst)), "l"(src));
-}
 
 // The window plane one depth tap reads for a tile: HH rows of HW positions of C_IN channels, each row contiguous
 // in the window. Warps take rows, lanes the row's 16-byte chunks.
@@ -165,25 +210,6 @@ __device__ __forceinline__ void load_a(unsigned (&r)[SLABS][A_REGS], unsigned a_
                                                   + 8 * h));
 }
 
-// FP16 (SPLIT 3): x and y times scale as a pair of halves (x in the low half), rounding to nearest.
-__device__ __forceinline__ unsigned to_half2(float x, float y, float scale) {
-    unsigned h;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(h) : "f"(y * scale), "f"(x * scale));
-    return h;
-}
-
-// 3xFP16 (SPLIT 2): x and y times scale as hi + lo, each a pair of halves (x in the low half): hi = f16(x s),
-// lo = f16(x s - hi), rounding to nearest.
-__device__ __forceinline__ void split_half2(float x, float y, float scale, unsigned& hi, unsigned& lo) {
-    x *= scale;
-    y *= scale;
-    hi = to_half2(x, y, 1.f);  // (x and y scaled already)
-    float hx, hy;
-    asm("{\n.reg .f16 l, u;\nmov.b32 {l, u}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, u;\n}\n"
-        : "=f"(hx), "=f"(hy) : "r"(hi));
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(lo) : "f"(y - hy), "f"(x - hx));
-}
-
 // FP16 with PRESPLIT: the plane's float32 channels, in place, as their parts split_half2 makes (times scale): each 16
 // channels' 64 bytes become 32 bytes of hi halves, then 32 of lo halves, in the order of an A fragment's k (k = 2t,
 // 2t + 1, 2t + 8, 2t + 9 hold channels t, t + 4, t + 8, t + 12, as the weight's), so that load_a's two ldmatrix4 of
@@ -212,25 +238,6 @@ __device__ __forceinline__ void split_plane(float* halo, float scale, int tid) {
             parts[3] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
         }
     }
-}
-
-// The power of two that takes amax (at least every |value| it scales) into [2^14, 2^15) (the exponent clamped so
-// that the scale and its inverse are normal floats), and its inverse. FP16's largest value is 65504.
-__device__ __forceinline__ float pow2_scale(float amax, float& inverse) {
-    const int exponent = min(max(268 - ((__float_as_int(amax) >> 23) & 0xFF), 1), 253);
-    inverse = __int_as_float((254 - exponent) << 23);
-    return __int_as_float(exponent << 23);
-}
-
-// FP16: the largest magnitude in a window plane, the largest of the block maxima over its HH rows from first_row on
-// (rows of the window, (n * XD + depth) * XH + row) and blocks column blocks from first_block on (max_blocks a row).
-__device__ __forceinline__ float plane_max(const float* block_max, long long first_row, int first_block, int blocks,
-                                           int max_blocks, int lane) {
-    float amax = 0.f;
-    for (int e = lane; e < HH * blocks; e += 32)
-        amax = fmaxf(amax, block_max[(first_row + e / blocks) * max_blocks + first_block + e % blocks]);
-    for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-    return amax;
 }
 
 // The phases of one launch (PHASE_FIELDS values each): the window's offsets (d, h, w) of grid position 0, the first
@@ -320,7 +327,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     if (SPLIT == 3) {
         float amax = 0.f;
         for (int kd = 0; kd < KD; kd++)
-            amax = fmaxf(amax, plane_max(block_max, first_row + (long long)kd * DD * XH, first_block, blocks,
+            amax = fmaxf(amax, plane_max(block_max, first_row + (long long)kd * DD * XH, HH, first_block, blocks,
                                          max_blocks, lane));
         a_scale = pow2_scale(amax, a_inverse);
     }
@@ -333,7 +340,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
             cp_commit();
         }
         if (SPLIT == 2)
-            a_scale = pow2_scale(plane_max(block_max, first_row + (long long)kd * DD * XH, first_block, blocks,
+            a_scale = pow2_scale(plane_max(block_max, first_row + (long long)kd * DD * XH, HH, first_block, blocks,
                                            max_blocks, lane), a_inverse);
         #pragma unroll
         for (int kh = 0; kh < KH; kh++)
@@ -520,7 +527,7 @@ def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: b
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS,
                    PRESPLIT=int(split >= 2 and kh * kw >= PRESPLIT_TAPS))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return head + (WGMMA_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob, split >= 2))
+    return head + (WGMMA_HELPERS + FP16_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob, split >= 2))
 
 
 def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: int = 0, unit: int | None = None) -> int:
