@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from convt3d.backends import cuda
-from convt3d.backends.cuda import grad_weight, phase_conv
+from convt3d.backends.cuda import grad_weight, phase_conv, row_runs
 from convt3d.backends.cuda.phases import _taps
 from convt3d.plan import make_plan, triple
 from conftest import FULL_TESTS, run_in_sample
@@ -143,6 +143,31 @@ def test_phase_correlation_compiles_without_spills(c_in, c_out, taps, dilation, 
         registers, spilled = registers_and_spills(
             phase_conv.source(c_in, c_out, cob, taps, dilation, rows, False, split, unit), tmp_path)
         assert spilled == 0, (rows, registers, spilled)
+
+
+ROW_RUNS = [case for case in FORWARD if case[0] == 32 and case[1] % 64 == 0]
+
+
+@pytest.mark.parametrize("c_in, c_out, taps, dilation", ROW_RUNS)
+@pytest.mark.parametrize("split", [2, 3], ids=["3xfp16", "fp16"])
+def test_row_runs_correlation_compiles_without_spills(c_in, c_out, taps, dilation, split, tmp_path):
+    """row_runs.py's kernel on the correlations it serves (32 input channels, blocks of 64 output channels), at its
+    narrowest window (32 columns and the taps' reach) and its widest (the most its N allows), with and without a bias:
+    no spills, and registers that leave room for its programs per multiprocessor. By default (run_in_sample) the most
+    taps of each channel pair and dilation."""
+    run_in_sample(taps == max((case[2] for case in ROW_RUNS if case[:2] == (c_in, c_out) and case[3] == dilation),
+                              key=math.prod))
+    reach = (taps[2] - 1) * dilation[2]
+    widest = max(w for w in range(32, 129) if row_runs.positions(w) <= row_runs.MAX_POSITIONS[split])
+    for columns, has_bias in ((32 + reach, False), (widest, True)):
+        too_wide = columns < 32 + reach or row_runs.positions(columns) > row_runs.MAX_POSITIONS[split]
+        if too_wide or row_runs.shared_bytes(taps, dilation, columns, split) > cuda.MAX_SHARED_BYTES // 2 - 1024:
+            continue  # (cuda._row_runs_kernel leaves these to phase_conv.py's kernel)
+        source = row_runs.source(c_out, taps, dilation, columns, has_bias, split, phase_conv.MAX_PHASES,
+                                 phase_conv.PHASE_FIELDS)
+        registers, spilled = registers_and_spills(source, tmp_path)
+        assert spilled == 0, (columns, registers, spilled)
+        assert registers * row_runs.THREADS * row_runs.programs_per_multiprocessor(split, columns) <= 65536, registers
 
 
 @pytest.mark.parametrize("c_in, c_out, taps, dilation", WEIGHT)

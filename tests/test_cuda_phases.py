@@ -448,6 +448,25 @@ def test_tile_rows_spread_small_layers_over_the_gpu():
     assert cuda.tile_rows(64, 64, (3, 3, 3), (1, 1, 1), False, 1, (1, 1, 1)) == 2  # never fewer than 2
 
 
+def test_row_runs_kernel_takes_32_channels_into_blocks_of_64_in_fp16(monkeypatch):
+    """Which correlations may run row_runs.py's kernel (tile_rows then gives its rows, whatever the grid's programs):
+    32 input channels into whole blocks of 64 output channels, FP16 or 3xFP16, one column block; and where the window
+    is too wide for its N or its shared memory too large, none is built (phase_conv.py's kernel serves)."""
+    from convt3d.backends.cuda import row_runs
+
+    for split in (2, 3):
+        assert cuda.tile_rows(32, 64, (3, 3, 3), (1, 1, 1), split, 16, (16, 32, 32)) == row_runs.ROWS
+        assert cuda.tile_rows(32, 128, (1, 1, 1), (1, 1, 1), split, 1, (1, 2, 3)) == row_runs.ROWS
+    for c_in, c_out, split, grid in ((32, 64, 0, (16, 32, 32)), (32, 64, 1, (16, 32, 32)), (64, 64, 3, (4, 8, 8)),
+                                     (32, 96, 3, (4, 8, 8)), (32, 32, 2, (4, 8, 8)), (32, 64, 3, (4, 8, 33))):
+        assert not cuda._row_runs_layer(c_in, c_out, split, grid), (c_in, c_out, split, grid)
+    assert cuda._row_runs_kernel(0, 64, (3, 3, 3), (1, 1, 1), 35, False, 2) is None  # N = 140 > 136
+    assert cuda._row_runs_kernel(0, 64, (3, 3, 3), (1, 1, 1), 65, False, 3) is None  # N = 264 > 256
+    assert cuda._row_runs_kernel(0, 64, (5, 5, 5), (1, 1, 1), 36, False, 2) is None  # 25 taps' weights: 200 KB
+    monkeypatch.setattr(cuda, "ROW_RUNS", False)
+    assert not cuda._row_runs_layer(32, 64, 3, (16, 32, 32))
+
+
 def test_only_the_weight_gradient_needs_tf32(monkeypatch):
     """With TF32 off the phase correlation serves (in 3xTF32) and the weight gradient does not; checked on a
     pretended sm_90 device up to the first check that needs one."""

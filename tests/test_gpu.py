@@ -352,6 +352,40 @@ def test_problem_77_phase_backend_writes_every_element(tf32, nan_poisoned_alloca
     assert torch.allclose(ours, expected, atol=1e-4, rtol=1e-4), err
 
 
+@pytest.mark.parametrize("tf32", [True, False], ids=["fp16", "3xfp16"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_row_runs_kernel_serves_problem_77_as_phase_conv_would(tf32, bias, nan_poisoned_allocator, monkeypatch):
+    """Problem 77's geometry at batch 2 with backend="torch": row_runs.py's kernel is what runs (in FP16, TF32 mode,
+    and 3xFP16), and its output, written into NaN-poisoned memory, is phase_conv.py's bitwise in FP16 (the same MMAs
+    in the same order) and within float32's accuracy of float64 in 3xFP16 (its partial sums span more k-steps)."""
+    from convt3d.backends import torch_phase
+
+    built = []
+    row_runs_kernel = cuda._row_runs_kernel.__wrapped__
+    monkeypatch.setattr(cuda, "_row_runs_kernel", lambda *args: built.append(row_runs_kernel(*args)) or built[-1])
+    x = torch.rand(2, 32, 16, 32, 32, device="cuda")
+    w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.05
+    b = torch.randn(64, device="cuda") if bias else None
+    outputs = []
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+        for row_runs in (True, False):
+            monkeypatch.setattr(cuda, "ROW_RUNS", row_runs)
+            for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry,
+                          cuda_phases._forward_launches):
+                cache.cache_clear()
+            torch_phase._prepared.clear()
+            outputs.append(convt3d.conv_transpose3d(x, w, b, backend="torch", **P77))
+        expected = F.conv_transpose3d(x, w, b, **P77)
+    assert len(built) == 1 and built[0] is not None
+    reference = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), **P77)
+    err = assert_close_rel(outputs[0], reference, 1e-3 if tf32 else 1e-6)
+    assert torch.allclose(outputs[0], expected, atol=1e-4, rtol=1e-4), err
+    if tf32:
+        assert torch.equal(outputs[0], outputs[1])
+    else:
+        assert_close_rel(outputs[1], reference, 1e-6)
+
+
 @pytest.mark.parametrize("tf32", [True, False])
 def test_problem_77_gradients(tf32):
     """The CUDA backward by phases (grad_input by the CUDA phase correlation or cuDNN, Triton grad_weight) against

@@ -1,5 +1,6 @@
 """CUDA C++ kernels of our own, compiled at run time by NVRTC, for what Triton does not reach: on Hopper's wgmma
-tensor-core instructions, the phase correlation (phase_conv.py) and a phase's weight gradient (grad_weight.py).
+tensor-core instructions, the phase correlation (phase_conv.py; in FP16 and 3xFP16 for 32 input channels into blocks
+of 64 over grids one column block wide, row_runs.py's) and a phase's weight gradient (grad_weight.py).
 
 Compiled through torch.cuda._compile_kernel (torch 2.11 and later; a private API, so every failure to find or use it
 falls back to cuDNN, logged at debug level), once per configuration, and launched here through the driver's
@@ -10,13 +11,15 @@ Set CONVT3D_CUDA_KERNELS=0 (or cuda.ENABLED = False) to use cuDNN instead. In TF
 in FP16 on operands scaled by powers of two (FP16, phase_conv.py's SPLIT 3: rounded as TF32 rounds them wherever a
 value lies within 2^29 of the largest its tile reads); CONVT3D_TF32_AS_FP16=0 (or cuda.TF32_SPLIT = 0) takes TF32
 itself. With TF32 off it splits its operands in FP16 parts (3xFP16); CONVT3D_SPLIT=1 (or cuda.SPLIT = 1) takes TF32
-parts instead (3xTF32, twice the MMAs).
+parts instead (3xTF32, twice the MMAs). CONVT3D_ROW_RUNS=0 (or cuda.ROW_RUNS = False) keeps phase_conv.py's kernel
+where row_runs.py's would serve.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import threading
 
@@ -25,7 +28,9 @@ import torch
 from .. import cudnn_allow_tf32
 from ..triton import cdiv  # (these two import no Triton)
 from ..triton.launch import _current_stream
-from . import grad_weight, phase_conv
+from . import grad_weight, phase_conv, row_runs
+
+logger = logging.getLogger("convt3d")
 
 ENABLED = os.environ.get("CONVT3D_CUDA_KERNELS", "1") != "0"
 # The phase correlation's precision with TF32 off (phase_conv.py's SPLIT): 1 (3xTF32) or 2 (3xFP16).
@@ -33,6 +38,9 @@ SPLIT = int(os.environ.get("CONVT3D_SPLIT", "2"))
 # Its precision in TF32 mode: 3 (FP16 on operands scaled by powers of two: TF32's 11 significant bits at twice its
 # MMA rate, phase_conv.py) or 0 (TF32 itself, CONVT3D_TF32_AS_FP16=0).
 TF32_SPLIT = 0 if os.environ.get("CONVT3D_TF32_AS_FP16", "1") == "0" else 3
+# Whether correlations of 32 input channels into blocks of 64 output channels over grids one column block wide run
+# row_runs.py's kernel (FP16 and 3xFP16) rather than phase_conv.py's; CONVT3D_ROW_RUNS=0 takes phase_conv.py's.
+ROW_RUNS = os.environ.get("CONVT3D_ROW_RUNS", "1") != "0"
 
 # Hopper (sm_90a: wgmma); the same SASS would not run on later architectures.
 ARCHITECTURE = (9, 0)
@@ -137,11 +145,41 @@ FULL_GRID = 2 * 132
 def tile_rows(c_in: int, c_out: int, taps, dilation, split: int, batch: int, grid) -> int:
     """The rows of a program's tile for a correlation over batch x grid (QD, QH, QW): config()'s (the most that fit),
     halved down to 2 while the programs would number fewer than FULL_GRID, so that a small layer's correlation
-    spreads over every multiprocessor (at 8 rows a sweep layer's phase had 64-128 programs)."""
+    spreads over every multiprocessor (at 8 rows a sweep layer's phase had 64-128 programs). Where row_runs.py's
+    kernel may serve (_row_runs_layer), its rows."""
+    if _row_runs_layer(c_in, c_out, split, grid):
+        return row_runs.ROWS
     rows, cob = config(c_in, c_out, taps, dilation, split)[:2]
     while rows > 2 and _programs(batch, grid, rows, c_out, cob) < FULL_GRID:
         rows //= 2
     return rows
+
+
+def _row_runs_layer(c_in: int, c_out: int, split: int, grid) -> bool:
+    """Whether row_runs.py's kernel may serve a correlation: 32 input channels, whole blocks of 64 output channels,
+    FP16 or 3xFP16, a grid one column block wide. It does where the window's width and the taps also allow
+    (_row_runs_kernel)."""
+    return ROW_RUNS and c_in == 32 and c_out % 64 == 0 and split in (2, 3) and grid[2] <= TILE_COLUMNS
+
+
+@functools.lru_cache(maxsize=256)
+def _row_runs_kernel(device_index: int, c_out: int, taps, dilation, window_columns: int, has_bias: bool,
+                     split: int):
+    """row_runs.py's kernel for a layer that _row_runs_layer admits, or None where its N (ROWS rows of the window) or
+    its shared memory (two programs a multiprocessor) would not fit, or where it does not compile (logged)."""
+    if row_runs.positions(window_columns) > row_runs.MAX_POSITIONS[split]:
+        return None
+    shared = row_runs.shared_bytes(taps, dilation, window_columns, split)
+    if shared > MAX_SHARED_BYTES // 2 - 1024:
+        return None
+    try:
+        with torch.cuda.device(device_index):
+            return _Kernel(row_runs.source(c_out, taps, dilation, window_columns, has_bias, split,
+                                           phase_conv.MAX_PHASES, phase_conv.PHASE_FIELDS), "phase_conv_rows", shared,
+                           row_runs.THREADS)
+    except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: phase_conv.py's serves)
+        logger.debug("convt3d: row_runs kernel not used (%s)", error)
+        return None
 
 
 def _programs(batch: int, grid, rows: int, c_out: int, cob: int) -> int:
@@ -270,7 +308,11 @@ def phase_launches(device: int, window_shape, weight_taps_shape, split: int, has
     kh, kw, c_out = weight_taps_shape
     cob = config(c_in, c_out, taps, dilation, split)[1]
     rows = tile_rows(c_in, c_out, taps, dilation, split, n * len(phases), grid)
-    kernel = _kernel(device, c_in, c_out, taps, dilation, has_bias, split, rows)
+    kernel = None
+    if _row_runs_layer(c_in, c_out, split, grid):  # (the same programs and arguments: its rows, cob 64, one column)
+        kernel = _row_runs_kernel(device, c_out, taps, dilation, xw, has_bias, split)
+    if kernel is None:
+        kernel = _kernel(device, c_in, c_out, taps, dilation, has_bias, split, rows)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
     programs = _programs(n, grid, rows, c_out, cob)

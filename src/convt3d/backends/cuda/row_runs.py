@@ -1,0 +1,306 @@
+"""CUDA C++ source of the phase correlation over runs of whole window rows, for 32 input channels and whole blocks of
+64 output channels in FP16 (TF32 mode) and 3xFP16 (TF32 off): phase_conv.py's contract (the same arguments, phases,
+operands and results, for the forward's correlations and grad_input's alike), the MMA turned around.
+
+phase_conv.py's kernel takes window positions as the MMA's M (A fragments loaded from shared memory into registers by
+ldmatrix, four m64n64 MMAs a k-step) and the output channels as its N. This one takes the 64 output channels of a
+block as M and a run of the window's positions as N, both operands read by the tensor cores from shared memory through
+descriptors. A window plane's rows lie XW positions apart (the window is padded to whole tiles of 32 columns and the
+taps' reach, cuda.window_extent), so ROWS of its rows are one run of ROWS x XW positions: the MMA's N, to a
+multiple of 8 (m64n136k16 for problem 77, XW = 34). Each row's last XW - QW positions are outputs nobody reads (6% of
+the MMAs on problem 77), and each tap (kh, kw) reads the run from position kh * DH * XW + kw * DW on: wgmma reads a
+swizzled operand from any row. A grid of QW <= 32 columns, then, one column block.
+
+A program (one warpgroup) owns ROWS rows of one qd plane and 64 output channels. Per depth tap it copies the weights
+of the tap's KH x KW taps into shared memory (16-byte cp.async) and reads the window plane (ROWS + (KH - 1) * DH rows)
+into registers, scales and splits it into FP16 halves as phase_conv.py's split_plane does (the weight's channel
+order), and stores each position as a row: 64 bytes of hi halves in FP16 (64-byte swizzle), 128 bytes of hi then lo
+halves in 3xFP16 (128-byte swizzle), as the weight's rows. Then it issues every MMA of the depth tap without a wait
+between them (3xFP16: PROMOTE k-steps into a partial sum, then a wait and the partial added, as phase_conv.py's). The
+tile is staged in shared memory and written row by row, each warp's 32 lanes over 32 consecutive columns.
+
+Measured on the H200 for problem 77 (sixty-fourth session, benchmarks/RESULTS.md). benchmarks/diag_turned.py, where
+this kernel was built, on the same operands: FP16 with three programs per multiprocessor, the compact correlation
+0.096 ms against phase_conv.py's 0.108, into the output's lattice 0.134-0.143 against 0.162, bitwise the same result;
+with a weight ring of one tap a stage (a wait and a barrier each tap) instead of a depth tap's weights at once, 0.106.
+`python3 -m convt3d bench`, with this kernel and without (CONVT3D_ROW_RUNS=0) in alternating processes: the forward
+0.2915-0.2987 ms against 0.3108-0.3114 in TF32 mode, 0.3483-0.3542 against 0.3658-0.3666 with TF32 off (3.1e-7 off
+float64 against 2.2e-7: PROMOTE 4; with phase_conv.py's 2, no faster than phase_conv.py's kernel in diag_turned).
+"""
+
+from .phase_conv import COPY_HELPERS, FP16_HELPERS
+
+ROWS = 4
+# 3xFP16: k-steps per partial sum (phase_conv.py's PROMOTE, which is 2 there).
+PROMOTE = 4
+# The largest N (positions per tile) per precision: 3xFP16 keeps a partial sum beside the sums (N / 2 floats a
+# thread each); beyond 136, compiled here for sm_90a, ptxas spills. wgmma's N is at most 256.
+MAX_POSITIONS = {2: 136, 3: 256}
+THREADS = 128
+
+SOURCE = r"""
+#define NP ((ROWS * XW + 7) / 8 * 8)          // positions per tile: the MMA's N
+#define HH (ROWS + (KH - 1) * DH)              // window rows of a depth tap's plane
+// The plane's rows in shared memory: as far as a tap's N positions reach (the phases' column offset is at most XW -
+// 32 - (KW - 1) * DW); those past its HH * XW positions only for outputs nobody reads, and zero.
+#define PLANE_POS ((NP + (KH - 1) * DH * XW + XW - 32 + 7) / 8 * 8)
+#define COB 64                                 // output channels per program: the MMA's M
+#define ROW (SPLIT == 2 ? 128 : 64)            // bytes of a weight or window row: hi and lo halves, or hi
+#define CHUNKS (ROW / 16)
+#define W_TAP_FLOATS (COB * ROW / 4)           // floats of a tap's weight rows in shared memory
+#define PARTIALS (SPLIT == 2)
+#define UNITS (2 * HH * XW)                    // (position, 16 channels) pairs of a plane
+#define OCS (NP + 4)                           // a channel's floats in the staged output tile
+#define OC_RUN 8
+// The 16-byte chunk c of row r as the swizzle mode stores it (128-byte: XOR with r % 8; 64-byte: with r / 2 % 4).
+#define SWIZZLE(c, r) ((c) ^ (ROW == 128 ? ((r) & 7) : (((r) >> 1) & 3)))
+
+// Shared-memory matrix descriptor: K-major rows of ROW bytes, ROW-byte swizzle, 8-row groups 8 * ROW bytes apart.
+__device__ __forceinline__ unsigned long long row_desc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(8 * ROW >> 4) << 32)
+           | ((ROW == 128 ? 1ull : 2ull) << 62);
+}
+
+// d = A (64 x 16, through desc_a) x B (16 x NP, through desc_b), plus d unless accumulate is 0.
+__device__ __forceinline__ void wgmma_ss(float* d, unsigned long long desc_a, unsigned long long desc_b,
+                                         int accumulate = 1) {
+    WGMMA_SS
+}
+
+struct Phases { long long at[MAX_PHASES][PHASE_FIELDS]; };
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,
+                const float* __restrict__ bias, const float* __restrict__ block_max,
+                const float* __restrict__ w_inverse, float* __restrict__ y, int XD, int XH, int XW_, int KHF, int KWF,
+                int QD, int QH, int QW, int qh_blocks, int qw_blocks, int max_block, int max_blocks, int phase_count,
+                long long syn, long long syc, long long syd, long long syh, long long syw, const Phases phases)
+{
+    // (XW_: the window's width, XW here a macro; qw_blocks, max_block: 1 and the block maxima's columns, unused.)
+    extern __shared__ __align__(1024) float4 smem4[];
+    float* weights = (float*)smem4;                          // [KH * KW][COB][ROW / 4 floats], swizzled
+    unsigned* plane = (unsigned*)(weights + KH * KW * W_TAP_FLOATS);  // [PLANE_POS][ROW / 4 words], swizzled
+    const int tid = threadIdx.x % THREADS, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    // Programs as phase_conv.py's: output-channel blocks fastest, then phases, rows, depth, sample (one column block).
+    int tile = blockIdx.x;
+    const int ob = tile % (C_OUT / COB); tile /= C_OUT / COB;
+    const long long* phase = phases.at[tile % phase_count]; tile /= phase_count;
+    const int off_d = (int)phase[0], off_h = (int)phase[1], off_w = (int)phase[2];
+    const int td0 = (int)phase[3], th0 = (int)phase[4], tw0 = (int)phase[5];
+    const int tds = (int)phase[6], ths = (int)phase[7], tws = (int)phase[8];
+    y += phase[9];
+    const int qh0 = (tile % qh_blocks) * ROWS; tile /= qh_blocks;
+    const int qd = tile % QD, n = tile / QD;
+    const long long first_row = ((long long)n * XD + qd + off_d) * XH + qh0 + off_h;  // of plane 0's row 0
+    const float* plane0 = x + first_row * XW * C_IN;
+    const float* w_block = w + (long long)ob * COB * 32;
+    // A tap's weight rows: (C_OUT, 64 halves) each, 32 hi then 32 lo (window._weight_halves).
+    #define W_TAP(tap) ((long long)(((td0 + ((tap) / (KH * KW)) * tds) * KHF + th0 + ((tap) / KW % KH) * ths) * KWF \
+                                    + tw0 + ((tap) % KW) * tws) * C_OUT * 32)
+    // Depth tap kd's weights: each row's first ROW bytes (FP16: the hi halves).
+    auto copy_weights = [&](int kd) {
+        #pragma unroll 1
+        for (int tap = 0; tap < KH * KW; tap++) {
+            const float* src = w_block + W_TAP(kd * KH * KW + tap);
+            #pragma unroll
+            for (int e = tid; e < COB * CHUNKS; e += THREADS) {
+                const int oc = e / CHUNKS, c = e % CHUNKS;
+                cp_async16(weights + tap * W_TAP_FLOATS + oc * (ROW / 4) + (SWIZZLE(c, oc) << 2), src + oc * 32 + c * 4);
+            }
+        }
+        cp_commit();
+    };
+    copy_weights(0);
+    for (int e = HH * XW * (ROW / 4) + tid; e < PLANE_POS * (ROW / 4); e += THREADS) plane[e] = 0u;
+
+    float d[NP / 2];
+    float partial[PARTIALS ? NP / 2 : 1];  // (one element without partial sums, so that its code compiles)
+    #pragma unroll
+    for (int k = 0; k < NP / 2; k++) {
+        d[k] = 0.f;
+        if (PARTIALS) partial[PARTIALS ? k : 0] = 0.f;
+    }
+    // As phase_conv.py: FP16 one scale for every plane the program reads, 3xFP16 one per plane (its partial sums
+    // times the inverse of the plane they came from).
+    float a_scale = 1.f, a_inverse = 1.f, partial_inverse = 0.f;
+    auto add_partial = [&]() {
+        #pragma unroll
+        for (int k = 0; k < NP / 2; k++) d[k] += partial[PARTIALS ? k : 0] * partial_inverse;
+    };
+    if (SPLIT == 3) {
+        float amax = 0.f;
+        for (int kd = 0; kd < KD; kd++)
+            amax = fmaxf(amax, plane_max(block_max, first_row + (long long)kd * DD * XH, HH, 0, max_blocks,
+                                         max_blocks, lane));
+        a_scale = pow2_scale(amax, a_inverse);
+    }
+    const unsigned weights_addr = smem_addr(weights), plane_addr = smem_addr((float*)plane);
+
+    #pragma unroll 1
+    for (int kd = 0; kd < KD; kd++) {
+        if (kd > 0) {
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            __syncthreads();  // every MMA reading the previous depth tap's plane and weights is done
+            copy_weights(kd);
+        }
+        if (SPLIT == 2)
+            a_scale = pow2_scale(plane_max(block_max, first_row + (long long)kd * DD * XH, HH, 0, max_blocks,
+                                           max_blocks, lane), a_inverse);
+        // The plane by (position, 16 channels): all loads of a round first, then the splits and stores. Channel c of
+        // 16 goes to k = (c & 8) | (c & 3) * 2 | (c >> 2) & 1, as the weight's operand pass orders them: the hi halves
+        // in the row's 16-byte chunks 2 c16 and 2 c16 + 1, the lo halves in chunks 4 + 2 c16 and 5 + 2 c16.
+        const float4* src = (const float4*)(plane0 + (long long)kd * DD * XH * XW * C_IN);
+        #pragma unroll
+        for (int base = 0; base < UNITS; base += 2 * THREADS) {
+            float4 v[2][4];
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int u = base + h * THREADS + tid;
+                #pragma unroll
+                for (int q = 0; q < 4; q++) v[h][q] = u < UNITS ? src[u * 4 + q] : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int u = base + h * THREADS + tid;
+                if (u >= UNITS) continue;
+                const int p = u / 2, c16 = u % 2;
+                float f[16];
+                #pragma unroll
+                for (int q = 0; q < 4; q++)
+                    f[4 * q] = v[h][q].x, f[4 * q + 1] = v[h][q].y, f[4 * q + 2] = v[h][q].z, f[4 * q + 3] = v[h][q].w;
+                unsigned hi[8], lo[8];
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (SPLIT == 2) {
+                        split_half2(f[e], f[e + 4], a_scale, hi[e], lo[e]);
+                        split_half2(f[e + 8], f[e + 12], a_scale, hi[e + 4], lo[e + 4]);
+                    } else {
+                        hi[e] = to_half2(f[e], f[e + 4], a_scale);
+                        hi[e + 4] = to_half2(f[e + 8], f[e + 12], a_scale);
+                    }
+                }
+                uint4* row = (uint4*)(plane + p * (ROW / 4));
+                row[SWIZZLE(2 * c16, p)] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+                row[SWIZZLE(2 * c16 + 1, p)] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+                if (SPLIT == 2) {
+                    row[SWIZZLE(4 + 2 * c16, p)] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+                    row[SWIZZLE(5 + 2 * c16, p)] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+                }
+            }
+        }
+        cp_wait<0>();  // this depth tap's weights
+        // The plane's stores and the copies visible to the tensor cores.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        #pragma unroll
+        for (int tap = 0; tap < KH * KW; tap++) {
+            const int kh = tap / KW, kw = tap % KW;
+            const unsigned a_at = weights_addr + 4 * tap * W_TAP_FLOATS;
+            const unsigned b_at = plane_addr + (off_w + kh * DH * XW + kw * DW) * ROW;
+            #pragma unroll
+            for (int ks = 0; ks < 2; ks++) {  // 16 channels a k-step: hi halves 32 bytes on, lo 64 further
+                const int step = tap * 2 + ks;  // (counted from the depth tap's first: one plane, one scale)
+                if (PARTIALS && step % PROMOTE == 0) {  // the partial into the sums, once its MMAs are done
+                    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                    add_partial();
+                    partial_inverse = a_inverse;
+                    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                }
+                const unsigned long long a_hi = row_desc(a_at + 32 * ks), b_hi = row_desc(b_at + 32 * ks);
+                if (!PARTIALS) {
+                    wgmma_ss(d, a_hi, b_hi);
+                } else {
+                    const unsigned long long a_lo = row_desc(a_at + 64 + 32 * ks);
+                    const unsigned long long b_lo = row_desc(b_at + 64 + 32 * ks);
+                    wgmma_ss(partial, a_hi, b_hi, step % PROMOTE != 0);  // from zero after a promotion
+                    wgmma_ss(partial, a_lo, b_hi);
+                    wgmma_ss(partial, a_hi, b_lo);
+                }
+            }
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    if (PARTIALS) add_partial();  // the last partial
+    __syncthreads();  // shared memory free: the tile goes there
+
+    // d[4 j + e]: output channel 16 warp + g + 8 (e / 2) of the block, position 8 j + 2 t + e % 2. Staged as
+    // [channel][position], the bias added and the sums scaled back (FP16's two inverses multiplied apart: their
+    // product can leave float32's range where the result does not).
+    float* staged = (float*)smem4;
+    #pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int o = 16 * warp + g + 8 * hf;
+        const float b = HAS_BIAS ? bias[ob * COB + o] : 0.f;
+        const float s = w_inverse[ob * COB + o];
+        const float a_unit = SPLIT == 3 ? a_inverse : 1.f;
+        #pragma unroll
+        for (int j = 0; j < NP / 8; j++) {
+            staged[o * OCS + 8 * j + 2 * t] = d[4 * j + 2 * hf] * s * a_unit + b;
+            staged[o * OCS + 8 * j + 2 * t + 1] = d[4 * j + 2 * hf + 1] * s * a_unit + b;
+        }
+    }
+    __syncthreads();
+    float* y_tile = y + n * syn + (long long)(ob * COB) * syc + qd * syd + (long long)lane * syw;
+    #pragma unroll 1
+    for (int job = warp; job < ROWS * (COB / OC_RUN); job += THREADS / 32) {
+        const int r = job % ROWS, oc0 = job / ROWS * OC_RUN, qh = qh0 + r;
+        if (qh >= QH) continue;  // (the same for the whole warp)
+        const float* from = staged + oc0 * OCS + r * XW + lane;
+        float v[OC_RUN];
+        #pragma unroll
+        for (int k = 0; k < OC_RUN; k++) v[k] = from[k * OCS];
+        float* out = y_tile + (long long)oc0 * syc + (long long)qh * syh;
+        #pragma unroll
+        for (int k = 0; k < OC_RUN; k++)
+            if (lane < QW) out[k * syc] = v[k];
+    }
+}
+"""
+
+
+def positions(window_columns: int) -> int:
+    """The MMA's N for a window XW positions wide: ROWS rows, to a multiple of 8."""
+    return -(-ROWS * window_columns // 8) * 8
+
+
+def wgmma_ss_asm(n: int) -> str:
+    """The inline PTX of wgmma m64n{n}k16 FP16 -> float32, both operands K-major in shared memory, into d."""
+    regs = n // 2
+    acc = ", ".join(f"%{k}" for k in range(regs))
+    outs = ", ".join(f'"+f"(d[{k}])' for k in range(regs))
+    # scale-d is a predicate operand (true: d += A B; false: d = A B), set from a register (accumulate).
+    return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{acc}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;'
+            f'\\n}}\\n" : {outs} : "l"(desc_a), "l"(desc_b), "r"(accumulate));')
+
+
+def shared_bytes(taps, dilation, window_columns: int, split: int) -> int:
+    """Dynamic shared memory of one program: a depth tap's weights and the window plane, or the staged tile."""
+    (_, kh, kw), (_, dh, _) = taps, dilation
+    row = 128 if split == 2 else 64
+    n = positions(window_columns)
+    plane = -(-(n + (kh - 1) * dh * window_columns + window_columns - 32) // 8) * 8
+    return max(kh * kw * 64 * row + plane * row, 4 * 64 * (n + 4))
+
+
+def programs_per_multiprocessor(split: int, window_columns: int) -> int:
+    """The programs a multiprocessor holds (as __launch_bounds__ tells ptxas): FP16 three up to N = 136 (its N / 2 sums
+    within 170 registers a thread), else two. On the H200 (sixty-fourth session) problem 77's FP16 correlation took
+    0.096 ms with three, 0.104 with two."""
+    return 3 if split == 3 and positions(window_columns) <= 136 else 2
+
+
+def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, split: int, max_phases: int,
+           phase_fields: int) -> str:
+    """The kernel's source for one configuration: 32 input channels, c_out a multiple of 64, split 2 (3xFP16) or 3
+    (FP16), a window window_columns (XW) wide; sizes as macros, so that every loop unrolls."""
+    (kd, kh, kw), (dd, dh, dw) = taps, dilation
+    defines = dict(C_IN=32, C_OUT=c_out, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, XW=window_columns, ROWS=ROWS,
+                   HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE, THREADS=THREADS,
+                   MIN_BLOCKS=programs_per_multiprocessor(split, window_columns),
+                   MAX_PHASES=max_phases, PHASE_FIELDS=phase_fields)
+    head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
+    return head + COPY_HELPERS + FP16_HELPERS + SOURCE.replace("WGMMA_SS", wgmma_ss_asm(positions(window_columns)))
