@@ -105,7 +105,8 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
             #pragma unroll
             for (int e = tid; e < COB * CHUNKS; e += THREADS) {
                 const int oc = e / CHUNKS, c = e % CHUNKS;
-                cp_async16(weights + tap * W_TAP_FLOATS + oc * (ROW / 4) + (SWIZZLE(c, oc) << 2), src + oc * 32 + c * 4);
+                cp_async16(weights + tap * W_TAP_FLOATS + oc * (ROW / 4) + (SWIZZLE(c, oc) << 2),
+                           src + oc * 32 + c * 4);
             }
         }
         cp_commit();
