@@ -10,8 +10,14 @@ its first forms, the weight streamed through a ring of one tap a stage and a dep
 form that row_runs.py took (a depth tap's weights, one buffer, FP16 rows of 64 bytes, three programs a
 multiprocessor, no prefetch) was the fastest in FP16 but for the prefetch, which was within 0.003 ms either way.
 
-Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the two kernels in turns
-(cuda.ROW_RUNS, the launch caches cleared at each switch). The compact results are compared with each other and with
+--variants adds forms of row_runs.py's kernel, its source patched here: l2prefetch (after a depth tap's MMAs are
+issued, each thread asks the L2 for its share of the next plane, prefetch.global.L2, so that the plane's loads, the
+kernel's most frequent stall under Nsight Compute, hit the L2) and promote6 (3xFP16's partial sums over 6 k-steps
+instead of 4). Neither made the forward faster (sixty-fourth session, call 11): l2prefetch 0.2919-0.2924 ms against
+0.2888-0.2900 in FP16, 0.3558 against 0.3471-0.3481 in 3xFP16; promote6 0.3469-0.3477.
+
+Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the kernels in turns
+(cuda.ROW_RUNS and cuda._row_runs_kernel, the launch caches cleared at each switch). The compact results are compared with each other and with
 float64; each forward's output, NaN-poisoned first, with float64 and eager (KernelBench's check).
 """
 
@@ -23,6 +29,7 @@ import torch.nn.functional as F
 import convt3d
 from convt3d.backends import cuda, torch_phase
 from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.backends.cuda import row_runs
 from convt3d.backends.torch_phase import _lattice_geometry, _regions
 from convt3d.backends.triton.window import correlation_operands
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
@@ -31,11 +38,47 @@ from convt3d.plan import make_plan
 
 P77 = dict(stride=2, padding=1, dilation=2)
 KERNELS = {"row_runs": True, "phase_conv": False}
+LIBRARY_ROW_RUNS_KERNEL = cuda._row_runs_kernel
+MMAS_ISSUED = r"""        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+"""
+L2_PREFETCH = r"""        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (kd + 1 < KD) {  // (diag_turned l2prefetch) the next plane, a 128-byte line per request
+            const float* next = plane0 + (long long)(kd + 1) * DD * XH * XW * C_IN;
+            for (int e = tid; e < HH * XW * C_IN / 32; e += THREADS)
+                asm volatile("prefetch.global.L2 [%0];\n" :: "l"(next + e * 32));
+        }
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+"""
+
+
+def variant(name: str):
+    """A cuda._row_runs_kernel that builds row_runs.py's kernel with the named change (l2prefetch, promote6)."""
+    def build(device_index, c_out, taps, dilation, window_columns, has_bias, split):
+        promote, source = row_runs.PROMOTE, row_runs.SOURCE
+        try:
+            if name == "promote6":
+                row_runs.PROMOTE = 6
+            elif name == "l2prefetch":
+                if MMAS_ISSUED not in source:
+                    raise RuntimeError("row_runs.SOURCE changed: diag_turned.MMAS_ISSUED no longer matches")
+                row_runs.SOURCE = source.replace(MMAS_ISSUED, L2_PREFETCH)
+            text = row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, cuda.phase_conv.MAX_PHASES,
+                                   cuda.phase_conv.PHASE_FIELDS)
+        finally:
+            row_runs.PROMOTE, row_runs.SOURCE = promote, source
+        with torch.cuda.device(device_index):
+            return cuda._Kernel(text, "phase_conv_rows", row_runs.shared_bytes(taps, dilation, window_columns, split),
+                                row_runs.THREADS)
+    return build
 
 
 def use(kernel: str) -> None:
-    """The correlations from here on by kernel ("row_runs" or "phase_conv")."""
-    cuda.ROW_RUNS = KERNELS[kernel]
+    """The correlations from here on by kernel ("row_runs", "phase_conv" or a variant's name)."""
+    cuda.ROW_RUNS = KERNELS.get(kernel, True)
+    cuda._row_runs_kernel = LIBRARY_ROW_RUNS_KERNEL if kernel in KERNELS else variant(kernel)
     for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry, cuda_phases._forward_launches):
         cache.cache_clear()
     torch_phase._prepared.clear()
@@ -45,7 +88,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variants", default="", help="l2prefetch, promote6 (','-separated)")
     args = parser.parse_args()
+    kernels = [*KERNELS, *filter(None, args.variants.split(","))]
     torch.manual_seed(0)
     w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.02
     x = torch.rand(16, 32, 16, 32, 32, device="cuda")
@@ -64,7 +109,9 @@ def main():
         reference = F.conv_transpose3d(x.double(), w.double(), None, **P77)
         eager = F.conv_transpose3d(x, w, None, **P77)
         compacts = {}
-        for kernel in KERNELS:
+        for kernel in kernels:
+            if kernel == "promote6" and split == 3:
+                continue
             use(kernel)
             start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
             counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]
@@ -84,12 +131,12 @@ def main():
             row(mode, f"{kernel}: correlation, compact", lambda: correlate(compact, 0, compact.stride()), check)
             row(mode, f"{kernel}: correlation into the lattice",
                 lambda: correlate(out, lattice_offset, lattice_strides))
-        difference = (compacts["row_runs"] - compacts["phase_conv"]).abs().max().item()
-        print(f"{mode}: max |row_runs - phase_conv| over the compact results {difference:.2e}", flush=True)
-        del compacts
+        for kernel in (k for k in compacts if k != "phase_conv"):
+            difference = (compacts[kernel] - compacts["phase_conv"]).abs().max().item()
+            print(f"{mode}: max |{kernel} - phase_conv| over the compact results {difference:.2e}", flush=True)
         forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
         for round_ in range(args.rounds):
-            for kernel in KERNELS:
+            for kernel in compacts:
                 use(kernel)
                 torch.cuda.empty_cache()
                 poisoned = torch.full(plan.output_shape, float("nan"), device="cuda")
