@@ -35,23 +35,25 @@ from convt3d.bench.report import markdown_table
 from diag_expand import P77
 from diag_overlap import checked
 
+# The store loop of the tile's write (phase_conv.TILE_HELPERS' write_tile).
 STORE = """        float* out = y_tile + (long long)oc0 * syc + (long long)qh * syh;
         #pragma unroll
         for (int k = 0; k < OC_RUN; k++)
-            if (qw < QW) out[k * syc] = v[k];
+            if (column_inside) out[k * syc] = v[k];
 """
 FULL_ROWS_STORE = """        float* out = y_tile + (long long)oc0 * syc + (long long)qh * syh;
-        // (diag_full_rows: the lattice is the row's odd columns, syw == 2, the row 2 QW + 1 long, every lane's qw < QW)
+        // (diag_full_rows: the lattice is the row's odd columns, syw == 2, the row 2 QW + 1 long, QW = 32 and one
+        // column block, so lane l is column l and every lane's column inside)
         #pragma unroll
         for (int k = 0; k < OC_RUN; k++) {
             float* o = out + k * syc;
             const bool pair_before = ((unsigned long long)(o - 1) & 7) == 0;  // (the same for every lane)
             if (pair_before) {
                 *(float2*)(o - 1) = make_float2(0.f, v[k]);
-                if (qw == QW - 1) o[1] = 0.f;
+                if (lane == 31) o[1] = 0.f;
             } else {
                 *(float2*)o = make_float2(v[k], 0.f);
-                if (qw == 0) o[-1] = 0.f;
+                if (lane == 0) o[-1] = 0.f;
             }
         }
 """
@@ -73,6 +75,7 @@ def main():
     w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.02
     x = torch.rand(16, 32, 16, 32, 32, device="cuda")
     library_kernel = cuda._kernel
+    cuda.ROW_RUNS = False  # (problem 77's correlation by phase_conv.py's kernel, as when this ran; not row_runs.py's)
     variants = {}
 
     def full_rows_kernel(device_index, c_in, c_out, taps, dilation, has_bias, split, rows):

@@ -96,6 +96,32 @@ __device__ __forceinline__ void wgmma(float* d, const unsigned* a, unsigned long
 
 """
 
+# What both phase correlations (this one and row_runs.py's) use to write their tile: staged in shared memory as
+# [channel][position], channels ocs floats apart, tile row r's 32 columns from r * row_pitch on, and written in runs of
+# OC_RUN channels of one row, lane l at column l (every load of a run before its stores: one load, then its store, a
+# row at a time, left each warp waiting on every load). y_tile: the tile's first channel, row 0 and column lane;
+# column_inside: whether the lane's column lies in the grid.
+TILE_HELPERS = r"""
+#define OC_RUN 8                            // channels a warp writes per row in one go (COB is a multiple of 8)
+template <int ROWS_, int COB_, int THREADS_>
+__device__ __forceinline__ void write_tile(const float* staged, int ocs, int row_pitch, float* y_tile, long long syc,
+                                           long long syh, int qh0, int QH, bool column_inside, int warp, int lane) {
+    #pragma unroll 1
+    for (int job = warp; job < ROWS_ * (COB_ / OC_RUN); job += THREADS_ / 32) {
+        const int r = job % ROWS_, oc0 = job / ROWS_ * OC_RUN, qh = qh0 + r;
+        if (qh >= QH) continue;  // (the same for the whole warp)
+        const float* src = staged + oc0 * ocs + r * row_pitch + lane;
+        float v[OC_RUN];
+        #pragma unroll
+        for (int k = 0; k < OC_RUN; k++) v[k] = src[k * ocs];
+        float* out = y_tile + (long long)oc0 * syc + (long long)qh * syh;
+        #pragma unroll
+        for (int k = 0; k < OC_RUN; k++)
+            if (column_inside) out[k * syc] = v[k];
+    }
+}
+"""
+
 # What both phase correlations (this one and row_runs.py's) use to scale and split the window in FP16: the splits,
 # the power-of-two scales and the largest magnitude of a window plane.
 FP16_HELPERS = r"""
@@ -159,7 +185,6 @@ SOURCE = r"""
 #define B_STAGE (B_PART * (1 + (SPLIT == 1))) // floats per weight stage: the block, or (3xTF32) its hi and lo parts
 #define STAGES 4                            // the stage refilled at unit u was read by unit u - 2's MMAs
 #define OCS (BH * BW + 4)                   // a channel's floats in the staged output tile
-#define OC_RUN 8                            // channels a warp writes per row in one go (COB is a multiple of 8)
 
 // Four 8 x (4 floats) matrices, one row address per lane: lane l gets element (l / 4, l % 4) of each, the A
 // fragment layout of a TF32 MMA with 16 rows and 8 channels when lanes address the rows accordingly.
@@ -442,9 +467,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     __syncthreads();  // shared memory free: the tile goes there
 
     // The tile staged as [channel][position], channels OCS floats apart (the fragments' stores hit 32 banks), the
-    // bias added here (each thread's channels 8j + 2t and 8j + 2t + 1), then written in runs of OC_RUN channels of one
-    // row, lane l at column qw0 + l: the run's shared-memory loads issue together before its stores (one load, then
-    // its store, a row at a time, left each warp waiting on every load).
+    // bias added here (each thread's channels 8j + 2t and 8j + 2t + 1), then written out (write_tile).
     float* staged = (float*)smem4;
     #pragma unroll
     for (int j = 0; j < COB / 8; j++) {
@@ -467,19 +490,7 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     __syncthreads();
     const int qw = qw0 + lane;
     float* y_tile = y + n * syn + (long long)(ob * COB) * syc + qd * syd + (long long)qw * syw;
-    #pragma unroll 1
-    for (int job = warp; job < BH * (COB / OC_RUN); job += THREADS / 32) {
-        const int r = job % BH, oc0 = job / BH * OC_RUN, qh = qh0 + r;
-        if (qh >= QH) continue;  // (the same for the whole warp)
-        const float* src = staged + oc0 * OCS + r * BW + lane;
-        float v[OC_RUN];
-        #pragma unroll
-        for (int k = 0; k < OC_RUN; k++) v[k] = src[k * OCS];
-        float* out = y_tile + (long long)oc0 * syc + (long long)qh * syh;
-        #pragma unroll
-        for (int k = 0; k < OC_RUN; k++)
-            if (qw < QW) out[k * syc] = v[k];
-    }
+    write_tile<BH, COB, THREADS>(staged, OCS, BW, y_tile, syc, syh, qh0, QH, qw < QW, warp, lane);
 }
 """
 
@@ -527,7 +538,8 @@ def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: b
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS,
                    PRESPLIT=int(split >= 2 and kh * kw >= PRESPLIT_TAPS))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return head + (WGMMA_HELPERS + FP16_HELPERS + SOURCE).replace("WGMMA_ASM", wgmma_asm(cob, split >= 2))
+    return head + (WGMMA_HELPERS + FP16_HELPERS + TILE_HELPERS + SOURCE).replace("WGMMA_ASM",
+                                                                                   wgmma_asm(cob, split >= 2))
 
 
 def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: int = 0, unit: int | None = None) -> int:

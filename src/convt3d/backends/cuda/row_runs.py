@@ -28,7 +28,7 @@ with a weight ring of one tap a stage (a wait and a barrier each tap) instead of
 float64 against 2.2e-7: PROMOTE 4; with phase_conv.py's 2, no faster than phase_conv.py's kernel in diag_turned).
 """
 
-from .phase_conv import COPY_HELPERS, FP16_HELPERS
+from .phase_conv import COPY_HELPERS, FP16_HELPERS, TILE_HELPERS
 
 ROWS = 4
 # 3xFP16: k-steps per partial sum (phase_conv.py's PROMOTE, which is 2 there).
@@ -51,7 +51,6 @@ SOURCE = r"""
 #define PARTIALS (SPLIT == 2)
 #define UNITS (2 * HH * XW)                    // (position, 16 channels) pairs of a plane
 #define OCS (NP + 4)                           // a channel's floats in the staged output tile
-#define OC_RUN 8
 // The 16-byte chunk c of row r as the swizzle mode stores it (128-byte: XOR with r % 8; 64-byte: with r / 2 % 4).
 #define SWIZZLE(c, r) ((c) ^ (ROW == 128 ? ((r) & 7) : (((r) >> 1) & 3)))
 
@@ -245,19 +244,7 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     }
     __syncthreads();
     float* y_tile = y + n * syn + (long long)(ob * COB) * syc + qd * syd + (long long)lane * syw;
-    #pragma unroll 1
-    for (int job = warp; job < ROWS * (COB / OC_RUN); job += THREADS / 32) {
-        const int r = job % ROWS, oc0 = job / ROWS * OC_RUN, qh = qh0 + r;
-        if (qh >= QH) continue;  // (the same for the whole warp)
-        const float* from = staged + oc0 * OCS + r * XW + lane;
-        float v[OC_RUN];
-        #pragma unroll
-        for (int k = 0; k < OC_RUN; k++) v[k] = from[k * OCS];
-        float* out = y_tile + (long long)oc0 * syc + (long long)qh * syh;
-        #pragma unroll
-        for (int k = 0; k < OC_RUN; k++)
-            if (lane < QW) out[k * syc] = v[k];
-    }
+    write_tile<ROWS, COB, THREADS>(staged, OCS, XW, y_tile, syc, syh, qh0, QH, lane < QW, warp, lane);
 }
 """
 
@@ -304,4 +291,5 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
                    MIN_BLOCKS=programs_per_multiprocessor(split, window_columns),
                    MAX_PHASES=max_phases, PHASE_FIELDS=phase_fields)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return head + COPY_HELPERS + FP16_HELPERS + SOURCE.replace("WGMMA_SS", wgmma_ss_asm(positions(window_columns)))
+    return head + COPY_HELPERS + FP16_HELPERS + TILE_HELPERS + SOURCE.replace("WGMMA_SS",
+                                                                              wgmma_ss_asm(positions(window_columns)))
