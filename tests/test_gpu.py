@@ -367,15 +367,22 @@ def test_row_runs_kernel_serves_problem_77_as_phase_conv_would(tf32, bias, nan_p
     w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.05
     b = torch.randn(64, device="cuda") if bias else None
     outputs = []
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
-        for row_runs in (True, False):
-            monkeypatch.setattr(cuda, "ROW_RUNS", row_runs)
-            for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry,
-                          cuda_phases._forward_launches):
-                cache.cache_clear()
-            torch_phase._prepared.clear()
-            outputs.append(convt3d.conv_transpose3d(x, w, b, backend="torch", **P77))
-        expected = F.conv_transpose3d(x, w, b, **P77)
+
+    def forget_launches():  # (worked out once per layer, with the kernel that cuda.ROW_RUNS chose)
+        for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry,
+                      cuda_phases._forward_launches):
+            cache.cache_clear()
+        torch_phase._prepared.clear()
+
+    try:
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+            for row_runs in (True, False):
+                monkeypatch.setattr(cuda, "ROW_RUNS", row_runs)
+                forget_launches()
+                outputs.append(convt3d.conv_transpose3d(x, w, b, backend="torch", **P77))
+            expected = F.conv_transpose3d(x, w, b, **P77)
+    finally:
+        forget_launches()  # (no later test gets this one's launches by phase_conv.py's kernel)
     assert len(built) == 1 and built[0] is not None
     reference = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), **P77)
     err = assert_close_rel(outputs[0], reference, 1e-3 if tf32 else 1e-6)

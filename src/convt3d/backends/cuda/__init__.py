@@ -39,7 +39,8 @@ SPLIT = int(os.environ.get("CONVT3D_SPLIT", "2"))
 # MMA rate, phase_conv.py) or 0 (TF32 itself, CONVT3D_TF32_AS_FP16=0).
 TF32_SPLIT = 0 if os.environ.get("CONVT3D_TF32_AS_FP16", "1") == "0" else 3
 # Whether correlations of 32 input channels into blocks of 64 output channels over grids one column block wide run
-# row_runs.py's kernel (FP16 and 3xFP16) rather than phase_conv.py's; CONVT3D_ROW_RUNS=0 takes phase_conv.py's.
+# row_runs.py's kernel (FP16 and 3xFP16) rather than phase_conv.py's; CONVT3D_ROW_RUNS=0 takes phase_conv.py's. Set
+# before a layer's first call: its launches are worked out once (tile_rows, phase_launches).
 ROW_RUNS = os.environ.get("CONVT3D_ROW_RUNS", "1") != "0"
 
 # Hopper (sm_90a: wgmma); the same SASS would not run on later architectures.
