@@ -17,8 +17,9 @@ instead of 4). Neither made the forward faster (sixty-fourth session, call 11): 
 0.2888-0.2900 in FP16, 0.3558 against 0.3471-0.3481 in 3xFP16; promote6 0.3469-0.3477.
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the kernels in turns
-(cuda.ROW_RUNS and cuda._row_runs_kernel, the launch caches cleared at each switch). The compact results are compared with each other and with
-float64; each forward's output, NaN-poisoned first, with float64 and eager (KernelBench's check).
+(cuda.ROW_RUNS and cuda._row_runs_kernel, the launch caches cleared at each switch). The compact results are compared
+with each other and with float64; each forward's output, NaN-poisoned first, with float64 and eager (KernelBench's
+check).
 """
 
 import argparse
@@ -65,8 +66,7 @@ def variant(name: str):
                 if MMAS_ISSUED not in source:
                     raise RuntimeError("row_runs.SOURCE changed: diag_turned.MMAS_ISSUED no longer matches")
                 row_runs.SOURCE = source.replace(MMAS_ISSUED, L2_PREFETCH)
-            text = row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, cuda.phase_conv.MAX_PHASES,
-                                   cuda.phase_conv.PHASE_FIELDS)
+            text = row_runs.source(c_out, taps, dilation, window_columns, has_bias, split)
         finally:
             row_runs.PROMOTE, row_runs.SOURCE = promote, source
         with torch.cuda.device(device_index):

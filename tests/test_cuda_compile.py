@@ -163,8 +163,7 @@ def test_row_runs_correlation_compiles_without_spills(c_in, c_out, taps, dilatio
         too_wide = columns < 32 + reach or row_runs.positions(columns) > row_runs.MAX_POSITIONS[split]
         if too_wide or row_runs.shared_bytes(taps, dilation, columns, split) > cuda.MAX_SHARED_BYTES // 2 - 1024:
             continue  # (cuda._row_runs_kernel leaves these to phase_conv.py's kernel)
-        source = row_runs.source(c_out, taps, dilation, columns, has_bias, split, phase_conv.MAX_PHASES,
-                                 phase_conv.PHASE_FIELDS)
+        source = row_runs.source(c_out, taps, dilation, columns, has_bias, split)
         registers, spilled = registers_and_spills(source, tmp_path)
         assert spilled == 0, (columns, registers, spilled)
         assert registers * row_runs.THREADS * row_runs.programs_per_multiprocessor(split, columns) <= 65536, registers

@@ -175,9 +175,8 @@ def _row_runs_kernel(device_index: int, c_out: int, taps, dilation, window_colum
         return None
     try:
         with torch.cuda.device(device_index):
-            return _Kernel(row_runs.source(c_out, taps, dilation, window_columns, has_bias, split,
-                                           phase_conv.MAX_PHASES, phase_conv.PHASE_FIELDS), "phase_conv_rows", shared,
-                           row_runs.THREADS)
+            return _Kernel(row_runs.source(c_out, taps, dilation, window_columns, has_bias, split), "phase_conv_rows",
+                           shared, row_runs.THREADS)
     except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: phase_conv.py's serves)
         logger.debug("convt3d: row_runs kernel not used (%s)", error)
         return None

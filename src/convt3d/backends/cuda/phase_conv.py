@@ -96,6 +96,20 @@ __device__ __forceinline__ void wgmma(float* d, const unsigned* a, unsigned long
 
 """
 
+# The phases of one launch, as both phase correlations (this one and row_runs.py's) take them: PHASE_FIELDS values
+# each, the window's offsets (d, h, w) of grid position 0, the first kernel tap and the step between taps per axis
+# (d, h, w), and y's element offset of the phase's lattice (cuda._phase_table). TAKE_PHASE(index) declares phase
+# index's fields as a kernel's locals (off_d, td0, tds, ...) and moves y to its lattice.
+PHASE_HELPERS = r"""
+struct Phases { long long at[MAX_PHASES][PHASE_FIELDS]; };
+#define TAKE_PHASE(index) \
+    const long long* phase = phases.at[index]; \
+    const int off_d = (int)phase[0], off_h = (int)phase[1], off_w = (int)phase[2]; \
+    const int td0 = (int)phase[3], th0 = (int)phase[4], tw0 = (int)phase[5]; \
+    const int tds = (int)phase[6], ths = (int)phase[7], tws = (int)phase[8]; \
+    y += phase[9]
+"""
+
 # What both phase correlations (this one and row_runs.py's) use to write their tile: staged in shared memory as
 # [channel][position], channels ocs floats apart, tile row r's 32 columns from r * row_pitch on, and written in runs of
 # OC_RUN channels of one row, lane l at column l (every load of a run before its stores: one load, then its store, a
@@ -265,10 +279,6 @@ __device__ __forceinline__ void split_plane(float* halo, float scale, int tid) {
     }
 }
 
-// The phases of one launch (PHASE_FIELDS values each): the window's offsets (d, h, w) of grid position 0, the first
-// kernel tap and the step between taps per axis (d, h, w), and y's element offset of the phase's lattice.
-struct Phases { long long at[MAX_PHASES][PHASE_FIELDS]; };
-
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,
            const float* __restrict__ bias, const float* __restrict__ block_max, const float* __restrict__ w_inverse,
@@ -289,11 +299,8 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     // same tile, and write the same sectors of y), columns, rows, depth, sample.
     int tile = blockIdx.x;
     const int ob = tile % (C_OUT / COB); tile /= C_OUT / COB;
-    const long long* phase = phases.at[tile % phase_count]; tile /= phase_count;
-    const int off_d = (int)phase[0], off_h = (int)phase[1], off_w = (int)phase[2];
-    const int td0 = (int)phase[3], th0 = (int)phase[4], tw0 = (int)phase[5];
-    const int tds = (int)phase[6], ths = (int)phase[7], tws = (int)phase[8];
-    y += phase[9];
+    TAKE_PHASE(tile % phase_count);
+    tile /= phase_count;
     const int qw0 = (tile % qw_blocks) * BW; tile /= qw_blocks;
     const int qh0 = (tile % qh_blocks) * BH; tile /= qh_blocks;
     const int qd = tile % QD, n = tile / QD;
@@ -538,8 +545,8 @@ def source(c_in: int, c_out: int, cob: int, taps, dilation, bh: int, has_bias: b
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS,
                    PRESPLIT=int(split >= 2 and kh * kw >= PRESPLIT_TAPS))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return head + (WGMMA_HELPERS + FP16_HELPERS + TILE_HELPERS + SOURCE).replace("WGMMA_ASM",
-                                                                                   wgmma_asm(cob, split >= 2))
+    return head + (WGMMA_HELPERS + FP16_HELPERS + TILE_HELPERS + PHASE_HELPERS + SOURCE).replace(
+        "WGMMA_ASM", wgmma_asm(cob, split >= 2))
 
 
 def shared_bytes(c_in: int, cob: int, taps, dilation, bh: int, split: int = 0, unit: int | None = None) -> int:

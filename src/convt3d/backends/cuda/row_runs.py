@@ -28,7 +28,7 @@ with a weight ring of one tap a stage (a wait and a barrier each tap) instead of
 float64 against 2.2e-7: PROMOTE 4; with phase_conv.py's 2, no faster than phase_conv.py's kernel in diag_turned).
 """
 
-from .phase_conv import COPY_HELPERS, FP16_HELPERS, TILE_HELPERS
+from .phase_conv import COPY_HELPERS, FP16_HELPERS, MAX_PHASES, PHASE_FIELDS, PHASE_HELPERS, TILE_HELPERS
 
 ROWS = 4
 # 3xFP16: k-steps per partial sum (phase_conv.py's PROMOTE, which is 2 there).
@@ -66,8 +66,6 @@ __device__ __forceinline__ void wgmma_ss(float* d, unsigned long long desc_a, un
     WGMMA_SS
 }
 
-struct Phases { long long at[MAX_PHASES][PHASE_FIELDS]; };
-
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,
                 const float* __restrict__ bias, const float* __restrict__ block_max,
@@ -83,11 +81,8 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     // Programs as phase_conv.py's: output-channel blocks fastest, then phases, rows, depth, sample (one column block).
     int tile = blockIdx.x;
     const int ob = tile % (C_OUT / COB); tile /= C_OUT / COB;
-    const long long* phase = phases.at[tile % phase_count]; tile /= phase_count;
-    const int off_d = (int)phase[0], off_h = (int)phase[1], off_w = (int)phase[2];
-    const int td0 = (int)phase[3], th0 = (int)phase[4], tw0 = (int)phase[5];
-    const int tds = (int)phase[6], ths = (int)phase[7], tws = (int)phase[8];
-    y += phase[9];
+    TAKE_PHASE(tile % phase_count);
+    tile /= phase_count;
     const int qh0 = (tile % qh_blocks) * ROWS; tile /= qh_blocks;
     const int qd = tile % QD, n = tile / QD;
     const long long first_row = ((long long)n * XD + qd + off_d) * XH + qh0 + off_h;  // of plane 0's row 0
@@ -281,15 +276,14 @@ def programs_per_multiprocessor(split: int, window_columns: int) -> int:
     return 3 if split == 3 and positions(window_columns) <= 136 else 2
 
 
-def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, split: int, max_phases: int,
-           phase_fields: int) -> str:
+def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, split: int) -> str:
     """The kernel's source for one configuration: 32 input channels, c_out a multiple of 64, split 2 (3xFP16) or 3
     (FP16), a window window_columns (XW) wide; sizes as macros, so that every loop unrolls."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=32, C_OUT=c_out, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, XW=window_columns, ROWS=ROWS,
                    HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE, THREADS=THREADS,
                    MIN_BLOCKS=programs_per_multiprocessor(split, window_columns),
-                   MAX_PHASES=max_phases, PHASE_FIELDS=phase_fields)
+                   MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return head + COPY_HELPERS + FP16_HELPERS + TILE_HELPERS + SOURCE.replace("WGMMA_SS",
-                                                                              wgmma_ss_asm(positions(window_columns)))
+    return head + COPY_HELPERS + FP16_HELPERS + TILE_HELPERS + PHASE_HELPERS + SOURCE.replace(
+        "WGMMA_SS", wgmma_ss_asm(positions(window_columns)))
