@@ -54,24 +54,41 @@ L2_PREFETCH = r"""        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: 
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 """
 
+# What-ifs (their results wrong, timed only): every depth tap reads the first depth tap's plane (the same loads, the
+# L2 asked for a third of the plane's bytes) or keeps the first depth tap's weights (no weight copy after the first).
+PLANE_AT = "const float4* src = (const float4*)(plane0 + (long long)kd * DD * XH * XW * C_IN);"
+WEIGHT_COPY = "cp_async16(weights + tap * W_TAP_FLOATS + oc * (ROW / 4) + (SWIZZLE(c, oc) << 2),"
+WEIGHT_COPY_CA = ('asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\\n" :: "r"(smem_addr(weights + tap * '
+                  'W_TAP_FLOATS + oc * (ROW / 4) + (SWIZZLE(c, oc) << 2))), "l"(')
+PATCHES = {
+    "weights_ca": (WEIGHT_COPY + "\n                           src + oc * 32 + c * 4);",
+                   WEIGHT_COPY_CA + "src + oc * 32 + c * 4));"),
+    "l2prefetch": (MMAS_ISSUED, L2_PREFETCH),
+    "whatif_sameplane": (PLANE_AT, "const float4* src = (const float4*)plane0;  // (diag_turned whatif_sameplane)"),
+    "whatif_noweights": ("                copy_weights(kd);\n", "                // (diag_turned whatif_noweights)\n"),
+}
+
 
 def variant(name: str):
     """A cuda._row_runs_kernel that builds row_runs.py's kernel with the named change (l2prefetch, promote6)."""
     def build(device_index, c_out, taps, dilation, window_columns, has_bias, split):
-        promote, source = row_runs.PROMOTE, row_runs.SOURCE
+        promote, source, buffers = row_runs.PROMOTE, row_runs.SOURCE, row_runs.PLANE_BUFFERS
         try:
             if name == "promote6":
                 row_runs.PROMOTE = 6
-            elif name == "l2prefetch":
-                if MMAS_ISSUED not in source:
-                    raise RuntimeError("row_runs.SOURCE changed: diag_turned.MMAS_ISSUED no longer matches")
-                row_runs.SOURCE = source.replace(MMAS_ISSUED, L2_PREFETCH)
+            elif name == "one_plane":
+                row_runs.PLANE_BUFFERS = {2: 1, 3: 1}
+            elif name in PATCHES:
+                old, new = PATCHES[name]
+                if old not in source:
+                    raise RuntimeError(f"row_runs.SOURCE changed: diag_turned's {name} patch no longer matches")
+                row_runs.SOURCE = source.replace(old, new)
             text = row_runs.source(c_out, taps, dilation, window_columns, has_bias, split)
+            shared = row_runs.shared_bytes(taps, dilation, window_columns, split)
         finally:
-            row_runs.PROMOTE, row_runs.SOURCE = promote, source
+            row_runs.PROMOTE, row_runs.SOURCE, row_runs.PLANE_BUFFERS = promote, source, buffers
         with torch.cuda.device(device_index):
-            return cuda._Kernel(text, "phase_conv_rows", row_runs.shared_bytes(taps, dilation, window_columns, split),
-                                row_runs.THREADS)
+            return cuda._Kernel(text, "phase_conv_rows", shared, row_runs.THREADS)
     return build
 
 
@@ -88,7 +105,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--variants", default="", help="l2prefetch, promote6 (','-separated)")
+    parser.add_argument("--variants", default="",
+                        help="l2prefetch, promote6, whatif_sameplane, whatif_noweights (','-separated)")
     args = parser.parse_args()
     kernels = [*KERNELS, *filter(None, args.variants.split(","))]
     torch.manual_seed(0)
@@ -110,7 +128,7 @@ def main():
         eager = F.conv_transpose3d(x, w, None, **P77)
         compacts = {}
         for kernel in kernels:
-            if kernel == "promote6" and split == 3:
+            if (kernel == "promote6" and split == 3) or (kernel == "one_plane" and split == 2):
                 continue
             use(kernel)
             start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
@@ -131,12 +149,12 @@ def main():
             row(mode, f"{kernel}: correlation, compact", lambda: correlate(compact, 0, compact.stride()), check)
             row(mode, f"{kernel}: correlation into the lattice",
                 lambda: correlate(out, lattice_offset, lattice_strides))
-        for kernel in (k for k in compacts if k != "phase_conv"):
+        for kernel in (k for k in compacts if k != "phase_conv" and not k.startswith("whatif")):
             difference = (compacts[kernel] - compacts["phase_conv"]).abs().max().item()
             print(f"{mode}: max |{kernel} - phase_conv| over the compact results {difference:.2e}", flush=True)
         forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
         for round_ in range(args.rounds):
-            for kernel in compacts:
+            for kernel in (k for k in compacts if not k.startswith("whatif")):
                 use(kernel)
                 torch.cuda.empty_cache()
                 poisoned = torch.full(plan.output_shape, float("nan"), device="cuda")
