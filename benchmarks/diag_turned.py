@@ -14,7 +14,12 @@ multiprocessor, no prefetch) was the fastest in FP16 but for the prefetch, which
 issued, each thread asks the L2 for its share of the next plane, prefetch.global.L2, so that the plane's loads, the
 kernel's most frequent stall under Nsight Compute, hit the L2) and promote6 (3xFP16's partial sums over 6 k-steps
 instead of 4). Neither made the forward faster (sixty-fourth session, call 11): l2prefetch 0.2919-0.2924 ms against
-0.2888-0.2900 in FP16, 0.3558 against 0.3471-0.3481 in 3xFP16; promote6 0.3469-0.3477.
+0.2888-0.2900 in FP16, 0.3558 against 0.3471-0.3481 in 3xFP16; promote6 0.3469-0.3477. weights_ca: the weights copied
+by cp.async.ca (through the L1, which the programs of a multiprocessor share) instead of .cg; slower (sixty-fifth
+session, call 2, on d18b90f's kernel: compact 0.1126 ms against 0.1017 in FP16, 0.1768 against 0.1709 in 3xFP16).
+What-ifs, results wrong, timed only: whatif_sameplane (every depth tap reads the first depth tap's plane: the same
+loads, a third of the plane's bytes asked of the L2) and whatif_noweights (the first depth tap's weights kept: no copy
+after it). Sixty-fifth session, call 1, compact in FP16: 0.0997 and 0.0912 ms against 0.0963.
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the kernels in turns
 (cuda.ROW_RUNS and cuda._row_runs_kernel, the launch caches cleared at each switch). The compact results are compared
@@ -54,8 +59,7 @@ L2_PREFETCH = r"""        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: 
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 """
 
-# What-ifs (their results wrong, timed only): every depth tap reads the first depth tap's plane (the same loads, the
-# L2 asked for a third of the plane's bytes) or keeps the first depth tap's weights (no weight copy after the first).
+# Source patches: (text of row_runs.SOURCE, its replacement) per variant (the module docstring says what each does).
 PLANE_AT = "const float4* src = (const float4*)(plane0 + (long long)kd * DD * XH * XW * C_IN);"
 WEIGHT_COPY = "cp_async16(weights + tap * W_TAP_FLOATS + oc * (ROW / 4) + (SWIZZLE(c, oc) << 2),"
 WEIGHT_COPY_CA = ('asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\\n" :: "r"(smem_addr(weights + tap * '
@@ -65,19 +69,17 @@ PATCHES = {
                    WEIGHT_COPY_CA + "src + oc * 32 + c * 4));"),
     "l2prefetch": (MMAS_ISSUED, L2_PREFETCH),
     "whatif_sameplane": (PLANE_AT, "const float4* src = (const float4*)plane0;  // (diag_turned whatif_sameplane)"),
-    "whatif_noweights": ("                copy_weights(kd);\n", "                // (diag_turned whatif_noweights)\n"),
+    "whatif_noweights": ("            copy_weights(kd);\n", "            // (diag_turned whatif_noweights)\n"),
 }
 
 
 def variant(name: str):
-    """A cuda._row_runs_kernel that builds row_runs.py's kernel with the named change (l2prefetch, promote6)."""
+    """A cuda._row_runs_kernel that builds row_runs.py's kernel with the named change (promote6, or PATCHES')."""
     def build(device_index, c_out, taps, dilation, window_columns, has_bias, split):
-        promote, source, buffers = row_runs.PROMOTE, row_runs.SOURCE, row_runs.PLANE_BUFFERS
+        promote, source = row_runs.PROMOTE, row_runs.SOURCE
         try:
             if name == "promote6":
                 row_runs.PROMOTE = 6
-            elif name == "one_plane":
-                row_runs.PLANE_BUFFERS = {2: 1, 3: 1}
             elif name in PATCHES:
                 old, new = PATCHES[name]
                 if old not in source:
@@ -86,7 +88,7 @@ def variant(name: str):
             text = row_runs.source(c_out, taps, dilation, window_columns, has_bias, split)
             shared = row_runs.shared_bytes(taps, dilation, window_columns, split)
         finally:
-            row_runs.PROMOTE, row_runs.SOURCE, row_runs.PLANE_BUFFERS = promote, source, buffers
+            row_runs.PROMOTE, row_runs.SOURCE = promote, source
         with torch.cuda.device(device_index):
             return cuda._Kernel(text, "phase_conv_rows", shared, row_runs.THREADS)
     return build
@@ -106,7 +108,7 @@ def main():
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--variants", default="",
-                        help="l2prefetch, promote6, whatif_sameplane, whatif_noweights (','-separated)")
+                        help="l2prefetch, promote6, weights_ca, whatif_sameplane, whatif_noweights (','-separated)")
     args = parser.parse_args()
     kernels = [*KERNELS, *filter(None, args.variants.split(","))]
     torch.manual_seed(0)
@@ -128,7 +130,7 @@ def main():
         eager = F.conv_transpose3d(x, w, None, **P77)
         compacts = {}
         for kernel in kernels:
-            if (kernel == "promote6" and split == 3) or (kernel == "one_plane" and split == 2):
+            if kernel == "promote6" and split == 3:
                 continue
             use(kernel)
             start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)

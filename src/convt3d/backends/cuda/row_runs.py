@@ -36,9 +36,6 @@ PROMOTE = 4
 # The largest N (positions per tile) per precision: 3xFP16 keeps a partial sum beside the sums (N / 2 floats a
 # thread each); beyond 136, compiled here for sm_90a, ptxas spills. wgmma's N is at most 256.
 MAX_POSITIONS = {2: 136, 3: 256}
-# Window plane buffers per precision: FP16 two, so that the next depth tap's plane is read and stored while this
-# one's MMAs run; 3xFP16 one (a second would leave room for one program a multiprocessor, not two).
-PLANE_BUFFERS = {2: 1, 3: 2}
 THREADS = 128
 
 SOURCE = r"""
@@ -79,7 +76,7 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     // (XW_: the window's width, XW here a macro; qw_blocks, max_block: 1 and the block maxima's columns, unused.)
     extern __shared__ __align__(1024) float4 smem4[];
     float* weights = (float*)smem4;                          // [KH * KW][COB][ROW / 4 floats], swizzled
-    unsigned* plane = (unsigned*)(weights + KH * KW * W_TAP_FLOATS);  // [PLANES][PLANE_POS][ROW / 4 words], swizzled
+    unsigned* plane = (unsigned*)(weights + KH * KW * W_TAP_FLOATS);  // [PLANE_POS][ROW / 4 words], swizzled
     const int tid = threadIdx.x % THREADS, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     // Programs as phase_conv.py's: output-channel blocks fastest, then phases, rows, depth, sample (one column block).
     int tile = blockIdx.x;
@@ -109,8 +106,7 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         cp_commit();
     };
     copy_weights(0);
-    for (int e = HH * XW * (ROW / 4) + tid; e < PLANES * PLANE_POS * (ROW / 4); e += THREADS)
-        if (e % (PLANE_POS * (ROW / 4)) >= HH * XW * (ROW / 4)) plane[e] = 0u;  // each buffer's rows past the plane
+    for (int e = HH * XW * (ROW / 4) + tid; e < PLANE_POS * (ROW / 4); e += THREADS) plane[e] = 0u;
 
     float d[NP / 2];
     float partial[PARTIALS ? NP / 2 : 1];  // (one element without partial sums, so that its code compiles)
@@ -135,15 +131,19 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     }
     const unsigned weights_addr = smem_addr(weights), plane_addr = smem_addr((float*)plane);
 
-    // Depth tap kd's plane into its buffer (kd % PLANES). The plane by (position, 16 channels): all loads of a round
-    // first, then the splits and stores. Channel c of 16 goes to k = (c & 8) | (c & 3) * 2 | (c >> 2) & 1, as the
-    // weight's operand pass orders them: the hi halves in the row's 16-byte chunks 2 c16 and 2 c16 + 1, the lo halves
-    // in chunks 4 + 2 c16 and 5 + 2 c16.
-    auto store_plane = [&](int kd) {
-        unsigned* buffer = plane + (kd % PLANES) * PLANE_POS * (ROW / 4);
+    #pragma unroll 1
+    for (int kd = 0; kd < KD; kd++) {
+        if (kd > 0) {
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            __syncthreads();  // every MMA reading the previous depth tap's plane and weights is done
+            copy_weights(kd);
+        }
         if (SPLIT == 2)
             a_scale = pow2_scale(plane_max(block_max, first_row + (long long)kd * DD * XH, HH, 0, max_blocks,
                                            max_blocks, lane), a_inverse);
+        // The plane by (position, 16 channels): all loads of a round first, then the splits and stores. Channel c of
+        // 16 goes to k = (c & 8) | (c & 3) * 2 | (c >> 2) & 1, as the weight's operand pass orders them: the hi halves
+        // in the row's 16-byte chunks 2 c16 and 2 c16 + 1, the lo halves in chunks 4 + 2 c16 and 5 + 2 c16.
         const float4* src = (const float4*)(plane0 + (long long)kd * DD * XH * XW * C_IN);
         #pragma unroll
         for (int base = 0; base < UNITS; base += 2 * THREADS) {
@@ -174,7 +174,7 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
                         hi[e + 4] = to_half2(f[e + 8], f[e + 12], a_scale);
                     }
                 }
-                uint4* row = (uint4*)(buffer + p * (ROW / 4));
+                uint4* row = (uint4*)(plane + p * (ROW / 4));
                 row[SWIZZLE(2 * c16, p)] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
                 row[SWIZZLE(2 * c16 + 1, p)] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
                 if (SPLIT == 2) {
@@ -183,29 +183,16 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
                 }
             }
         }
-    };
-
-    #pragma unroll 1
-    for (int kd = 0; kd < KD; kd++) {
-        if (PLANES == 1 || kd == 0) {  // (with two buffers, the planes after the first come during the MMAs, below)
-            if (kd > 0) {
-                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-                __syncthreads();  // every MMA reading the previous depth tap's plane and weights is done
-                copy_weights(kd);
-            }
-            store_plane(kd);
-        }
         cp_wait<0>();  // this depth tap's weights
         // The plane's stores and the copies visible to the tensor cores.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        const unsigned plane_at = plane_addr + (kd % PLANES) * PLANE_POS * ROW;
         #pragma unroll
         for (int tap = 0; tap < KH * KW; tap++) {
             const int kh = tap / KW, kw = tap % KW;
             const unsigned a_at = weights_addr + 4 * tap * W_TAP_FLOATS;
-            const unsigned b_at = plane_at + (off_w + kh * DH * XW + kw * DW) * ROW;
+            const unsigned b_at = plane_addr + (off_w + kh * DH * XW + kw * DW) * ROW;
             #pragma unroll
             for (int ks = 0; ks < 2; ks++) {  // 16 channels a k-step: hi halves 32 bytes on, lo 64 further
                 const int step = tap * 2 + ks;  // (counted from the depth tap's first: one plane, one scale)
@@ -229,12 +216,6 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
             }
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        if (PLANES == 2 && kd + 1 < KD) {
-            store_plane(kd + 1);  // into the other buffer, while the MMAs run
-            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            __syncthreads();  // every MMA reading this depth tap's weights is done
-            copy_weights(kd + 1);
-        }
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     if (PARTIALS) add_partial();  // the last partial
@@ -285,7 +266,7 @@ def shared_bytes(taps, dilation, window_columns: int, split: int) -> int:
     row = 128 if split == 2 else 64
     n = positions(window_columns)
     plane = -(-(n + (kh - 1) * dh * window_columns + window_columns - 32) // 8) * 8
-    return max(kh * kw * 64 * row + PLANE_BUFFERS[split] * plane * row, 4 * 64 * (n + 4))
+    return max(kh * kw * 64 * row + plane * row, 4 * 64 * (n + 4))
 
 
 def programs_per_multiprocessor(split: int, window_columns: int) -> int:
@@ -300,8 +281,7 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
     (FP16), a window window_columns (XW) wide; sizes as macros, so that every loop unrolls."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     defines = dict(C_IN=32, C_OUT=c_out, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, XW=window_columns, ROWS=ROWS,
-                   HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE, PLANES=PLANE_BUFFERS[split],
-                   THREADS=THREADS,
+                   HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE, THREADS=THREADS,
                    MIN_BLOCKS=programs_per_multiprocessor(split, window_columns),
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
