@@ -1,0 +1,210 @@
+"""Problem 77's forward with the fill and the correlation at the same time, ordered by flags: a fill of the whole
+output by cp.async.bulk on a second stream, sample by sample, counting each sample done in a flag; the correlation
+(row_runs.py's kernel into the lattice, as the library's) waits, after its MMAs and before its writes, for its
+sample's flag.
+
+    PYTHONPATH=src python3 benchmarks/diag_fill_flags.py [--iters 100] [--rounds 2] [--programs 132,264]
+
+Why: the library fills the whole output (0.125 ms), then the correlation writes the phase's lattice into it (0.142
+ms in FP16, 0.201 in 3xFP16): the two add. A fill beside the correlation has so far either had to finish before the
+correlation's writes began (the lattice rows' sectors are shared with the fill's zeros) or written only the rows the
+lattice leaves alone, in pieces too small to fill fast (diag_side_fill.py). Here the fill writes everything in 16 KB
+copies, as diag_bulk_fill.py's one warp a program (4.2 TB/s alone), and only the order is enforced: per sample, each
+fill program, once its copies of the sample are complete (cp.async.bulk.wait_group, then fence.proxy.async and a
+release), adds one to the sample's flag; a correlation program reads its sample's flag (acquire) until every fill
+program has counted. The fill's programs fit beside the correlation's on a multiprocessor (one warp of 32 registers,
+17 KB of shared memory), so neither waits for room: no deadlock.
+
+What it found (sixty-fifth session, benchmarks/RESULTS.md): no overlap. The ordered fill alone took 0.137-0.145 ms
+(132 or 264 programs), and the forward with it beside the correlation took as long as with the two in turn and as the
+library's: 0.290-0.323 ms against the library's 0.290 in FP16 (round 2), 0.358-0.388 against 0.356 in 3xFP16. Every
+output was the library's, bitwise.
+
+Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call). The flags are zeroed on the
+main stream first, then the fill is queued on the side stream, the operand pass and the correlation on the main one.
+Every composed forward's output, NaN-poisoned before its first call, is compared with the library's forward
+(bitwise), float64 and F.conv_transpose3d (KernelBench's check).
+"""
+
+import argparse
+import math
+
+import torch
+import torch.nn.functional as F
+
+import convt3d
+from convt3d.backends import cuda, torch_phase
+from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.backends.cuda import row_runs
+from convt3d.backends.torch_phase import _lattice_geometry, _regions
+from convt3d.backends.triton.launch import _current_stream
+from convt3d.backends.triton.window import correlation_operands
+from convt3d.bench.protocol import time_cuda
+from convt3d.bench.report import markdown_table
+from convt3d.plan import make_plan
+from diag_overlap import checked
+
+P77 = dict(stride=2, padding=1, dilation=2)
+CHUNK_BYTES = 16384
+
+# Every byte of out, sample by sample (sample_bytes each), in CHUNK_BYTES copies of zeros spread over the programs;
+# done[n] counts the programs whose share of sample n is written.
+ORDERED_FILL = r"""
+extern "C" __global__ void __launch_bounds__(32) ordered_fill(float* out, int* done, int samples,
+                                                              long long sample_bytes) {
+    __shared__ __align__(128) float zeros[CHUNK_BYTES / 4];
+    for (int i = threadIdx.x; i < CHUNK_BYTES / 4; i += 32) zeros[i] = 0.f;
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the zeros visible to the copies
+    __syncwarp();
+    if (threadIdx.x != 0) return;
+    const unsigned source = (unsigned)__cvta_generic_to_shared(zeros);
+    const long long chunks = (sample_bytes + CHUNK_BYTES - 1) / CHUNK_BYTES;
+    for (int n = 0; n <= samples; n++) {
+        if (n < samples) {
+            char* base = (char*)out + n * sample_bytes;
+            for (long long i = blockIdx.x; i < chunks; i += gridDim.x) {
+                const int bytes = (int)min((long long)CHUNK_BYTES, sample_bytes - i * CHUNK_BYTES);
+                asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+                             :: "l"(base + i * CHUNK_BYTES), "r"(source), "r"(bytes) : "memory");
+            }
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
+        if (n > 0) {  // sample n - 1's copies complete (all but the newest group, or all after the last sample)
+            if (n < samples)
+                asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory");
+            else
+                asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+            asm volatile("fence.proxy.async.global;\n" ::: "memory");
+            asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" :: "l"(done + n - 1) : "memory");
+        }
+    }
+}
+"""
+
+# Into row_runs.py's kernel: before the tile's writes, its sample's flag (the bias argument carries the flags, as
+# problem 77 has no bias) read until every fill program has counted, FILL_PROGRAMS.
+WRITES = "    float* y_tile = y + n * syn"
+WAIT = r"""    if (tid == 0) {  // (diag_fill_flags) the fill of sample n done
+        const int* flag = (const int*)bias + n;
+        int seen = 0;
+        for (long long polls = 0; polls < (1ll << 26); polls++) {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(flag) : "memory");
+            if (seen >= FILL_PROGRAMS) break;
+            __nanosleep(64);
+        }
+    }
+    __syncthreads();
+"""
+
+
+def flagged_row_runs(fill_programs: int):
+    """A cuda._row_runs_kernel builder: row_runs.py's kernel, no bias, waiting for its sample's fill before writing."""
+    def build(device_index, c_out, taps, dilation, window_columns, has_bias, split):
+        del has_bias  # (the bias argument carries the flags)
+        text = row_runs.source(c_out, taps, dilation, window_columns, False, split)
+        if WRITES not in text:
+            raise RuntimeError("row_runs.SOURCE changed: diag_fill_flags.WRITES no longer matches")
+        text = f"#define FILL_PROGRAMS {fill_programs}\n" + text.replace(WRITES, WAIT + WRITES)
+        with torch.cuda.device(device_index):
+            return cuda._Kernel(text, "phase_conv_rows", row_runs.shared_bytes(taps, dilation, window_columns, split),
+                                row_runs.THREADS)
+    return build
+
+
+LIBRARY_ROW_RUNS_KERNEL = cuda._row_runs_kernel
+
+
+def use(builder) -> None:
+    cuda._row_runs_kernel = builder
+    for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry, cuda_phases._forward_launches):
+        cache.cache_clear()
+    torch_phase._prepared.clear()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--programs", default="132,264", help="fill programs, ','-separated")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.02
+    x = torch.rand(16, 32, 16, 32, 32, device="cuda")
+    plan = make_plan(tuple(x.shape), tuple(w.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
+    phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
+    samples = plan.output_shape[0]
+    sample_bytes = 4 * math.prod(plan.output_shape[1:])
+    fill = cuda._Kernel(f"#define CHUNK_BYTES {CHUNK_BYTES}\n" + ORDERED_FILL, "ordered_fill", 0, 32)
+    done = torch.zeros(samples, dtype=torch.int32, device="cuda")
+    side = torch.cuda.Stream()
+    rows = []
+
+    def row(mode, what, fn, check=""):
+        t = time_cuda(fn, iters=args.iters)
+        rows.append((mode, what, f"{t.mean_ms:.4f}", f"{t.min_ms:.4f}", check))
+        print(rows[-1], flush=True)
+
+    def ordered_fill(y, programs, stream):
+        fill.launch(programs, (y.data_ptr(), done.data_ptr()), (samples,), (sample_bytes,), stream)
+
+    for mode, split in (("FP16", 3), ("3xFP16", 2)):
+        torch.backends.cudnn.allow_tf32 = split == 3
+        reference = F.conv_transpose3d(x.double(), w.double(), None, **P77)
+        eager = F.conv_transpose3d(x, w, None, **P77)
+        use(LIBRARY_ROW_RUNS_KERNEL)
+        library = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
+        expected = library()
+        start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
+        counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]
+        out = torch.empty(plan.output_shape, device="cuda")
+        lattice_offset, _, lattice_strides = _lattice_geometry(plan, phases, out.stride())
+
+        def correlate(y):
+            window, taps, scales = correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False,
+                                                        split=split)
+            cuda.correlate(window, taps, done.view(torch.float32), y, lattice_offset, lattice_strides, grid, offsets,
+                           counts, firsts, steps, dilation, scales, split)
+
+        def in_turn(programs):
+            def forward():
+                y = torch.empty(plan.output_shape, device="cuda")
+                done.zero_()
+                ordered_fill(y, programs, _current_stream(0))
+                correlate(y)
+                return y
+            return forward
+
+        def beside(programs):
+            def forward():
+                y = torch.empty(plan.output_shape, device="cuda")
+                main = torch.cuda.current_stream()
+                done.zero_()
+                side.wait_stream(main)
+                ordered_fill(y, programs, side.cuda_stream)
+                correlate(y)
+                main.wait_stream(side)
+                y.record_stream(side)
+                return y
+            return forward
+
+        programs_list = [int(p) for p in args.programs.split(",")]
+        for round_ in range(args.rounds):
+            use(LIBRARY_ROW_RUNS_KERNEL)
+            row(mode, f"library forward (round {round_ + 1})", library, checked(library, expected, reference, eager))
+            for programs in programs_list:
+                use(flagged_row_runs(programs))
+                if round_ == 0:
+                    row(mode, f"ordered fill, {programs} programs", lambda: ordered_fill(out, programs,
+                                                                                          _current_stream(0)))
+                for name, compose in (("in turn", in_turn), ("beside", beside)):
+                    forward = compose(programs)
+                    row(mode, f"ordered fill ({programs}) {name} pass + correlation (round {round_ + 1})", forward,
+                        checked(forward, expected, reference, eager))
+        del expected, reference, eager
+    use(LIBRARY_ROW_RUNS_KERNEL)
+    torch.backends.cudnn.allow_tf32 = True
+    print(markdown_table(["mode", "what", "mean ms", "min ms", "check"], rows))
+
+
+if __name__ == "__main__":
+    main()
