@@ -17,8 +17,9 @@ program has counted. The fill's programs fit beside the correlation's on a multi
 
 What it found (sixty-fifth session, benchmarks/RESULTS.md): no overlap. The ordered fill alone took 0.137-0.145 ms
 (132 or 264 programs), and the forward with it beside the correlation took as long as with the two in turn and as the
-library's: 0.290-0.323 ms against the library's 0.290 in FP16 (round 2), 0.358-0.388 against 0.356 in 3xFP16. Every
-output was the library's, bitwise.
+library's: 0.290-0.323 ms against the library's 0.290 in FP16 (round 2), 0.358-0.388 against 0.356 in 3xFP16. With
+the lattice rows written whole (--rows whole: full sectors, none read back from DRAM to merge), slower still: 0.345-0.347
+ms beside the fill, 0.336-0.337 in turn (FP16). Every output was the library's, bitwise.
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call). The flags are zeroed on the
 main stream first, then the fill is queued on the side stream, the operand pass and the correlation on the main one.
@@ -42,6 +43,7 @@ from convt3d.backends.triton.window import correlation_operands
 from convt3d.bench.protocol import time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.plan import make_plan
+from diag_full_rows import FULL_ROWS_STORE, STORE
 from diag_overlap import checked
 
 P77 = dict(stride=2, padding=1, dilation=2)
@@ -97,14 +99,17 @@ WAIT = r"""    if (tid == 0) {  // (diag_fill_flags) the fill of sample n done
 """
 
 
-def flagged_row_runs(fill_programs: int):
-    """A cuda._row_runs_kernel builder: row_runs.py's kernel, no bias, waiting for its sample's fill before writing."""
+def flagged_row_runs(fill_programs: int, full_rows: bool):
+    """A cuda._row_runs_kernel builder: row_runs.py's kernel, no bias, waiting for its sample's fill before writing;
+    full_rows: its lattice rows written whole (diag_full_rows.py's store)."""
     def build(device_index, c_out, taps, dilation, window_columns, has_bias, split):
         del has_bias  # (the bias argument carries the flags)
         text = row_runs.source(c_out, taps, dilation, window_columns, False, split)
-        if WRITES not in text:
-            raise RuntimeError("row_runs.SOURCE changed: diag_fill_flags.WRITES no longer matches")
+        if WRITES not in text or STORE not in text:
+            raise RuntimeError("row_runs.SOURCE changed: diag_fill_flags.WRITES or STORE no longer matches")
         text = f"#define FILL_PROGRAMS {fill_programs}\n" + text.replace(WRITES, WAIT + WRITES)
+        if full_rows:
+            text = text.replace(STORE, FULL_ROWS_STORE)
         with torch.cuda.device(device_index):
             return cuda._Kernel(text, "phase_conv_rows", row_runs.shared_bytes(taps, dilation, window_columns, split),
                                 row_runs.THREADS)
@@ -126,6 +131,7 @@ def main():
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--programs", default="132,264", help="fill programs, ','-separated")
+    parser.add_argument("--rows", default="lattice", help="lattice (the library's writes), whole (full rows) or both")
     args = parser.parse_args()
     torch.manual_seed(0)
     w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.02
@@ -188,18 +194,21 @@ def main():
             return forward
 
         programs_list = [int(p) for p in args.programs.split(",")]
+        writes = {"lattice": (False,), "whole": (True,), "both": (False, True)}[args.rows]
         for round_ in range(args.rounds):
             use(LIBRARY_ROW_RUNS_KERNEL)
             row(mode, f"library forward (round {round_ + 1})", library, checked(library, expected, reference, eager))
             for programs in programs_list:
-                use(flagged_row_runs(programs))
                 if round_ == 0:
                     row(mode, f"ordered fill, {programs} programs", lambda: ordered_fill(out, programs,
                                                                                           _current_stream(0)))
-                for name, compose in (("in turn", in_turn), ("beside", beside)):
-                    forward = compose(programs)
-                    row(mode, f"ordered fill ({programs}) {name} pass + correlation (round {round_ + 1})", forward,
-                        checked(forward, expected, reference, eager))
+                for full_rows in writes:
+                    use(flagged_row_runs(programs, full_rows))
+                    what = "rows whole" if full_rows else "lattice"
+                    for name, compose in (("in turn", in_turn), ("beside", beside)):
+                        forward = compose(programs)
+                        row(mode, f"ordered fill ({programs}) {name} pass + correlation, {what} (round {round_ + 1})",
+                            forward, checked(forward, expected, reference, eager))
         del expected, reference, eager
     use(LIBRARY_ROW_RUNS_KERNEL)
     torch.backends.cudnn.allow_tf32 = True
