@@ -34,19 +34,13 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from convt3d.backends import cuda, torch_phase
-from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.backends import cuda
 from convt3d.backends.cuda import row_runs
-from convt3d.backends.torch_phase import _lattice_geometry, _regions
 from convt3d.backends.triton.launch import _current_stream
 from convt3d.backends.triton.window import correlation_operands
-from convt3d.bench.protocol import time_cuda
-from convt3d.bench.report import markdown_table
-from convt3d.plan import make_plan
 from diag_full_rows import FULL_ROWS_STORE, STORE
 from diag_overlap import checked
-
-P77 = dict(stride=2, padding=1, dilation=2)
+from p77_correlation import P77, Timings, composed, correlation_geometry, problem_77, use_row_runs
 CHUNK_BYTES = 16384
 
 # Every byte of out, sample by sample (sample_bytes each), in CHUNK_BYTES copies of zeros spread over the programs;
@@ -116,16 +110,6 @@ def flagged_row_runs(fill_programs: int, full_rows: bool):
     return build
 
 
-LIBRARY_ROW_RUNS_KERNEL = cuda._row_runs_kernel
-
-
-def use(builder) -> None:
-    cuda._row_runs_kernel = builder
-    for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry, cuda_phases._forward_launches):
-        cache.cache_clear()
-    torch_phase._prepared.clear()
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=100)
@@ -133,86 +117,54 @@ def main():
     parser.add_argument("--programs", default="132,264", help="fill programs, ','-separated")
     parser.add_argument("--rows", default="lattice", help="lattice (the library's writes), whole (full rows) or both")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.02
-    x = torch.rand(16, 32, 16, 32, 32, device="cuda")
-    plan = make_plan(tuple(x.shape), tuple(w.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
-    phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
+    x, w, plan, phase_list = problem_77()
     samples = plan.output_shape[0]
     sample_bytes = 4 * math.prod(plan.output_shape[1:])
     fill = cuda._Kernel(f"#define CHUNK_BYTES {CHUNK_BYTES}\n" + ORDERED_FILL, "ordered_fill", 0, 32)
     done = torch.zeros(samples, dtype=torch.int32, device="cuda")
     side = torch.cuda.Stream()
-    rows = []
+    timings = Timings(args.iters)
 
-    def row(mode, what, fn, check=""):
-        t = time_cuda(fn, iters=args.iters)
-        rows.append((mode, what, f"{t.mean_ms:.4f}", f"{t.min_ms:.4f}", check))
-        print(rows[-1], flush=True)
-
-    def ordered_fill(y, programs, stream):
-        fill.launch(programs, (y.data_ptr(), done.data_ptr()), (samples,), (sample_bytes,), stream)
+    def ordered_fill(programs):
+        return lambda y, stream: fill.launch(programs, (y.data_ptr(), done.data_ptr()), (samples,), (sample_bytes,),
+                                             stream)
 
     for mode, split in (("FP16", 3), ("3xFP16", 2)):
         torch.backends.cudnn.allow_tf32 = split == 3
         reference = F.conv_transpose3d(x.double(), w.double(), None, **P77)
         eager = F.conv_transpose3d(x, w, None, **P77)
-        use(LIBRARY_ROW_RUNS_KERNEL)
+        use_row_runs()
         library = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
         expected = library()
-        start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
-        counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]
         out = torch.empty(plan.output_shape, device="cuda")
-        lattice_offset, _, lattice_strides = _lattice_geometry(plan, phases, out.stride())
+        start, extent, geometry = correlation_geometry(plan, phase_list, split, out.stride())
 
         def correlate(y):
             window, taps, scales = correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False,
                                                         split=split)
-            cuda.correlate(window, taps, done.view(torch.float32), y, lattice_offset, lattice_strides, grid, offsets,
-                           counts, firsts, steps, dilation, scales, split)
-
-        def in_turn(programs):
-            def forward():
-                y = torch.empty(plan.output_shape, device="cuda")
-                done.zero_()
-                ordered_fill(y, programs, _current_stream(0))
-                correlate(y)
-                return y
-            return forward
-
-        def beside(programs):
-            def forward():
-                y = torch.empty(plan.output_shape, device="cuda")
-                main = torch.cuda.current_stream()
-                done.zero_()
-                side.wait_stream(main)
-                ordered_fill(y, programs, side.cuda_stream)
-                correlate(y)
-                main.wait_stream(side)
-                y.record_stream(side)
-                return y
-            return forward
+            cuda.correlate(window, taps, done.view(torch.float32), y, **geometry, scales=scales, split=split)
 
         programs_list = [int(p) for p in args.programs.split(",")]
         writes = {"lattice": (False,), "whole": (True,), "both": (False, True)}[args.rows]
         for round_ in range(args.rounds):
-            use(LIBRARY_ROW_RUNS_KERNEL)
-            row(mode, f"library forward (round {round_ + 1})", library, checked(library, expected, reference, eager))
+            use_row_runs()
+            timings.row(mode, f"library forward (round {round_ + 1})", library,
+                        checked(library, expected, reference, eager))
             for programs in programs_list:
                 if round_ == 0:
-                    row(mode, f"ordered fill, {programs} programs", lambda: ordered_fill(out, programs,
-                                                                                          _current_stream(0)))
+                    timings.row(mode, f"ordered fill, {programs} programs",
+                                lambda: ordered_fill(programs)(out, _current_stream(0)))
                 for full_rows in writes:
-                    use(flagged_row_runs(programs, full_rows))
+                    use_row_runs(flagged_row_runs(programs, full_rows))
                     what = "rows whole" if full_rows else "lattice"
-                    for name, compose in (("in turn", in_turn), ("beside", beside)):
-                        forward = compose(programs)
-                        row(mode, f"ordered fill ({programs}) {name} pass + correlation, {what} (round {round_ + 1})",
-                            forward, checked(forward, expected, reference, eager))
+                    for name, stream in (("in turn", None), ("beside", side)):
+                        forward = composed(plan, ordered_fill(programs), correlate, stream, first=done.zero_)
+                        timings.row(mode, f"ordered fill ({programs}) {name} pass + correlation, {what} "
+                                    f"(round {round_ + 1})", forward, checked(forward, expected, reference, eager))
         del expected, reference, eager
-    use(LIBRARY_ROW_RUNS_KERNEL)
+    use_row_runs()
     torch.backends.cudnn.allow_tf32 = True
-    print(markdown_table(["mode", "what", "mean ms", "min ms", "check"], rows))
+    print(timings.table())
 
 
 if __name__ == "__main__":

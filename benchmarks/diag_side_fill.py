@@ -33,19 +33,13 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from convt3d.backends import cuda, torch_phase
-from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.backends import cuda
 from convt3d.backends.cuda import row_runs
-from convt3d.backends.torch_phase import _lattice_geometry, _regions
 from convt3d.backends.triton.launch import _current_stream
 from convt3d.backends.triton.window import correlation_operands
-from convt3d.bench.protocol import time_cuda
-from convt3d.bench.report import markdown_table
-from convt3d.plan import make_plan
 from diag_full_rows import FULL_ROWS_STORE, STORE
 from diag_overlap import checked
-
-P77 = dict(stride=2, padding=1, dilation=2)
+from p77_correlation import P77, Timings, composed, correlation_geometry, problem_77, use_row_runs
 
 # Zeros into every row of y (planes of H x W floats, D planes a sample's channel) but the lattice rows: depth d0 + sd
 # k, row h0 + sh j for j < QH. One warp a plane at a time; runs of rows between lattice rows in 16-byte stores.
@@ -122,16 +116,6 @@ def full_rows_row_runs(device_index, c_out, taps, dilation, window_columns, has_
                             row_runs.shared_bytes(taps, dilation, window_columns, split), row_runs.THREADS)
 
 
-LIBRARY_ROW_RUNS_KERNEL = cuda._row_runs_kernel
-
-
-def use(builder) -> None:
-    cuda._row_runs_kernel = builder
-    for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry, cuda_phases._forward_launches):
-        cache.cache_clear()
-    torch_phase._prepared.clear()
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=100)
@@ -139,40 +123,30 @@ def main():
     parser.add_argument("--fills", default="bulk132x1,bulk264x1,plain264x1",
                         help="gap fills as kind (plain, bulk), programs x warps, ','-separated")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.02
-    x = torch.rand(16, 32, 16, 32, 32, device="cuda")
-    plan = make_plan(tuple(x.shape), tuple(w.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
-    phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
+    x, w, plan, phase_list = problem_77()
     n, c, d, h, wd = plan.output_shape
     fills = [(f.rstrip("0123456789x"), *(int(v) for v in f.lstrip("abcdefghijklmnopqrstuvwxyz").split("x")))
              for f in args.fills.split(",")]
     kernels = {(kind, warps): gap_fill_kernel(kind, warps) for kind, _, warps in fills}
     side = torch.cuda.Stream()
-    rows = []
-
-    def row(mode, what, fn, check=""):
-        t = time_cuda(fn, iters=args.iters)
-        rows.append((mode, what, f"{t.mean_ms:.4f}", f"{t.min_ms:.4f}", check))
-        print(rows[-1], flush=True)
+    timings = Timings(args.iters)
 
     for mode, split in (("FP16", 3), ("3xFP16", 2)):
         torch.backends.cudnn.allow_tf32 = split == 3
         reference = F.conv_transpose3d(x.double(), w.double(), None, **P77)
         eager = F.conv_transpose3d(x, w, None, **P77)
-        use(LIBRARY_ROW_RUNS_KERNEL)
+        use_row_runs()
         library = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
         expected = library()
-        use(full_rows_row_runs)
-        start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
-        counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]
+        use_row_runs(full_rows_row_runs)
         out = torch.empty(plan.output_shape, device="cuda")
-        lattice_offset, _, lattice_strides = _lattice_geometry(plan, phases, out.stride())
+        start, extent, geometry = correlation_geometry(plan, phase_list, split, out.stride())
+        lattice_offset = geometry["out_offset"]
         (d0, h0), (sd, sh) = (lattice_offset // out.stride(2) % d, lattice_offset // out.stride(3) % h), (2, 2)
 
-        def gap_fill(y, kind, blocks, warps, stream):
-            kernels[kind, warps].launch(blocks, (y.data_ptr(),), (n * c * d, d, h, wd, d0, sd, h0, sh, grid[1]), (),
-                                  stream)
+        def gap_fill(kind, blocks, warps):
+            return lambda y, stream: kernels[kind, warps].launch(
+                blocks, (y.data_ptr(),), (n * c * d, d, h, wd, d0, sd, h0, sh, geometry["grid"][1]), (), stream)
 
         def operands():
             return correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=split)
@@ -181,49 +155,29 @@ def main():
 
         def full_rows(y, ops=None):
             window, taps, scales = ops if ops is not None else operands()
-            cuda.correlate(window, taps, None, y, lattice_offset, lattice_strides, grid, offsets, counts, firsts,
-                           steps, dilation, scales, split)
-
-        def sequential(kind, blocks, warps):
-            def forward():
-                y = torch.empty(plan.output_shape, device="cuda")
-                gap_fill(y, kind, blocks, warps, _current_stream(0))
-                full_rows(y)
-                return y
-            return forward
-
-        def beside(kind, blocks, warps):
-            def forward():
-                y = torch.empty(plan.output_shape, device="cuda")
-                main = torch.cuda.current_stream()
-                side.wait_stream(main)
-                gap_fill(y, kind, blocks, warps, side.cuda_stream)
-                full_rows(y)
-                main.wait_stream(side)
-                y.record_stream(side)
-                return y
-            return forward
+            cuda.correlate(window, taps, None, y, **geometry, scales=scales, split=split)
 
         for round_ in range(args.rounds):
-            use(LIBRARY_ROW_RUNS_KERNEL)
-            row(mode, f"library forward (round {round_ + 1})", library, checked(library, expected, reference, eager))
-            use(full_rows_row_runs)
+            use_row_runs()
+            timings.row(mode, f"library forward (round {round_ + 1})", library,
+                        checked(library, expected, reference, eager))
+            use_row_runs(full_rows_row_runs)
             if round_ == 0:
-                row(mode, "pass", operands)
-                row(mode, "full rows, operands made before", lambda: full_rows(out, (window, taps, scales)))
-                row(mode, "out.zero_()", out.zero_)
+                timings.row(mode, "pass", operands)
+                timings.row(mode, "full rows, operands made before", lambda: full_rows(out, (window, taps, scales)))
+                timings.row(mode, "out.zero_()", out.zero_)
                 for kind, blocks, warps in fills:
-                    row(mode, f"gap fill {kind} {blocks}x{warps}",
-                        lambda: gap_fill(out, kind, blocks, warps, _current_stream(0)))
+                    timings.row(mode, f"gap fill {kind} {blocks}x{warps}",
+                                lambda: gap_fill(kind, blocks, warps)(out, _current_stream(0)))
             for kind, blocks, warps in fills:
-                for name, compose in (("in turn", sequential), ("beside", beside)):
-                    forward = compose(kind, blocks, warps)
-                    row(mode, f"gap fill {kind} {blocks}x{warps} {name} pass + full rows (round {round_ + 1})",
-                        forward, checked(forward, expected, reference, eager))
+                for name, stream in (("in turn", None), ("beside", side)):
+                    forward = composed(plan, gap_fill(kind, blocks, warps), full_rows, stream)
+                    timings.row(mode, f"gap fill {kind} {blocks}x{warps} {name} pass + full rows (round {round_ + 1})",
+                                forward, checked(forward, expected, reference, eager))
         del expected, reference, eager
-    use(LIBRARY_ROW_RUNS_KERNEL)
+    use_row_runs()
     torch.backends.cudnn.allow_tf32 = True
-    print(markdown_table(["mode", "what", "mean ms", "min ms", "check"], rows))
+    print(timings.table())
 
 
 if __name__ == "__main__":

@@ -33,18 +33,14 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from convt3d.backends import cuda, torch_phase
-from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.backends import cuda
 from convt3d.backends.cuda import row_runs
-from convt3d.backends.torch_phase import _lattice_geometry, _regions
 from convt3d.backends.triton.window import correlation_operands
-from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
-from convt3d.bench.report import markdown_table
-from convt3d.plan import make_plan
+from convt3d.bench.protocol import kernelbench_check, relative_error
+from p77_correlation import (LIBRARY_ROW_RUNS_KERNEL, P77, Timings, correlation_geometry, problem_77,
+                             use_row_runs)
 
-P77 = dict(stride=2, padding=1, dilation=2)
 KERNELS = {"row_runs": True, "phase_conv": False}
-LIBRARY_ROW_RUNS_KERNEL = cuda._row_runs_kernel
 MMAS_ISSUED = r"""        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -96,11 +92,7 @@ def variant(name: str):
 
 def use(kernel: str) -> None:
     """The correlations from here on by kernel ("row_runs", "phase_conv" or a variant's name)."""
-    cuda.ROW_RUNS = KERNELS.get(kernel, True)
-    cuda._row_runs_kernel = LIBRARY_ROW_RUNS_KERNEL if kernel in KERNELS else variant(kernel)
-    for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry, cuda_phases._forward_launches):
-        cache.cache_clear()
-    torch_phase._prepared.clear()
+    use_row_runs(LIBRARY_ROW_RUNS_KERNEL if kernel in KERNELS else variant(kernel), KERNELS.get(kernel, True))
 
 
 def main():
@@ -111,18 +103,9 @@ def main():
                         help="l2prefetch, promote6, weights_ca, whatif_sameplane, whatif_noweights (','-separated)")
     args = parser.parse_args()
     kernels = [*KERNELS, *filter(None, args.variants.split(","))]
-    torch.manual_seed(0)
-    w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.02
-    x = torch.rand(16, 32, 16, 32, 32, device="cuda")
-    plan = make_plan(tuple(x.shape), tuple(w.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
-    phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
-    rows = []
+    x, w, plan, phase_list = problem_77()
+    timings = Timings(args.iters)
     library_choice = cuda.ROW_RUNS
-
-    def row(mode, what, fn, check=""):
-        t = time_cuda(fn, iters=args.iters)
-        rows.append((mode, what, f"{t.mean_ms:.4f}", f"{t.min_ms:.4f}", check))
-        print(rows[-1], flush=True)
 
     for mode, split in (("FP16", 3), ("3xFP16", 2)):
         torch.backends.cudnn.allow_tf32 = split == 3
@@ -133,24 +116,18 @@ def main():
             if kernel == "promote6" and split == 3:
                 continue
             use(kernel)
-            start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
-            counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]
+            out = torch.empty(plan.output_shape, device="cuda")
+            start, extent, geometry = correlation_geometry(plan, phase_list, split, out.stride())
             window, taps, scales = correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False,
                                                         split=split)
-            out = torch.empty(plan.output_shape, device="cuda")
-            lattice_offset, _, lattice_strides = _lattice_geometry(plan, phases, out.stride())
-
-            def correlate(y, offset, strides):
-                cuda.correlate(window, taps, None, y, offset, strides, grid, offsets, counts, firsts, steps,
-                               dilation, scales, split)
-
-            compact = torch.full((x.shape[0], 64, *grid), float("nan"), device="cuda")
-            correlate(compact, 0, compact.stride())
+            compact = torch.full((x.shape[0], 64, *geometry["grid"]), float("nan"), device="cuda")
+            into_compact = {**geometry, "out_offset": 0, "out_strides": compact.stride()}
+            correlate = lambda y, where: cuda.correlate(window, taps, None, y, **where, scales=scales, split=split)
+            correlate(compact, into_compact)
             compacts[kernel] = compact
             check = f"{relative_error(compact, reference[:, :, 1::2, 1::2, 1::2]):.2e} off float64"
-            row(mode, f"{kernel}: correlation, compact", lambda: correlate(compact, 0, compact.stride()), check)
-            row(mode, f"{kernel}: correlation into the lattice",
-                lambda: correlate(out, lattice_offset, lattice_strides))
+            timings.row(mode, f"{kernel}: correlation, compact", lambda: correlate(compact, into_compact), check)
+            timings.row(mode, f"{kernel}: correlation into the lattice", lambda: correlate(out, geometry))
         for kernel in (k for k in compacts if k != "phase_conv" and not k.startswith("whatif")):
             difference = (compacts[kernel] - compacts["phase_conv"]).abs().max().item()
             print(f"{mode}: max |{kernel} - phase_conv| over the compact results {difference:.2e}", flush=True)
@@ -165,11 +142,11 @@ def main():
                 check = (f"{relative_error(result, reference):.2e} off float64, KB check "
                          f"{kernelbench_check(result, eager)}")
                 del result
-                row(mode, f"{kernel}: forward (round {round_ + 1})", forward, check)
+                timings.row(mode, f"{kernel}: forward (round {round_ + 1})", forward, check)
         del reference, eager
     use("row_runs" if library_choice else "phase_conv")  # (as the library was: CONVT3D_ROW_RUNS)
     torch.backends.cudnn.allow_tf32 = True
-    print(markdown_table(["mode", "what", "mean ms", "min ms", "check"], rows))
+    print(timings.table())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+"""What the diagnostic scripts that time the library's CUDA correlation on problem 77 share (diag_turned,
+diag_side_fill, diag_fill_flags): the problem's tensors, plan and phase, the correlation's geometry in a precision,
+switching the kernel that builds row_runs.py's correlation, and the rows of timings they print. GPU only.
+"""
+
+import torch
+
+from convt3d.backends import cuda, torch_phase
+from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.backends.torch_phase import _lattice_geometry, _regions
+from convt3d.bench.protocol import time_cuda
+from convt3d.bench.report import markdown_table
+from convt3d.plan import make_plan
+
+P77 = dict(stride=2, padding=1, dilation=2)
+LIBRARY_ROW_RUNS_KERNEL = cuda._row_runs_kernel
+
+
+def problem_77():
+    """(x, w, plan, phase_list): problem 77's input (torch.rand) and a weight of the module's scale, seeded, on the
+    GPU; its plan; the phases some tap reaches (one)."""
+    torch.manual_seed(0)
+    w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.02
+    x = torch.rand(16, 32, 16, 32, 32, device="cuda")
+    plan = make_plan(tuple(x.shape), tuple(w.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
+    return x, w, plan, tuple(p for _, p in _regions(plan, True) if p is not None)
+
+
+def use_row_runs(builder=LIBRARY_ROW_RUNS_KERNEL, enabled: bool = True) -> None:
+    """The correlations from here on by row_runs.py's kernel as builder makes it (cuda._row_runs_kernel's signature),
+    or by phase_conv.py's (enabled False): the library's caches of launches and prepared calls cleared."""
+    cuda.ROW_RUNS = enabled
+    cuda._row_runs_kernel = builder
+    for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry, cuda_phases._forward_launches):
+        cache.cache_clear()
+    torch_phase._prepared.clear()
+
+
+def correlation_geometry(plan, phase_list, split: int, out_strides):
+    """The phase's correlation as the library's forward launches it in a precision (split) into an output of
+    out_strides: (window start and extent, and the keyword arguments of cuda.correlate but for the window, weight
+    taps, bias, output and scales: its lattice's offset and strides, grid, offsets, taps, first taps, steps,
+    dilation)."""
+    start, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
+    counts, dilation, grid, ((phases, offsets, firsts, steps),) = launches[0]
+    lattice_offset, _, lattice_strides = _lattice_geometry(plan, phases, out_strides)
+    return start, extent, dict(out_offset=lattice_offset, out_strides=lattice_strides, grid=grid, offsets=offsets,
+                               taps=counts, first_taps=firsts, tap_steps=steps, dilation=dilation)
+
+
+class Timings:
+    """The rows a script prints: (mode, what, mean ms, min ms, check), each printed as it is measured."""
+
+    def __init__(self, iters: int):
+        self.iters = iters
+        self.rows = []
+
+    def row(self, mode, what, fn, check=""):
+        t = time_cuda(fn, iters=self.iters)
+        self.rows.append((mode, what, f"{t.mean_ms:.4f}", f"{t.min_ms:.4f}", check))
+        print(self.rows[-1], flush=True)
+
+    def table(self) -> str:
+        return markdown_table(["mode", "what", "mean ms", "min ms", "check"], self.rows)
+
+
+def composed(plan, fill, correlate, side=None, first=None):
+    """A forward that allocates the output (torch.empty, the call's first allocation, so that diag_overlap.checked's
+    NaN-poisoned block is it), runs first() (where given) and then fill(y, stream) on the current stream, or on side
+    (a second stream) beside the rest, then correlate(y) on the current stream, which waits for side at the end."""
+    def forward():
+        y = torch.empty(plan.output_shape, device="cuda")
+        main = torch.cuda.current_stream()
+        if first is not None:
+            first()
+        if side is None:
+            fill(y, main.cuda_stream)
+        else:
+            side.wait_stream(main)
+            fill(y, side.cuda_stream)
+        correlate(y)
+        if side is not None:
+            main.wait_stream(side)
+            y.record_stream(side)
+        return y
+    return forward
