@@ -17,7 +17,7 @@ program has counted. The fill's programs fit beside the correlation's on a multi
 
 What it found (sixty-fifth session, benchmarks/RESULTS.md): no overlap. The ordered fill alone took 0.137-0.145 ms
 (132 or 264 programs), and the forward with it beside the correlation took as long as with the two in turn and as the
-library's: 0.290-0.323 ms against the library's 0.290 in FP16 (round 2), 0.358-0.388 against 0.356 in 3xFP16. With
+library's: 0.303-0.323 ms against the library's 0.290 in FP16 (round 2), 0.365-0.388 against 0.356 in 3xFP16. With
 the lattice rows written whole (--rows whole: full sectors, none read back from DRAM to merge), slower still: 0.345-0.347
 ms beside the fill, 0.336-0.337 in turn (FP16). Every output was the library's, bitwise.
 

@@ -17,9 +17,9 @@ What it found (sixty-fifth session, benchmarks/RESULTS.md): not a way. A fill in
 plain form 0.68-0.79 ms with 264 programs (1.53 with 132), the bulk form (one cp.async.bulk a run of rows) 0.94 and
 1.80, against out.zero_()'s 0.125. Beside it the correlation hid almost wholly (plain, 264 programs: 0.71-0.77 ms for
 the composed forward against 0.68 for the fill alone, 0.90-0.96 in turn), but the fill itself is several times the
-library's whole forward. And the correlation writing its rows whole took 0.167-0.182 ms in FP16 against 0.137-0.142
-into the half-written lattice (3xFP16: 0.214-0.228 against 0.198-0.201), as diag_full_rows found with phase_conv.py's
-kernel.
+library's whole forward. And the correlation writing its rows whole took 0.179-0.182 ms in FP16 (means) against 0.142
+into the half-written lattice (diag_turned, the same session), 0.225-0.228 against 0.201 in 3xFP16, as diag_full_rows
+found with phase_conv.py's kernel.
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call); "gap fill": the fill of every
 row but the lattice's (GAP_FILL, blocks x warps); "full rows": the correlation into the lattice rows, whole; "pass":
