@@ -479,39 +479,47 @@ def test_only_the_weight_gradient_needs_tf32(monkeypatch):
 
 
 def test_launcher_passes_every_argument_by_address(monkeypatch):
-    """_Kernel.launch's argument array, read back as cuLaunchKernel reads it (a fake driver: no GPU here): pointers
-    as 64-bit addresses (updated per call, the array kept per ints and longs), then 32-bit ints, then 64-bit ints."""
+    """_Kernel.launch's launch (driver.Launch), read back as cuLaunchKernelEx reads it (a fake driver: no GPU here):
+    pointers as 64-bit addresses (updated per call, the launch kept per grid, ints and longs), then 32-bit ints, then
+    64-bit ints; no launch attributes."""
     import ctypes
-    import threading
+
+    from convt3d.backends import driver
 
     seen = []
 
+    def read_launch(config, array):
+        config = config._obj  # (byref's structure)
+        slots = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
+        read = lambda i, kind: ctypes.cast(slots[i], ctypes.POINTER(kind))[0]
+        return config, slots, read
+
     class FakeDriver:
-        def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, array, extra):
-            slots = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
-            read = lambda i, kind: ctypes.cast(slots[i], ctypes.POINTER(kind))[0]
+        def cuLaunchKernelEx(self, config, function, array, extra):
+            config, _, read = read_launch(config, array)
             seen.append(((read(0, ctypes.c_uint64), read(1, ctypes.c_uint64)), (read(2, ctypes.c_int32),),
-                         (read(3, ctypes.c_int64),), (gx, bx, shared, stream)))
+                         (read(3, ctypes.c_int64),),
+                         (config.grid_x, config.block_x, config.shared_bytes, config.stream, config.attribute_count)))
             return 0
 
-    monkeypatch.setattr(cuda, "_driver", lambda: FakeDriver())
+    monkeypatch.setattr(driver, "libcuda", lambda: FakeDriver())
     kernel = cuda._Kernel.__new__(cuda._Kernel)
     kernel.function, kernel.shared_bytes, kernel.threads = 7, 1024, 128
-    kernel._arrays, kernel._lock = {}, threading.Lock()
+    kernel._launches = {}
     kernel.launch(5, (2**40 + 16, 32), (-3,), (2**33,), 99)
-    kernel.launch(6, (48, 2**41), (-3,), (2**33,), 99)
-    assert seen == [((2**40 + 16, 32), (-3,), (2**33,), (5, 128, 1024, 99)),
-                    ((48, 2**41), (-3,), (2**33,), (6, 128, 1024, 99))]
-    assert len(kernel._arrays) == 1  # one array for the same ints and longs
+    kernel.launch(5, (48, 2**41), (-3,), (2**33,), 99)
+    assert seen == [((2**40 + 16, 32), (-3,), (2**33,), (5, 128, 1024, 99, 0)),
+                    ((48, 2**41), (-3,), (2**33,), (5, 128, 1024, 99, 0))]
+    assert len(kernel._launches) == 1  # one launch for the same grid, ints and longs
 
     # A table: its long longs by value, one argument after the longs (the kernel's struct Phases).
     class TableDriver:
-        def cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, array, extra):
-            slots = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
+        def cuLaunchKernelEx(self, config, function, array, extra):
+            _, slots, _ = read_launch(config, array)
             seen.append(tuple(ctypes.cast(slots[4], ctypes.POINTER(ctypes.c_int64))[i] for i in range(3)))
             return 0
 
-    monkeypatch.setattr(cuda, "_driver", lambda: TableDriver())
+    monkeypatch.setattr(driver, "libcuda", lambda: TableDriver())
     kernel.launch(5, (2**40 + 16, 32), (-3,), (2**33,), 99, (-1, 2**40, 7))
     assert seen[-1] == (-1, 2**40, 7)
 

@@ -3,8 +3,8 @@ tensor-core instructions, the phase correlation (phase_conv.py; in FP16 and 3xFP
 of 64 over grids one column block wide, row_runs.py's) and a phase's weight gradient (grad_weight.py).
 
 Compiled through torch.cuda._compile_kernel (torch 2.11 and later; a private API, so every failure to find or use it
-falls back to cuDNN, logged at debug level), once per configuration, and launched here through the driver's
-cuLaunchKernel with argument arrays built once per launch geometry: the compiled kernel's own call builds them anew
+falls back to cuDNN, logged at debug level), once per configuration, and launched here through the driver
+(driver.Launch) with argument arrays built once per launch geometry: the compiled kernel's own call builds them anew
 and loads libcuda on every launch, host time that shows on the GPU machine.
 
 Set CONVT3D_CUDA_KERNELS=0 (or cuda.ENABLED = False) to use cuDNN instead. In TF32 mode the phase correlation computes
@@ -21,11 +21,10 @@ import ctypes
 import functools
 import logging
 import os
-import threading
 
 import torch
 
-from .. import cudnn_allow_tf32
+from .. import cudnn_allow_tf32, driver
 from ..triton import cdiv  # (these two import no Triton)
 from ..triton.launch import _current_stream
 from . import grad_weight, phase_conv, row_runs
@@ -188,7 +187,9 @@ def _programs(batch: int, grid, rows: int, c_out: int, cob: int) -> int:
 
 
 class _Kernel:
-    """A compiled kernel and its launches: cuLaunchKernel with an argument array kept per argument values."""
+    """A compiled kernel and its launches (driver.Launch), kept per grid and argument values: the compiled kernel's
+    own call builds its argument array anew and loads libcuda on every launch, host time that shows on the GPU
+    machine."""
 
     def __init__(self, source: str, name: str, shared_bytes: int, threads: int):
         kernel = _compile_kernel()(source, name, compute_capability="90a")
@@ -197,46 +198,22 @@ class _Kernel:
         self._keep = kernel  # holds the module loaded
         self.shared_bytes = shared_bytes
         self.threads = threads
-        self._arrays = {}
-        self._lock = threading.Lock()
+        self._launches = {}
 
     def launch(self, grid: int, pointers, ints, longs, stream: int, table=()) -> None:
         """pointers: device addresses (ints), then the int and the long long arguments, in the kernel's order, then
         (where given) table: long longs that the kernel takes by value as one array (a struct) after them."""
-        key = (ints, longs, table)
-        entry = self._arrays.get(key)
-        if entry is None:
-            if len(self._arrays) >= 64:
-                self._arrays.clear()
-            values = ([ctypes.c_void_p(0) for _ in pointers] + [ctypes.c_int(v) for v in ints]
-                      + [ctypes.c_longlong(v) for v in longs])
+        key = (grid, ints, longs, table)
+        launch = self._launches.get(key)
+        if launch is None:
+            if len(self._launches) >= 64:
+                self._launches.clear()
+            values = [ctypes.c_int(v) for v in ints] + [ctypes.c_longlong(v) for v in longs]
             if table:
                 values.append((ctypes.c_longlong * len(table))(*table))
-            array = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
-            entry = self._arrays[key] = (values, array)
-        values, array = entry
-        with self._lock:  # the driver reads the array during the call
-            for slot, address in zip(values, pointers):
-                slot.value = address
-            _check(_driver().cuLaunchKernel(self.function, grid, 1, 1, self.threads, 1, 1, self.shared_bytes, stream,
-                                            array, None))
-
-
-@functools.lru_cache(maxsize=1)
-def _driver():
-    lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                                   ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-                                   ctypes.c_void_p]
-    lib.cuLaunchKernel.restype = ctypes.c_int
-    return lib
-
-
-def _check(result: int) -> None:
-    if result != 0:
-        message = ctypes.c_char_p()
-        _driver().cuGetErrorString(result, ctypes.byref(message))
-        raise RuntimeError(f"convt3d: cuLaunchKernel failed: {message.value.decode() if message.value else result}")
+            launch = self._launches[key] = driver.Launch(self.function, (grid,), self.threads, self.shared_bytes,
+                                                         len(pointers), values)
+        launch(stream, *pointers)
 
 
 @functools.lru_cache(maxsize=256)
