@@ -6,7 +6,8 @@ session, caught only on the GPU). So the library's own host code runs here on CP
 instead of made (launch.BoundLaunch, through which every kernel is launched), and each recorded launch is compiled
 with its constexprs and launch options, the main kernels as Hopper launches them (the operand pass's dependents): the
 forward (the general and tap_columns kernels in each precision, the tiled GEMM in each of its forms, their operand
-passes), the backward's operand copy and weight gradient, the bias fill and the CUDA phase correlation's operand pass.
+passes), the backward's operand copy and weight gradient, the bias fill and the CUDA phase correlation's operand pass;
+and for each, the driver's launch (launch._driver_launch) matches the compiled kernel's parameters.
 The compile runs in a subprocess without TRITON_INTERPRET, under which triton.jit would have made the kernels
 interpreted functions.
 """
@@ -104,8 +105,13 @@ for (name, _, _), (bound, dtypes) in recorded.items():
             signature[arg] = "i32" if -2**31 <= scalars[arg] < 2**31 else "i64"
     label = f"{name} {dict(constexprs)} {[TYPES[d] for d in dtypes]}"
     try:
-        triton.compile(ASTSource(bound.kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                       options=options)
+        compiled = triton.compile(ASTSource(bound.kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                                  options=options)
+        # The driver's launch (launch._driver_launch) agrees with the compiled kernel's parameters: the arguments
+        # its signature keeps, then its scratch pointers (function 0: nothing is launched here).
+        view = type("Compiled", (), dict(metadata=compiled.metadata, src=compiled.src, asm=compiled.asm, function=0))
+        if launch._driver_launch(view(), (1, 1, 1), bound.pointers, bound.scalars) is None:
+            raise RuntimeError("launch._driver_launch does not match the compiled kernel's parameters")
         print("compiled", name)
     except Exception as error:
         failed.append(label)

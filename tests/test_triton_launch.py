@@ -2,6 +2,9 @@
 on the CPU no compiled kernel exists (the interpreter runs kernels as Python); the GPU tests of the backward run
 the real one."""
 
+import ctypes
+import os
+
 import pytest
 import torch
 
@@ -221,3 +224,113 @@ def test_no_launch_at_addresses_in_the_interpreter(monkeypatch):
     bound = Launcher(FakeKernel()).bind((1,), (100, 5), OPTIONS)
     bound((torch.empty(4),))
     assert bound.at_addresses(None, (torch.float32,)) is None
+
+
+# A compiled kernel as Triton 3.5-3.9 makes it, for the driver's launch (launch._driver_launch): its signature (the
+# JIT's: an integer equal to 1 becomes constexpr), metadata, and the PTX entry's parameters (pointers, the integers
+# kept, then the global and profile scratch pointers).
+PTX = """
+.visible .entry fake_kernel(
+	.param .u64 .ptr .global .align 1 fake_kernel_param_0,
+	.param .u32 fake_kernel_param_1,
+	.param .u64 fake_kernel_param_2,
+	.param .u64 .ptr .global .align 1 fake_kernel_param_3,
+	.param .u64 .ptr .global .align 1 fake_kernel_param_4
+)
+"""
+SCALARS = (100, 1, 2**40)  # n (i32), one (constexpr), big (i64)
+
+
+class Metadata:
+    num_warps, num_ctas, shared, launch_pdl, launch_cooperative_grid = 4, 1, 2048, True, False
+    global_scratch_size = profile_scratch_size = 0
+
+
+class DriverCompiled(DirectCompiled):
+    function, asm, metadata = 77, {"ptx": PTX}, Metadata()
+    src = type("Source", (), dict(signature={"x_ptr": "*fp32", "n": "i32", "one": "constexpr", "big": "i64",
+                                             "BLOCK": "constexpr", "ROUND": "constexpr"}))
+
+
+class DriverKernel(FakeKernel):
+    arg_names = ["x_ptr", "n", "one", "big", "BLOCK", "ROUND"]
+
+
+def driver_bound(monkeypatch, compiled_class=DriverCompiled):
+    from convt3d.backends.triton import launch as launch_module
+
+    monkeypatch.setattr(launch_module, "DRIVER_LAUNCH", True)
+    kernel = DriverKernel(compiled_class)
+    bound = Launcher(kernel).bind((7, 2), SCALARS, OPTIONS)
+    bound((torch.empty(64),))
+    return kernel, bound
+
+
+def test_a_launch_at_addresses_goes_through_the_driver_with_the_kernels_parameters(compiled_mode, monkeypatch):
+    from convt3d.backends import driver
+
+    _, bound = driver_bound(monkeypatch)
+    launch = bound.at_addresses(0, (torch.float32,))
+    assert isinstance(launch, driver.Launch)
+    config = launch.config
+    assert (config.grid_x, config.grid_y, config.grid_z, config.block_x, config.shared_bytes) == (7, 2, 1, 128, 2048)
+    # one attribute: programmatic stream serialization (launch_pdl), not cooperative
+    assert config.attribute_count == 1 and launch.attributes[0].id == driver.PROGRAMMATIC_STREAM_SERIALIZATION
+    assert len(launch.slots) == 1  # the pointer, written per launch
+    # the integers Triton keeps, at their widths (the constexpr 1 dropped), then two null scratch pointers
+    assert [(type(v), v.value) for v in launch.values] == [
+        (ctypes.c_int32, 100), (ctypes.c_int64, 2**40), (ctypes.c_uint64, 0), (ctypes.c_uint64, 0)]
+    assert len(launch.array) == 5
+
+
+def test_a_cooperative_kernel_is_launched_cooperative(compiled_mode, monkeypatch):
+    from convt3d.backends import driver
+
+    class Cooperative(Metadata):
+        launch_pdl, launch_cooperative_grid = False, True
+
+    _, bound = driver_bound(monkeypatch, type("Compiled", (DriverCompiled,), dict(metadata=Cooperative())))
+    launch = bound.at_addresses(0, (torch.float32,))
+    assert launch.config.attribute_count == 1 and launch.attributes[0].id == driver.COOPERATIVE
+
+
+@pytest.mark.parametrize("change", ["parameters", "scratch", "clusters", "float scalar", "no signature"])
+def test_where_the_parameters_do_not_match_tritons_launcher_serves(compiled_mode, monkeypatch, change):
+    """A PTX entry that does not list what the signature keeps, a kernel that asks for scratch memory or a cluster of
+    programs, a scalar type the driver's launch does not pack, or a compiled kernel without a signature: the launch at
+    addresses is Triton's launcher's, as before."""
+    attributes = {}
+    if change == "parameters":
+        attributes["asm"] = {"ptx": PTX.replace(".param .u64 fake_kernel_param_2,\n", "")}
+    elif change == "scratch":
+        attributes["metadata"] = type("Scratch", (Metadata,), dict(global_scratch_size=64))()
+    elif change == "clusters":
+        attributes["metadata"] = type("Clusters", (Metadata,), dict(num_ctas=2))()
+    elif change == "float scalar":
+        attributes["src"] = type("Source", (), dict(signature={**DriverCompiled.src.signature, "n": "fp32"}))
+    else:
+        attributes["src"] = None
+    kernel, bound = driver_bound(monkeypatch, type("Compiled", (DriverCompiled,), attributes))
+    bound.at_addresses(0, (torch.float32,))(1234, 4096)
+    assert kernel.direct_launches == [
+        (1, (7, 2, 1, 1234, 77, "packed metadata", None, None, None, 4096, *SCALARS, 64, True))]
+
+
+def test_the_driver_launch_is_off_by_default(compiled_mode, monkeypatch):
+    from convt3d.backends.triton import launch as launch_module
+
+    assert launch_module.DRIVER_LAUNCH is (os.environ.get("CONVT3D_DRIVER_LAUNCH") == "1")
+    monkeypatch.setattr(launch_module, "DRIVER_LAUNCH", False)
+    kernel = DriverKernel(DriverCompiled)
+    bound = Launcher(kernel).bind((7, 2), SCALARS, OPTIONS)
+    bound((torch.empty(64),))
+    bound.at_addresses(0, (torch.float32,))(1234, 4096)
+    assert len(kernel.direct_launches) == 1
+
+
+def test_entry_parameter_bytes():
+    from convt3d.backends.triton.launch import _entry_parameter_bytes
+
+    assert _entry_parameter_bytes(PTX) == [8, 4, 8, 8, 8]
+    assert _entry_parameter_bytes(PTX + PTX) is None  # two entries
+    assert _entry_parameter_bytes(PTX.replace(".u32", ".f32")) is None  # a float parameter

@@ -1,5 +1,6 @@
 """Launch a Triton kernel again through the compiled kernel that its first launch with the same arguments' properties
-returned, skipping Triton's JIT launcher.
+returned, skipping Triton's JIT launcher (and, at addresses with CONVT3D_DRIVER_LAUNCH=1, Triton's launcher too:
+_driver_launch).
 
 Triton's JIT launcher binds and specialises every argument and builds its cache key on every call. On the H200
 machine the weight gradient kernel's launch (about 40 arguments) took 41.6 us of host time through it, 27.1 through
@@ -22,9 +23,14 @@ through the kernel itself.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import re
+
 import torch
 
 from .. import current_cuda_device as _current_device
+from .. import driver
 from . import interpreted
 
 try:
@@ -34,6 +40,11 @@ except ImportError:
 
 # Distinct bindings kept per kernel before starting over (each layer shape and batch size makes its own).
 MAX_KEYS = 64
+# Whether launches at addresses go through the driver (driver.Launch, _driver_launch) rather than Triton's launcher:
+# CONVT3D_DRIVER_LAUNCH=1 (or launch.DRIVER_LAUNCH = True, before a kernel is first compiled for a binding). Off by
+# default until measured on the GPU: the GPU tests of prepared calls passed with it on (sixty-fifth session), but
+# neither its host time nor whether Triton 3.6's compiled kernels matched it (else Triton's launcher served) was seen.
+DRIVER_LAUNCH = os.environ.get("CONVT3D_DRIVER_LAUNCH", "0") == "1"
 
 # The current stream of a device as Triton's own launcher gets it (torch's raw-stream call where it exists).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -66,6 +77,60 @@ def _direct(compiled, grid3, tail):
         run(*grid3, stream, function, metadata, None, None, None, *addresses, *tail)
 
     return launch
+
+
+# Triton's types of integer arguments, as the driver takes them.
+_INTEGER_TYPES = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64}
+
+
+def _entry_parameter_bytes(ptx: str):
+    """The sizes in bytes of the PTX kernel's parameters, in order; None unless it has one entry whose parameters
+    are all integers or pointers."""
+    entries = re.findall(r"\.entry\s+[\w$]+\s*\(([^)]*)\)", ptx)
+    if len(entries) != 1:
+        return None
+    sizes = []
+    for parameter in entries[0].split(","):
+        found = re.search(r"\.param\s+\.[bsu](8|16|32|64)\b", parameter)
+        if found is None:
+            return None
+        sizes.append(int(found.group(1)) // 8)
+    return sizes
+
+
+def _driver_launch(compiled, grid3, pointers: int, scalars):
+    """The compiled kernel's launch through the driver (driver.Launch), its scalars packed once, as a function of
+    (stream, *addresses); None where its parameters are not as expected, then Triton's launcher serves. Triton passes
+    a kernel the arguments that its signature (compiled.src.signature) does not make constexpr (it makes integers
+    equal to 1 constexpr), then its scratch pointers, the global one and from Triton 3.5 on the profile's (null:
+    none of ours asks for scratch memory), and launches cooperative (launch_cooperative_grid) and programmatically
+    dependent (launch_pdl) where the kernel was compiled so; the PTX's parameter list must agree. On the GPU
+    machine's host Triton's launcher took about 9 us a launch with addresses (thirty-fifth session), which the GPU
+    waits through on small layers."""
+    try:
+        metadata, function = compiled.metadata, compiled.function
+        types = list(compiled.src.signature.values())[pointers:pointers + len(scalars)]
+        sizes = _entry_parameter_bytes(compiled.asm["ptx"])
+    except Exception:  # noqa: BLE001 (another Triton's compiled kernel: its own launcher serves)
+        return None
+    if (sizes is None or len(types) != len(scalars) or getattr(metadata, "num_ctas", 1) != 1
+            or getattr(metadata, "global_scratch_size", 0) or getattr(metadata, "profile_scratch_size", 0)):
+        return None
+    values = []
+    for kind, value in zip(types, scalars):
+        if kind != "constexpr":
+            if kind not in _INTEGER_TYPES:
+                return None
+            values.append(_INTEGER_TYPES[kind](value))
+    scratch = 1 + hasattr(metadata, "profile_scratch_size")  # (the profile's: Triton 3.5 and later)
+    if (len(sizes) != pointers + len(values) + scratch
+            or any(size != 8 for size in sizes[:pointers] + sizes[-scratch:])
+            or sizes[pointers:pointers + len(values)] != [ctypes.sizeof(v) for v in values]):
+        return None
+    values += [ctypes.c_uint64(0) for _ in range(scratch)]
+    return driver.Launch(function, grid3, 32 * metadata.num_warps, metadata.shared, pointers, values,
+                         dependent=bool(getattr(metadata, "launch_pdl", False)),
+                         cooperative=bool(getattr(metadata, "launch_cooperative_grid", False)))
 
 
 class Launcher:
@@ -132,9 +197,11 @@ class BoundLaunch:
             if len(pointers) != self.pointers:
                 raise TypeError(f"{self.kernel.__name__}: {self.pointers} pointers, then ints")
             kernel = self.kernel[self.grid](*pointers, *self.scalars, **self.options)
-            self._compiled[key] = (kernel[self.grid3], _direct(kernel, self.grid3, (*self.scalars, *self.constexprs)))
+            self._compiled[key] = (kernel[self.grid3], _direct(kernel, self.grid3, (*self.scalars, *self.constexprs)),
+                                   _driver_launch(kernel, self.grid3, self.pointers, self.scalars)
+                                   if DRIVER_LAUNCH else None)
             return
-        runner, direct = compiled
+        runner, direct, _ = compiled
         stream = _current_stream(device)
         if direct is not None and _no_launch_hooks():
             direct(stream, *addresses)
@@ -143,11 +210,16 @@ class BoundLaunch:
 
     def at_addresses(self, device: int, dtypes):
         """This launch as a function of (stream, *addresses), through the compiled kernel that an earlier call with
-        16-byte aligned pointers of these dtypes (one per pointer) on device made; None where there is none, in the
-        interpreter, or where this Triton's compiled kernel lacks the direct launch. What __call__ checks per call is
-        the caller's to check: the pointers' alignment, and the device and hooks (ready_stream)."""
+        16-byte aligned pointers of these dtypes (one per pointer) on device made: by the driver (_driver_launch)
+        where DRIVER_LAUNCH asks for it and the kernel allows, else by Triton's launcher (_direct); None where there
+        is none, in the interpreter, or where this Triton's compiled kernel lacks the direct launch. What __call__
+        checks per call is the caller's to check: the pointers' alignment, and the device and hooks
+        (ready_stream)."""
         compiled = None if self.interpreted else self._compiled.get((device, *[(dtype, True) for dtype in dtypes]))
-        return None if compiled is None else compiled[1]
+        if compiled is None:
+            return None
+        _, direct, by_driver = compiled
+        return by_driver if by_driver is not None and direct is not None else direct
 
 
 def ready_stream(device: int):
