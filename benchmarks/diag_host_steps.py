@@ -13,6 +13,7 @@ functions by own time per call (the profiler inflates small functions).
 
 import argparse
 import cProfile
+import gc
 import pstats
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from convt3d import convert, functional
 from convt3d.backends import current_cuda_device as _current_device
 import convt3d.backends.triton as triton_backend
-from convt3d.backends.triton import forward, tiled
+from convt3d.backends.triton import forward, launch, tensor_scaled, tiled
 from convt3d.bench.protocol import host_time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.bench.workloads import sweep_layers
@@ -52,19 +53,19 @@ def steps(layer, calls):
         }
         buffer = torch.empty(1 << 16, device="cuda", dtype=x.dtype)
         pieces["as_strided (an operand's view)"] = lambda: buffer.as_strided((64, 64), (64, 1), 64)
-        if tiled.unsupported_reason(plan) is not None:
+        if tiled.unsupported_reason(plan) is not None:  # (the steps of forward.prepare's call)
             out = forward.allocate_output(x, w, b, plan)[0]
-            key = forward._chosen_key(x, plan, precision, out, b)
-            main = forward._chosen[key]
-            layout, operand_pass = forward._operand_steps(tuple(x.shape), tuple(w.shape), plan.groups,
-                                                          forward.flat_input(x)[1], precision)
-            operands = forward.allocate_operands(layout, x.dtype, x.device)
-            x_op, _, w_op, w_lo = operands
+            operand_precision = tensor_scaled.operand_precision(x, w, plan.groups, precision)
+            main = forward._chosen[forward._chosen_key(x, plan, operand_precision, out, b)]
+            layout, operand_pass = forward._operand_steps(
+                tuple(x.shape), tuple(w.shape), plan.groups, forward.flat_input(x)[1], operand_precision,
+                forward.pass_lets_main_start(x.device), tensor_scaled.cuda_index(x.device))
+            x_op, w_op, w_lo = forward._operand_buffers(layout, x.dtype, operand_precision, x.device)
             pass_pointers = (x, x_op, w, w_op, w_lo)
             main_pointers = (x_op, w_op, w_lo, b if b is not None else w_op, out)
             pieces.update({
-                "allocate_operands (one torch.empty, 2-3 views)": lambda: forward.allocate_operands(
-                    layout, x.dtype, x.device),
+                "the operands' buffers (forward._operand_buffers)": lambda: forward._operand_buffers(
+                    layout, x.dtype, operand_precision, x.device),
                 "operand pass launch (BoundLaunch)": lambda: operand_pass(pass_pointers),
                 "main kernel launch (BoundLaunch)": lambda: main(main_pointers),
             })
@@ -78,7 +79,8 @@ def steps(layer, calls):
 def launch_layers(bound, pointers):
     """One launch of a bound kernel (launch.BoundLaunch) through each layer of Triton's launcher: its JIT launcher
     (kernel[grid](...)), the compiled kernel's runner (compiled[grid]) and the launcher object
-    under it (compiled.run: Python around Triton's C launch function, whose arguments differ between versions)."""
+    under it (compiled.run: Python around Triton's C launch function, whose arguments differ between versions); and
+    through the driver (launch._driver_launch), as prepared calls launch at addresses with CONVT3D_DRIVER_LAUNCH=1."""
     args = (*pointers, *bound.scalars, *bound.constexprs)
     compiled = bound.kernel[bound.grid](*pointers, *bound.scalars, **bound.options)
     grid = bound.grid3
@@ -102,6 +104,11 @@ def launch_layers(bound, pointers):
     except Exception as error:  # another version's arguments
         print("compiled.run not timed:", repr(error)[:200])
         del layers["launch: compiled.run, tensors"], layers["launch: compiled.run, addresses"]
+    by_driver = launch._driver_launch(compiled, grid, bound.pointers, bound.scalars)
+    if by_driver is None:
+        print("no driver launch (launch._driver_launch) for", bound.kernel.__name__)
+    else:
+        layers["launch: the driver (driver.Launch), addresses"] = lambda: by_driver(stream, *addresses)
     return layers
 
 
@@ -137,6 +144,11 @@ def main():
         print(f"\nprofile, per call ({name}):\n")
         print(markdown_table(["own us", "cumulative us", "calls", "function"],
                              profile(ours, x, args.calls, args.profile_top)))
+    # How the kernels compiled so far launch at addresses (the driver's only with CONVT3D_DRIVER_LAUNCH=1).
+    for bound in (o for o in gc.get_objects() if isinstance(o, launch.BoundLaunch)):
+        for key, (_, direct, by_driver) in bound._compiled.items():
+            way = "the driver" if by_driver is not None else "Triton's launcher" if direct is not None else "none"
+            print(f"{bound.kernel.__name__} {key[1:]}: at addresses by {way}")
 
 
 if __name__ == "__main__":
