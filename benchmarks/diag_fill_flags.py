@@ -35,12 +35,12 @@ import torch.nn.functional as F
 
 import convt3d
 from convt3d.backends import cuda
-from convt3d.backends.cuda import row_runs
 from convt3d.backends.triton.launch import _current_stream
 from convt3d.backends.triton.window import correlation_operands
 from diag_full_rows import FULL_ROWS_STORE, STORE
 from diag_overlap import checked
-from p77_correlation import P77, Timings, composed, correlation_geometry, problem_77, use_row_runs
+from p77_correlation import (P77, Timings, composed, correlation_geometry, patched_row_runs, problem_77,
+                             use_row_runs)
 CHUNK_BYTES = 16384
 
 # Every byte of out, sample by sample (sample_bytes each), in CHUNK_BYTES copies of zeros spread over the programs;
@@ -94,20 +94,11 @@ WAIT = r"""    if (tid == 0) {  // (diag_fill_flags) the fill of sample n done
 
 
 def flagged_row_runs(fill_programs: int, full_rows: bool):
-    """A cuda._row_runs_kernel builder: row_runs.py's kernel, no bias, waiting for its sample's fill before writing;
+    """A builder for use_row_runs: row_runs.py's kernel, no bias, waiting for its sample's fill before writing;
     full_rows: its lattice rows written whole (diag_full_rows.py's store)."""
-    def build(device_index, c_out, taps, dilation, window_columns, has_bias, split):
-        del has_bias  # (the bias argument carries the flags)
-        text = row_runs.source(c_out, taps, dilation, window_columns, False, split)
-        if WRITES not in text or STORE not in text:
-            raise RuntimeError("row_runs.SOURCE changed: diag_fill_flags.WRITES or STORE no longer matches")
-        text = f"#define FILL_PROGRAMS {fill_programs}\n" + text.replace(WRITES, WAIT + WRITES)
-        if full_rows:
-            text = text.replace(STORE, FULL_ROWS_STORE)
-        with torch.cuda.device(device_index):
-            return cuda._Kernel(text, "phase_conv_rows", row_runs.shared_bytes(taps, dilation, window_columns, split),
-                                row_runs.THREADS)
-    return build
+    # (the bias argument carries the flags; the store is found either way)
+    return patched_row_runs((WRITES, WAIT + WRITES), (STORE, FULL_ROWS_STORE if full_rows else STORE),
+                            head=f"#define FILL_PROGRAMS {fill_programs}\n", has_bias=False)
 
 
 def main():

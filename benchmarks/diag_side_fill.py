@@ -34,12 +34,12 @@ import torch.nn.functional as F
 
 import convt3d
 from convt3d.backends import cuda
-from convt3d.backends.cuda import row_runs
 from convt3d.backends.triton.launch import _current_stream
 from convt3d.backends.triton.window import correlation_operands
 from diag_full_rows import FULL_ROWS_STORE, STORE
 from diag_overlap import checked
-from p77_correlation import P77, Timings, composed, correlation_geometry, problem_77, use_row_runs
+from p77_correlation import (P77, Timings, composed, correlation_geometry, patched_row_runs, problem_77,
+                             use_row_runs)
 
 # Zeros into every row of y (planes of H x W floats, D planes a sample's channel) but the lattice rows: depth d0 + sd
 # k, row h0 + sh j for j < QH. One warp a plane at a time; runs of rows between lattice rows in 16-byte stores.
@@ -106,14 +106,8 @@ def gap_fill_kernel(kind: str, warps: int):
     return cuda._Kernel(defines + GAP_FILL, "gap_fill", 0, 32 * warps)
 
 
-def full_rows_row_runs(device_index, c_out, taps, dilation, window_columns, has_bias, split):
-    """cuda._row_runs_kernel's signature: row_runs.py's kernel with diag_full_rows' store."""
-    text = row_runs.source(c_out, taps, dilation, window_columns, has_bias, split)
-    if STORE not in text:
-        raise RuntimeError("write_tile's store loop changed: diag_full_rows.STORE no longer matches")
-    with torch.cuda.device(device_index):
-        return cuda._Kernel(text.replace(STORE, FULL_ROWS_STORE), "phase_conv_rows",
-                            row_runs.shared_bytes(taps, dilation, window_columns, split), row_runs.THREADS)
+# row_runs.py's kernel with diag_full_rows' store (a builder for use_row_runs).
+full_rows_row_runs = patched_row_runs((STORE, FULL_ROWS_STORE))
 
 
 def main():

@@ -37,8 +37,8 @@ from convt3d.backends import cuda
 from convt3d.backends.cuda import row_runs
 from convt3d.backends.triton.window import correlation_operands
 from convt3d.bench.protocol import kernelbench_check, relative_error
-from p77_correlation import (LIBRARY_ROW_RUNS_KERNEL, P77, Timings, correlation_geometry, problem_77,
-                             use_row_runs)
+from p77_correlation import (LIBRARY_ROW_RUNS_KERNEL, P77, Timings, correlation_geometry, patched_row_runs,
+                             problem_77, use_row_runs)
 
 KERNELS = {"row_runs": True, "phase_conv": False}
 MMAS_ISSUED = r"""        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -71,23 +71,9 @@ PATCHES = {
 
 def variant(name: str):
     """A cuda._row_runs_kernel that builds row_runs.py's kernel with the named change (promote6, or PATCHES')."""
-    def build(device_index, c_out, taps, dilation, window_columns, has_bias, split):
-        promote, source = row_runs.PROMOTE, row_runs.SOURCE
-        try:
-            if name == "promote6":
-                row_runs.PROMOTE = 6
-            elif name in PATCHES:
-                old, new = PATCHES[name]
-                if old not in source:
-                    raise RuntimeError(f"row_runs.SOURCE changed: diag_turned's {name} patch no longer matches")
-                row_runs.SOURCE = source.replace(old, new)
-            text = row_runs.source(c_out, taps, dilation, window_columns, has_bias, split)
-            shared = row_runs.shared_bytes(taps, dilation, window_columns, split)
-        finally:
-            row_runs.PROMOTE, row_runs.SOURCE = promote, source
-        with torch.cuda.device(device_index):
-            return cuda._Kernel(text, "phase_conv_rows", shared, row_runs.THREADS)
-    return build
+    if name == "promote6":
+        return patched_row_runs((f"#define PROMOTE {row_runs.PROMOTE}\n", "#define PROMOTE 6\n"))
+    return patched_row_runs(PATCHES[name])
 
 
 def use(kernel: str) -> None:

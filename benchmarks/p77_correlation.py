@@ -1,12 +1,14 @@
 """What the diagnostic scripts that time the library's CUDA correlation on problem 77 share (diag_turned,
 diag_side_fill, diag_fill_flags): the problem's tensors, plan and phase, the correlation's geometry in a precision,
-switching the kernel that builds row_runs.py's correlation, and the rows of timings they print. GPU only.
+row_runs.py's kernel with their changes patched into its source and switching to it, and the rows of timings they
+print. GPU only.
 """
 
 import torch
 
 from convt3d.backends import cuda, torch_phase
 from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.backends.cuda import row_runs
 from convt3d.backends.torch_phase import _lattice_geometry, _regions
 from convt3d.bench.protocol import time_cuda
 from convt3d.bench.report import markdown_table
@@ -34,6 +36,23 @@ def use_row_runs(builder=LIBRARY_ROW_RUNS_KERNEL, enabled: bool = True) -> None:
     for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry, cuda_phases._forward_launches):
         cache.cache_clear()
     torch_phase._prepared.clear()
+
+
+def patched_row_runs(*patches, head: str = "", has_bias=None):
+    """A builder for use_row_runs: row_runs.py's kernel compiled as the library compiles it, its source with each (old,
+    new) of patches replaced (an error where old is missing: row_runs.py changed under the patch), head put before
+    it, and compiled with or without a bias as has_bias says where given (else as the launch asks)."""
+    def build(device_index, c_out, taps, dilation, window_columns, launch_has_bias, split):
+        text = row_runs.source(c_out, taps, dilation, window_columns,
+                               launch_has_bias if has_bias is None else has_bias, split)
+        for old, new in patches:
+            if old not in text:
+                raise RuntimeError(f"row_runs.py's source changed: a diagnostic patch no longer matches {old[:60]!r}")
+            text = text.replace(old, new)
+        with torch.cuda.device(device_index):
+            return cuda._Kernel(head + text, "phase_conv_rows",
+                                row_runs.shared_bytes(taps, dilation, window_columns, split), row_runs.THREADS)
+    return build
 
 
 def correlation_geometry(plan, phase_list, split: int, out_strides):
