@@ -479,49 +479,30 @@ def test_only_the_weight_gradient_needs_tf32(monkeypatch):
 
 
 def test_launcher_passes_every_argument_by_address(monkeypatch):
-    """_Kernel.launch's launch (driver.Launch), read back as cuLaunchKernelEx reads it (a fake driver: no GPU here):
-    pointers as 64-bit addresses (updated per call, the launch kept per grid, ints and longs), then 32-bit ints, then
-    64-bit ints; no launch attributes."""
+    """_Kernel.launch's launch (driver.Launch), read back as cuLaunchKernelEx reads it (test_driver's fake driver: no
+    GPU here): pointers as 64-bit addresses (updated per call, the launch kept per grid, ints and longs), then 32-bit
+    ints, then 64-bit ints; no launch attributes."""
     import ctypes
 
     from convt3d.backends import driver
+    from test_driver import ARGUMENTS, FakeDriver
 
-    seen = []
-
-    def read_launch(config, array):
-        config = config._obj  # (byref's structure)
-        slots = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
-        read = lambda i, kind: ctypes.cast(slots[i], ctypes.POINTER(kind))[0]
-        return config, slots, read
-
-    class FakeDriver:
-        def cuLaunchKernelEx(self, config, function, array, extra):
-            config, _, read = read_launch(config, array)
-            seen.append(((read(0, ctypes.c_uint64), read(1, ctypes.c_uint64)), (read(2, ctypes.c_int32),),
-                         (read(3, ctypes.c_int64),),
-                         (config.grid_x, config.block_x, config.shared_bytes, config.stream, config.attribute_count)))
-            return 0
-
-    monkeypatch.setattr(driver, "libcuda", lambda: FakeDriver())
+    fake = FakeDriver()
+    monkeypatch.setattr(driver, "libcuda", lambda: fake)
     kernel = cuda._Kernel.__new__(cuda._Kernel)
     kernel.function, kernel.shared_bytes, kernel.threads = 7, 1024, 128
     kernel._launches = {}
     kernel.launch(5, (2**40 + 16, 32), (-3,), (2**33,), 99)
     kernel.launch(5, (48, 2**41), (-3,), (2**33,), 99)
-    assert seen == [((2**40 + 16, 32), (-3,), (2**33,), (5, 128, 1024, 99, 0)),
-                    ((48, 2**41), (-3,), (2**33,), (5, 128, 1024, 99, 0))]
+    common = dict(grid=(5, 1, 1), block=(128, 1, 1), shared=1024, stream=99, attributes=[], function=7)
+    assert fake.launches == [dict(common, arguments=(2**40 + 16, 32, -3, 2**33)),
+                             dict(common, arguments=(48, 2**41, -3, 2**33))]
     assert len(kernel._launches) == 1  # one launch for the same grid, ints and longs
 
     # A table: its long longs by value, one argument after the longs (the kernel's struct Phases).
-    class TableDriver:
-        def cuLaunchKernelEx(self, config, function, array, extra):
-            _, slots, _ = read_launch(config, array)
-            seen.append(tuple(ctypes.cast(slots[4], ctypes.POINTER(ctypes.c_int64))[i] for i in range(3)))
-            return 0
-
-    monkeypatch.setattr(driver, "libcuda", lambda: TableDriver())
+    fake = FakeDriver((*ARGUMENTS, ctypes.c_int64 * 3))
     kernel.launch(5, (2**40 + 16, 32), (-3,), (2**33,), 99, (-1, 2**40, 7))
-    assert seen[-1] == (-1, 2**40, 7)
+    assert fake.launches[0]["arguments"] == (2**40 + 16, 32, -3, 2**33, (-1, 2**40, 7))
 
 
 def test_phases_of_the_same_geometry_share_a_launch():

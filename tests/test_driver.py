@@ -8,22 +8,26 @@ import pytest
 from convt3d.backends import driver
 
 
-class FakeDriver:
-    """Records what cuLaunchKernelEx would read: the configuration, its attributes and the arguments."""
+# The arguments of the launches below: two pointers, then an int and a long long.
+ARGUMENTS = (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int64)
 
-    def __init__(self, result=0):
-        self.result, self.launches = result, []
+
+class FakeDriver:
+    """Records what cuLaunchKernelEx would read, as it reads it during the call: the configuration, its attributes,
+    and the arguments as kinds (ctypes types, one per argument; an array type for one passed by value) say."""
+
+    def __init__(self, kinds=ARGUMENTS, result=0):
+        self.kinds, self.result, self.launches = kinds, result, []
 
     def cuLaunchKernelEx(self, config, function, array, extra):
         config = config._obj  # (byref's structure)
         attributes = [(config.attributes[i].id, config.attributes[i].value) for i in range(config.attribute_count)]
         slots = ctypes.cast(array, ctypes.POINTER(ctypes.c_void_p))
-        read = lambda i, kind: ctypes.cast(slots[i], ctypes.POINTER(kind))[0]
+        values = [ctypes.cast(slots[i], ctypes.POINTER(kind))[0] for i, kind in enumerate(self.kinds)]
         self.launches.append(dict(
             grid=(config.grid_x, config.grid_y, config.grid_z), block=(config.block_x, config.block_y, config.block_z),
             shared=config.shared_bytes, stream=config.stream, attributes=attributes, function=function.value,
-            arguments=(read(0, ctypes.c_uint64), read(1, ctypes.c_uint64), read(2, ctypes.c_int32),
-                       read(3, ctypes.c_int64))))
+            arguments=tuple(tuple(v) if isinstance(v, ctypes.Array) else v for v in values)))
         return self.result
 
     def cuGetErrorString(self, result, message):
