@@ -124,9 +124,17 @@ def test_tf32_mode_takes_this_form_where_the_pass_holds_the_layer(monkeypatch):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="sync words per stream are CUDA's")
-def test_sync_words_per_stream():
+def test_sync_words_per_stream_and_thread():
+    import threading
+
     device = torch.device("cuda", torch.cuda.current_device())
     stream = torch.cuda.Stream()
-    first = tensor_scaled.sync_words(device, torch.cuda.current_stream().cuda_stream)
-    assert tensor_scaled.sync_words(device, torch.cuda.current_stream().cuda_stream) is first
+    current = torch.cuda.current_stream().cuda_stream
+    first = tensor_scaled.sync_words(device, current)
+    assert tensor_scaled.sync_words(device, current) is first
     assert tensor_scaled.sync_words(device, stream.cuda_stream) is not first
+    in_thread = []
+    thread = threading.Thread(target=lambda: in_thread.append(tensor_scaled.sync_words(device, current)))
+    thread.start()
+    thread.join()
+    assert in_thread[0] is not first

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 
 import torch
 import triton
@@ -214,21 +215,25 @@ def fp16_operands_kernel(
         tl.store(sync_ptr + POSTS + others, 0, mask=others < programs)
 
 
-# Per (device, stream): the sync words of the passes launched on it, which run one after another.
+# Per (device, stream, thread): the sync words of the passes launched on it, which run one after another.
 _sync: dict = {}
 
 
 def sync_words(device: torch.device, stream: int | None = None) -> torch.Tensor:
     """The sync words for a pass on this device and stream (a raw stream handle; None: the device's current one).
-    Passes on one stream run in turn, so they share them; a CUDA graph capture gets words of its own, zeroed inside
-    the graph, so that its replays share them with nothing else."""
+    Passes on one stream run in turn, so they share them; per thread, so that no other thread's pass comes between a
+    pass and the main kernel that reads its exponents (words 4 and 5). A CUDA graph capture gets words of its own,
+    zeroed inside the graph, so that its replays share them with nothing else."""
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
     if stream is None:
         stream = _current_stream(device.index)
-    words = _sync.get((device.index, stream))
+    key = device.index, stream, threading.get_ident()
+    words = _sync.get(key)
     if words is None:
-        words = _sync[device.index, stream] = torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
+        if len(_sync) >= 64:  # (many threads or streams come and go: start over)
+            _sync.clear()
+        words = _sync[key] = torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
     return words
 
 
