@@ -442,3 +442,51 @@ def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allo
     assert not launched and len(whole_calls) == 2
     check(x.transpose(3, 4).contiguous().transpose(3, 4), w, b, plan)
     assert len(whole_calls) == 3
+
+
+def test_a_prepared_call_keeps_a_small_operands_buffer_per_stream_and_thread(monkeypatch):
+    """forward.at_addresses_else's call allocates the operands' buffer once per stream and thread where it holds at most
+    KEPT_OPERANDS_BYTES, and on every call where it holds more or a CUDA graph is being captured (a stand-in launch
+    records the addresses it is given; the streams and the capture are stood in for)."""
+    import threading
+
+    from convt3d.backends.triton import forward
+
+    class Bound:
+        pointers = 1
+
+        def at_addresses(self, device, dtypes):
+            return "launch"
+
+    given, stream, capturing = [], [1], [False]
+    monkeypatch.setattr(forward, "ready_stream", lambda device: stream[0])
+    monkeypatch.setattr(forward, "_capturing", lambda device: capturing[0])
+    x = torch.rand(2, 3)
+
+    def prepared(operands_size):
+        return forward.at_addresses_else(None, x, (2, 2), operands_size, (Bound(),),
+                                         lambda launches, stream, x, w, b, operands, out: given.append(operands))
+
+    def addresses(call):
+        given.clear()
+        call(x, x, None), call(x, x, None)
+        return list(given)
+
+    small = prepared(forward.KEPT_OPERANDS_BYTES // 4)
+    first = addresses(small)
+    assert first[0] == first[1] != 0 and [t.data_ptr() for t in small.kept.values()] == first[:1]
+    stream[0] = 2
+    assert addresses(small)[0] not in first  # another stream: a buffer of its own
+    stream[0] = 1
+    assert addresses(small) == first and len(small.kept) == 2  # and the first stream's is still kept
+    thread = threading.Thread(target=lambda: addresses(small))
+    thread.start()
+    thread.join()
+    assert given[0] == given[1] and given[0] not in first and len(small.kept) == 3  # another thread: its own
+    capturing[0] = True
+    assert first[0] not in addresses(small) and len(small.kept) == 3  # a capture's buffers: never kept
+    capturing[0] = False
+    large = prepared(forward.KEPT_OPERANDS_BYTES // 4 + 1)
+    assert 0 not in addresses(large) and large.kept is None
+    none = prepared(0)
+    assert addresses(none) == [0, 0] and none.kept is None  # no operands: no buffer

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import threading
 
 import torch
 import triton
@@ -780,6 +781,20 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
                              operand_dtype)
 
 
+# The largest operands' buffer a prepared call keeps per stream and thread rather than allocating it on every call:
+# host time that the GPU waits through on small layers (larger layers' kernels outlast the host's work). On the H200
+# machine keeping it took 4.0 us less host time per forward call by the median of twelve layer and precision cases,
+# outputs bitwise the same (benchmarks/diag_launch_ways.py, sixty-sixth session).
+KEPT_OPERANDS_BYTES = 16 << 20
+_thread = threading.get_ident
+_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether device's current stream is capturing a CUDA graph (torch's C function, without its Python wrapper)."""
+    return device.type == "cuda" and _stream_capturing()
+
+
 def at_addresses_else(call, input, shape, operands_size: int, bounds, launch, dtypes=None, operands_dtype=None):
     """A prepared call whose bound launches (bounds) go at addresses (BoundLaunch.at_addresses, for 16-byte aligned
     pointers, all of input's dtype or, where dtypes is given, of dtypes' tuple for each bound): it allocates the
@@ -790,13 +805,19 @@ def at_addresses_else(call, input, shape, operands_size: int, bounds, launch, dt
     call, which launches through tensors. Launched so, a prepared call makes no views of its operands' buffer and
     no key per launch: on the H200 machine a view took 3.3-3.6 us of host time and a launch through its BoundLaunch
     12-14 us, against 9.2-9.3 for Triton's launcher with addresses (benchmarks/diag_host_steps.py, thirty-fifth
-    session)."""
+    session). An operands' buffer of at most KEPT_OPERANDS_BYTES is allocated once per stream and thread and kept: a
+    call's operand pass writes all of it and its main kernel reads it, on one stream, so the next call's pass (no
+    dependent launch) starts after this call's main kernel has finished reading; per thread, so that another
+    thread's pass cannot come between them. Not inside a CUDA graph capture, whose replays may run on another stream
+    beside this one's calls."""
     device = input.device.index
     if dtypes is None:
         dtypes = [(input.dtype,) * bound.pointers for bound in bounds]
     launches = tuple(bound.at_addresses(device, pointer_dtypes) for bound, pointer_dtypes in zip(bounds, dtypes))
     if None in launches:
         return call
+    operands_dtype = input.dtype if operands_dtype is None else operands_dtype
+    kept = {} if 0 < operands_size * operands_dtype.itemsize <= KEPT_OPERANDS_BYTES else None  # by stream, thread
 
     def call_at_addresses(input, weight, bias):
         stream = ready_stream(device)
@@ -804,11 +825,21 @@ def at_addresses_else(call, input, shape, operands_size: int, bounds, launch, dt
         if stream is None or (x | w | b) % 16:
             return call(input, weight, bias)
         out = input.new_empty(shape)
-        operands = (input.new_empty(operands_size, dtype=operands_dtype) if operands_size
-                    else None)  # (kept until the launches are queued)
+        operands = None
+        if operands_size:
+            capturing = _capturing(input.device)  # (a graph's replays may run beside this stream's calls)
+            key = stream, _thread()
+            operands = None if kept is None or capturing else kept.get(key)
+            if operands is None:
+                operands = input.new_empty(operands_size, dtype=operands_dtype)  # (kept until the launches are queued)
+                if kept is not None and not capturing:
+                    if len(kept) >= 16:  # (many threads or streams come and go: start over)
+                        kept.clear()
+                    kept[key] = operands
         launch(launches, stream, x, w, b, 0 if operands is None else operands.data_ptr(), out.data_ptr())
         return out
 
+    call_at_addresses.kept = kept  # (for the tests)
     return call_at_addresses
 
 
