@@ -80,7 +80,7 @@ def launch_layers(bound, pointers):
     """One launch of a bound kernel (launch.BoundLaunch) through each layer of Triton's launcher: its JIT launcher
     (kernel[grid](...)), the compiled kernel's runner (compiled[grid]) and the launcher object
     under it (compiled.run: Python around Triton's C launch function, whose arguments differ between versions); and
-    through the driver (launch._driver_launch), as prepared calls launch at addresses with CONVT3D_DRIVER_LAUNCH=1."""
+    through the driver (launch._driver_launch), as prepared calls launch at addresses unless CONVT3D_DRIVER_LAUNCH=0."""
     args = (*pointers, *bound.scalars, *bound.constexprs)
     compiled = bound.kernel[bound.grid](*pointers, *bound.scalars, **bound.options)
     grid = bound.grid3
@@ -144,7 +144,7 @@ def main():
         print(f"\nprofile, per call ({name}):\n")
         print(markdown_table(["own us", "cumulative us", "calls", "function"],
                              profile(ours, x, args.calls, args.profile_top)))
-    # How the kernels compiled so far launch at addresses (the driver's only with CONVT3D_DRIVER_LAUNCH=1).
+    # How the kernels compiled so far launch at addresses (the driver's unless CONVT3D_DRIVER_LAUNCH=0).
     for bound in (o for o in gc.get_objects() if isinstance(o, launch.BoundLaunch)):
         for key, (_, direct, by_driver) in bound._compiled.items():
             way = "the driver" if by_driver is not None else "Triton's launcher" if direct is not None else "none"

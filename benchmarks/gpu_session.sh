@@ -20,13 +20,10 @@ for step in $steps; do
     bench) python3 -m convt3d bench --json "$OUT/p77.json" --plot "$OUT/p77.png" 2>&1 | tee "$OUT/bench.log" ;;
     backward) python3 -m convt3d bench --backward --no-compile --json "$OUT/p77_backward.json" 2>&1 | tee "$OUT/backward.log" ;;
     sweep) python3 -m convt3d bench --sweep --no-compile --iters 30 --json "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
-    # The Triton launches through the driver (CONVT3D_DRIVER_LAUNCH) against Triton's launcher: host steps, then the
-    # small layers' bench in alternating processes.
-    driver) CONVT3D_DRIVER_LAUNCH=1 python3 benchmarks/diag_host_steps.py --calls 300 \
-                --layers batch1_small_k3s2,video_k3s2p1op1 --profile-top 3 2>&1 | tee "$OUT/driver_host.log"
-            for round in 1 2; do for on in 1 0; do
-                CONVT3D_DRIVER_LAUNCH=$on python3 -m convt3d bench --sweep --layers batch1_small_k3s2,video_k3s2p1op1,k3s1p1 \
-                    --no-compile --iters 100 --json "$OUT/driver${on}_round$round.json" 2>&1 | tail -4 | tee -a "$OUT/driver.log"
-            done; done ;;
+    # A prepared call's ways of launching (Triton's launcher or the driver, operands' buffers allocated or kept) in one
+    # process, then the host steps.
+    ways) python3 benchmarks/diag_launch_ways.py --rounds 3 2>&1 | tee "$OUT/ways.log"
+          python3 benchmarks/diag_host_steps.py --calls 300 --layers batch1_small_k3s2,video_k3s2p1op1 --profile-top 8 \
+              2>&1 | tee "$OUT/host_steps.log" ;;
   esac
 done

@@ -316,10 +316,10 @@ def test_where_the_parameters_do_not_match_tritons_launcher_serves(compiled_mode
         (1, (7, 2, 1, 1234, 77, "packed metadata", None, None, None, 4096, *SCALARS, 64, True))]
 
 
-def test_the_driver_launch_is_off_by_default(compiled_mode, monkeypatch):
+def test_the_driver_launch_is_on_unless_turned_off(compiled_mode, monkeypatch):
     from convt3d.backends.triton import launch as launch_module
 
-    assert launch_module.DRIVER_LAUNCH is (os.environ.get("CONVT3D_DRIVER_LAUNCH") == "1")
+    assert launch_module.DRIVER_LAUNCH is (os.environ.get("CONVT3D_DRIVER_LAUNCH") != "0")
     monkeypatch.setattr(launch_module, "DRIVER_LAUNCH", False)
     kernel = DriverKernel(DriverCompiled)
     bound = Launcher(kernel).bind((7, 2), SCALARS, OPTIONS)

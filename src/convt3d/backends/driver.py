@@ -1,7 +1,7 @@
 """Kernel launches through the CUDA driver's cuLaunchKernelEx, called by ctypes with an argument array built once per
 launch's fixed arguments: on a call only the pointers and the stream are written into it. The CUDA kernels of our own
-(cuda._Kernel) go this way, and with CONVT3D_DRIVER_LAUNCH=1 the Triton kernels' launches at addresses
-(triton.launch).
+(cuda._Kernel) go this way, and so do the Triton kernels' launches at addresses (triton.launch) unless
+CONVT3D_DRIVER_LAUNCH=0.
 
 libcuda is opened on the first launch, not at import.
 """

@@ -1,6 +1,6 @@
 """Launch a Triton kernel again through the compiled kernel that its first launch with the same arguments' properties
-returned, skipping Triton's JIT launcher (and, at addresses with CONVT3D_DRIVER_LAUNCH=1, Triton's launcher too:
-_driver_launch).
+returned, skipping Triton's JIT launcher (and, at addresses, Triton's launcher too: _driver_launch, unless
+CONVT3D_DRIVER_LAUNCH=0).
 
 Triton's JIT launcher binds and specialises every argument and builds its cache key on every call. On the H200
 machine the weight gradient kernel's launch (about 40 arguments) took 41.6 us of host time through it, 27.1 through
@@ -41,10 +41,11 @@ except ImportError:
 # Distinct bindings kept per kernel before starting over (each layer shape and batch size makes its own).
 MAX_KEYS = 64
 # Whether launches at addresses go through the driver (driver.Launch, _driver_launch) rather than Triton's launcher:
-# CONVT3D_DRIVER_LAUNCH=1 (or launch.DRIVER_LAUNCH = True, before a kernel is first compiled for a binding). Off by
-# default until measured on the GPU: the GPU tests of prepared calls passed with it on (sixty-fifth session), but
-# neither its host time nor whether Triton 3.6's compiled kernels matched it (else Triton's launcher served) was seen.
-DRIVER_LAUNCH = os.environ.get("CONVT3D_DRIVER_LAUNCH", "0") == "1"
+# on unless CONVT3D_DRIVER_LAUNCH=0 (or launch.DRIVER_LAUNCH = False, before a kernel is first compiled for a
+# binding). On the H200 machine every kernel of twelve layer and precision cases compiled by Triton 3.6 took it, with
+# outputs bitwise as through Triton's launcher, and it took 3.4 us less host time per forward call (two launches) by
+# the median of those cases (benchmarks/diag_launch_ways.py, sixty-sixth session).
+DRIVER_LAUNCH = os.environ.get("CONVT3D_DRIVER_LAUNCH", "1") != "0"
 
 # The current stream of a device as Triton's own launcher gets it (torch's raw-stream call where it exists).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
