@@ -783,8 +783,8 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
 
 # The largest operands' buffer a prepared call keeps per stream and thread rather than allocating it on every call:
 # host time that the GPU waits through on small layers (larger layers' kernels outlast the host's work). On the H200
-# machine keeping it took 4.0 us less host time per forward call by the median of twelve layer and precision cases,
-# outputs bitwise the same (benchmarks/diag_launch_ways.py, sixty-sixth session).
+# machine keeping it took 4.0 us less host time per forward call by the median of twelve layer and precision cases;
+# outputs bitwise the same on six of them (benchmarks/diag_launch_ways.py, sixty-sixth session).
 KEPT_OPERANDS_BYTES = 16 << 20
 _thread = threading.get_ident
 _stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)

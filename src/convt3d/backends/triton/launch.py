@@ -42,9 +42,9 @@ except ImportError:
 MAX_KEYS = 64
 # Whether launches at addresses go through the driver (driver.Launch, _driver_launch) rather than Triton's launcher:
 # on unless CONVT3D_DRIVER_LAUNCH=0 (or launch.DRIVER_LAUNCH = False, before a kernel is first compiled for a
-# binding). On the H200 machine every kernel of twelve layer and precision cases compiled by Triton 3.6 took it, with
-# outputs bitwise as through Triton's launcher, and it took 3.4 us less host time per forward call (two launches) by
-# the median of those cases (benchmarks/diag_launch_ways.py, sixty-sixth session).
+# binding). On the H200 machine every kernel of twelve layer and precision cases compiled by Triton 3.6 took it, and it
+# took 3.4 us less host time per forward call (two launches) by the median of those cases; prepared calls' outputs
+# were bitwise as through Triton's launcher on six of them (benchmarks/diag_launch_ways.py, sixty-sixth session).
 DRIVER_LAUNCH = os.environ.get("CONVT3D_DRIVER_LAUNCH", "1") != "0"
 
 # The current stream of a device as Triton's own launcher gets it (torch's raw-stream call where it exists).
