@@ -810,7 +810,7 @@ def at_addresses_else(call, input, shape, operands_size: int, bounds, launch, dt
     dependent launch) starts after this call's main kernel has finished reading; per thread, so that another
     thread's pass cannot come between them. Not inside a CUDA graph capture, whose replays may run on another stream
     beside this one's calls."""
-    device = input.device.index
+    torch_device, device = input.device, input.device.index
     if dtypes is None:
         dtypes = [(input.dtype,) * bound.pointers for bound in bounds]
     launches = tuple(bound.at_addresses(device, pointer_dtypes) for bound, pointer_dtypes in zip(bounds, dtypes))
@@ -827,7 +827,7 @@ def at_addresses_else(call, input, shape, operands_size: int, bounds, launch, dt
         out = input.new_empty(shape)
         operands = None
         if operands_size:
-            capturing = _capturing(input.device)  # (a graph's replays may run beside this stream's calls)
+            capturing = _capturing(torch_device)  # (a graph's replays may run beside this stream's calls)
             key = stream, _thread()
             operands = None if kept is None or capturing else kept.get(key)
             if operands is None:

@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 
 from . import TF32, cdiv, interpreted, next_power_of_2
-from .forward import (_power_of_2, _round_to_tf32, exponent_field, fp16_scale_exponent_of_field, let_next_start,
-                      tap_major_tile, weight_tiles)
+from .forward import (_power_of_2, _round_to_tf32, _stream_capturing, exponent_field, fp16_scale_exponent_of_field,
+                      let_next_start, tap_major_tile, weight_tiles)
 from .launch import Launcher, _current_stream
 
 # This module's precision, beside NATIVE, TF32 and TF32X3 (forward.py) and tiled.FP16_SCALED (3).
@@ -224,7 +224,7 @@ def sync_words(device: torch.device, stream: int | None = None) -> torch.Tensor:
     Passes on one stream run in turn, so they share them; per thread, so that no other thread's pass comes between a
     pass and the main kernel that reads its exponents (words 4 and 5). A CUDA graph capture gets words of its own,
     zeroed inside the graph, so that its replays share them with nothing else."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    if device.type != "cuda" or _stream_capturing():
         return torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
     if stream is None:
         stream = _current_stream(device.index)
