@@ -30,7 +30,6 @@ is compared with the library's forward (bitwise), float64 and F.conv_transpose3d
 import argparse
 
 import torch
-import torch.nn.functional as F
 
 import convt3d
 from convt3d.backends import cuda
@@ -38,7 +37,7 @@ from convt3d.backends.triton.launch import _current_stream
 from convt3d.backends.triton.window import correlation_operands
 from diag_full_rows import FULL_ROWS_STORE, STORE
 from diag_overlap import checked
-from p77_correlation import (P77, Timings, composed, correlation_geometry, patched_row_runs, problem_77,
+from p77_correlation import (P77, Timings, composed, correlation_geometry, modes, patched_row_runs, problem_77,
                              use_row_runs)
 
 # Zeros into every row of y (planes of H x W floats, D planes a sample's channel) but the lattice rows: depth d0 + sd
@@ -125,10 +124,7 @@ def main():
     side = torch.cuda.Stream()
     timings = Timings(args.iters)
 
-    for mode, split in (("FP16", 3), ("3xFP16", 2)):
-        torch.backends.cudnn.allow_tf32 = split == 3
-        reference = F.conv_transpose3d(x.double(), w.double(), None, **P77)
-        eager = F.conv_transpose3d(x, w, None, **P77)
+    for mode, split, reference, eager in modes(x, w):
         use_row_runs()
         library = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
         expected = library()
@@ -170,7 +166,6 @@ def main():
                                 forward, checked(forward, expected, reference, eager))
         del expected, reference, eager
     use_row_runs()
-    torch.backends.cudnn.allow_tf32 = True
     print(timings.table())
 
 

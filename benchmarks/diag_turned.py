@@ -30,14 +30,13 @@ check).
 import argparse
 
 import torch
-import torch.nn.functional as F
 
 import convt3d
 from convt3d.backends import cuda
 from convt3d.backends.cuda import row_runs
 from convt3d.backends.triton.window import correlation_operands
 from convt3d.bench.protocol import kernelbench_check, relative_error
-from p77_correlation import (LIBRARY_ROW_RUNS_KERNEL, P77, Timings, correlation_geometry, patched_row_runs,
+from p77_correlation import (LIBRARY_ROW_RUNS_KERNEL, P77, Timings, correlation_geometry, modes, patched_row_runs,
                              problem_77, use_row_runs)
 
 KERNELS = {"row_runs": True, "phase_conv": False}
@@ -93,10 +92,7 @@ def main():
     timings = Timings(args.iters)
     library_choice = cuda.ROW_RUNS
 
-    for mode, split in (("FP16", 3), ("3xFP16", 2)):
-        torch.backends.cudnn.allow_tf32 = split == 3
-        reference = F.conv_transpose3d(x.double(), w.double(), None, **P77)
-        eager = F.conv_transpose3d(x, w, None, **P77)
+    for mode, split, reference, eager in modes(x, w):
         compacts = {}
         for kernel in kernels:
             if kernel == "promote6" and split == 3:
@@ -131,7 +127,6 @@ def main():
                 timings.row(mode, f"{kernel}: forward (round {round_ + 1})", forward, check)
         del reference, eager
     use("row_runs" if library_choice else "phase_conv")  # (as the library was: CONVT3D_ROW_RUNS)
-    torch.backends.cudnn.allow_tf32 = True
     print(timings.table())
 
 

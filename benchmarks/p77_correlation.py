@@ -1,10 +1,11 @@
 """What the diagnostic scripts that time the library's CUDA correlation on problem 77 share (diag_turned,
-diag_side_fill, diag_fill_flags): the problem's tensors, plan and phase, the correlation's geometry in a precision,
-row_runs.py's kernel with their changes patched into its source and switching to it, and the rows of timings they
-print. GPU only.
+diag_side_fill, diag_fill_flags): the problem's tensors, plan and phase, its precision modes with their reference
+outputs, the correlation's geometry in a precision, row_runs.py's kernel with their changes patched into its source
+and switching to it, and the rows of timings they print. GPU only.
 """
 
 import torch
+import torch.nn.functional as F
 
 from convt3d.backends import cuda, torch_phase
 from convt3d.backends.cuda import phases as cuda_phases
@@ -26,6 +27,16 @@ def problem_77():
     x = torch.rand(16, 32, 16, 32, 32, device="cuda")
     plan = make_plan(tuple(x.shape), tuple(w.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
     return x, w, plan, tuple(p for _, p in _regions(plan, True) if p is not None)
+
+
+def modes(x, w):
+    """Per precision mode of the library's correlation, PyTorch's TF32 flag set for it: (mode, split, the float64
+    reference, eager's output in the mode); after the last mode, TF32 on again (PyTorch's default)."""
+    for mode, split in (("FP16", 3), ("3xFP16", 2)):
+        torch.backends.cudnn.allow_tf32 = split == 3
+        yield (mode, split, F.conv_transpose3d(x.double(), w.double(), None, **P77),
+               F.conv_transpose3d(x, w, None, **P77))
+    torch.backends.cudnn.allow_tf32 = True
 
 
 def use_row_runs(builder=LIBRARY_ROW_RUNS_KERNEL, enabled: bool = True) -> None:
