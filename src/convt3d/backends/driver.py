@@ -36,7 +36,8 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
 def libcuda():
     # cuLaunchKernelEx without argtypes: a Launch passes it ctypes objects only (a reference to its configuration,
     # the function as c_void_p, its argument array, None), which need no conversion; with argtypes ctypes checked
-    # and converted each on every call (1.68 against 1.14 us a call to a stand-in C function on the project's CPU).
+    # and converted each on every call. On the H200 machine a launch took 5.4 us this way against 6.1 with them and
+    # the lookups per call (benchmarks/diag_driver_call.py, sixty-seventh session).
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuLaunchKernelEx.restype = ctypes.c_int
     return lib
