@@ -32,14 +32,13 @@ import math
 
 import torch
 
-import convt3d
 from convt3d.backends import cuda
 from convt3d.backends.triton.launch import _current_stream
 from convt3d.backends.triton.window import correlation_operands
 from diag_full_rows import FULL_ROWS_STORE, STORE
 from diag_overlap import checked
-from p77_correlation import (P77, Timings, composed, correlation_geometry, modes, patched_row_runs, problem_77,
-                             use_row_runs)
+from p77_correlation import (Timings, composed, correlation_geometry, library_forward, modes, patched_row_runs,
+                             problem_77, use_row_runs)
 CHUNK_BYTES = 16384
 
 # Every byte of out, sample by sample (sample_bytes each), in CHUNK_BYTES copies of zeros spread over the programs;
@@ -120,9 +119,7 @@ def main():
                                              stream)
 
     for mode, split, reference, eager in modes(x, w):
-        use_row_runs()
-        library = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-        expected = library()
+        library, expected = library_forward(x, w)
         out = torch.empty(plan.output_shape, device="cuda")
         start, extent, geometry = correlation_geometry(plan, phase_list, split, out.stride())
 

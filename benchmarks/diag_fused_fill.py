@@ -31,13 +31,12 @@ import torch
 import triton
 import triton.language as tl
 
-import convt3d
 from convt3d.backends import cuda
 from convt3d.backends.triton import cdiv
 from convt3d.backends.triton import window as window_module
 from convt3d.backends.triton.window import _weight_halves, _weight_taps, _window_row, correlation_operands
 from diag_overlap import checked
-from p77_correlation import P77, Timings, correlation_geometry, modes, problem_77, use_row_runs
+from p77_correlation import Timings, correlation_geometry, library_forward, modes, problem_77
 
 
 @triton.jit
@@ -117,9 +116,7 @@ def main():
     x, w, plan, phase_list = problem_77()
     timings = Timings(args.iters)
     for mode, split, reference, eager in modes(x, w):
-        use_row_runs()
-        library = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-        expected = library()
+        library, expected = library_forward(x, w)
         out = torch.empty(plan.output_shape, device="cuda")
         start, extent, geometry = correlation_geometry(plan, phase_list, split, out.stride())
         operands, launch = fused_operands(x, w, start, extent, split)

@@ -31,14 +31,13 @@ import argparse
 
 import torch
 
-import convt3d
 from convt3d.backends import cuda
 from convt3d.backends.triton.launch import _current_stream
 from convt3d.backends.triton.window import correlation_operands
 from diag_full_rows import FULL_ROWS_STORE, STORE
 from diag_overlap import checked
-from p77_correlation import (P77, Timings, composed, correlation_geometry, modes, patched_row_runs, problem_77,
-                             use_row_runs)
+from p77_correlation import (Timings, composed, correlation_geometry, library_forward, modes, patched_row_runs,
+                             problem_77, use_row_runs)
 
 # Zeros into every row of y (planes of H x W floats, D planes a sample's channel) but the lattice rows: depth d0 + sd
 # k, row h0 + sh j for j < QH. One warp a plane at a time; runs of rows between lattice rows in 16-byte stores.
@@ -125,9 +124,7 @@ def main():
     timings = Timings(args.iters)
 
     for mode, split, reference, eager in modes(x, w):
-        use_row_runs()
-        library = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-        expected = library()
+        library, expected = library_forward(x, w)
         use_row_runs(full_rows_row_runs)
         out = torch.empty(plan.output_shape, device="cuda")
         start, extent, geometry = correlation_geometry(plan, phase_list, split, out.stride())

@@ -26,34 +26,19 @@ import torch
 import triton
 import triton.language as tl
 
-import convt3d
 from convt3d.backends import cuda
+from convt3d.backends.cuda import row_runs
 from convt3d.backends.triton import window as window_module
 from convt3d.backends.triton.window import _finite_magnitude, _weight_halves, correlation_operands
 from diag_overlap import checked
-from p77_correlation import P77, Timings, correlation_geometry, modes, patched_row_runs, problem_77, use_row_runs
+from p77_correlation import (Timings, correlation_geometry, library_forward, modes, patched_row_runs, problem_77,
+                             use_row_runs)
 
-# row_runs.py's plane load: from the window's channels-last rows (four float4 a unit of 16 channels) ...
-PLANE_LOAD = """        const float4* src = (const float4*)(plane0 + (long long)kd * DD * XH * XW * C_IN);
-        #pragma unroll
-        for (int base = 0; base < UNITS; base += 2 * THREADS) {
-            float4 v[2][4];
-            #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int u = base + h * THREADS + tid;
-                #pragma unroll
-                for (int q = 0; q < 4; q++) v[h][q] = u < UNITS ? src[u * 4 + q] : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-            #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int u = base + h * THREADS + tid;
-                if (u >= UNITS) continue;
-                const int p = u / 2, c16 = u % 2;
-                float f[16];
-                #pragma unroll
-                for (int q = 0; q < 4; q++)
-                    f[4 * q] = v[h][q].x, f[4 * q + 1] = v[h][q].y, f[4 * q + 2] = v[h][q].z, f[4 * q + 3] = v[h][q].w;
-"""
+# row_runs.py's plane load, from its first line to the unit's 16 values in f[] (from the window's channels-last rows,
+# four float4 a unit of 16 channels) ...
+_PLANE_LOAD_START = row_runs.SOURCE.index("        const float4* src = ")
+PLANE_LOAD = row_runs.SOURCE[_PLANE_LOAD_START:row_runs.SOURCE.index(
+    "\n", row_runs.SOURCE.index("f[4 * q + 3] = v[h][q].w;", _PLANE_LOAD_START)) + 1]
 # ... and from the input: unit u is channels 16 (u / (HH XW)) on of plane position u % (HH XW), lanes along a row.
 INPUT_LOAD = """        const int x_d = qd + off_d + kd * DD + X_START_D;  // the plane's depth in the input
         const float* x_plane = x + (long long)n * X_SN + (long long)x_d * X_SD;
@@ -149,9 +134,7 @@ def main():
     x, w, plan, phase_list = problem_77()
     timings = Timings(args.iters)
     for mode, split, reference, eager in modes(x, w):
-        use_row_runs()
-        library = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-        expected = library()
+        library, expected = library_forward(x, w)
         out = torch.empty(plan.output_shape, device="cuda")
         start, extent, geometry = correlation_geometry(plan, phase_list, split, out.stride())
         window_shape, operands = window_free_operands(x, w, start, extent)

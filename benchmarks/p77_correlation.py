@@ -7,6 +7,7 @@ and switching to it, and the rows of timings they print. GPU only.
 import torch
 import torch.nn.functional as F
 
+import convt3d
 from convt3d.backends import cuda, torch_phase
 from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.cuda import row_runs
@@ -37,6 +38,14 @@ def modes(x, w):
         yield (mode, split, F.conv_transpose3d(x.double(), w.double(), None, **P77),
                F.conv_transpose3d(x, w, None, **P77))
     torch.backends.cudnn.allow_tf32 = True
+
+
+def library_forward(x, w):
+    """(the library's forward of problem 77 on x and w, its output now): its CUDA phase path, with row_runs.py's kernel
+    as the library builds it (use_row_runs())."""
+    use_row_runs()
+    forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
+    return forward, forward()
 
 
 def use_row_runs(builder=LIBRARY_ROW_RUNS_KERNEL, enabled: bool = True) -> None:
