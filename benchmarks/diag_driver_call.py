@@ -23,7 +23,8 @@ EMPTY = 'extern "C" __global__ void empty(float* a, float* b, int n, long long m
 
 
 class ArgtypesLaunch(driver.Launch):
-    """The call before 5c4ed00: its own libcuda handle with cuLaunchKernelEx's argtypes set, looked up per call."""
+    """The call before 5c4ed00: its own libcuda handle with cuLaunchKernelEx's argtypes set, the function looked up
+    per call on that handle (before 5c4ed00 through libcuda()'s cached call, a little more)."""
 
     handle = None
 

@@ -102,8 +102,9 @@ def maxima_and_weights_kernel(
 
 
 def window_free_operands(x, w, start, extent):
-    """The pass for a contiguous input x: (the window's shape, a function that launches it and returns (weight halves,
-    (block maxima, their block's columns, inverse scales)) as correlation_operands' split 2)."""
+    """The pass for a contiguous input x: (the window's shape, a function (poisoned: its outputs NaN-filled first) that
+    launches it and returns (weight halves, (block maxima, their block's columns, inverse scales)) as
+    correlation_operands' split 2)."""
     _, scalars, options, window_shape, block_p = window_module._geometry(
         0, tuple(x.shape), tuple(x.stride()), tuple(start), tuple(extent), tuple(w.shape), w.stride(), False, 2)
     assert window_shape[3] <= block_p  # one column block a row: a row's maximum is its input row's
@@ -112,10 +113,13 @@ def window_free_operands(x, w, start, extent):
     options = dict(options)
     rows = window_shape[0] * xd * xh
 
-    def run():
+    def run(poisoned: bool = False):
         taps = torch.empty((*w.shape[2:], o, 2 * i), dtype=torch.float16, device=x.device)
         block_max = torch.empty((*window_shape[:3], 1), dtype=torch.float32, device=x.device)
         inverse = torch.empty(o, dtype=torch.float32, device=x.device)
+        if poisoned:  # (for the check: every value the pass leaves is its own)
+            for written in (taps, block_max, inverse):
+                written.fill_(float("nan"))
         maxima_and_weights_kernel[(o + rows,)](
             x, block_max, w, taps, inverse, o, sn, sc, sd, sh, d, h, xd, xh, start_d, start_h,
             tap_elements // (o * i), o, i, wo, wi, wd, wh, ww, kh, kw, C=x.shape[1], W=width,
@@ -143,7 +147,7 @@ def main():
         window_free = patched_row_runs((PLANE_LOAD, INPUT_LOAD), head=input_macros(x, start))
 
         made = correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=split)
-        taps, scales = operands()
+        taps, scales = operands(poisoned=True)
         print(mode, "operands equal to the pass's:", torch.equal(taps, made[1]),
               torch.equal(scales[0], made[2][0]), torch.equal(scales[2], made[2][2]), flush=True)
 
