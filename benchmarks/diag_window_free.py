@@ -14,6 +14,9 @@ pass (one Triton launch) writes the row maxima in the window's layout (each row'
 padding adds zeros) and the weight's halves with window.py's own function. The kernel is row_runs.py's source with its
 plane load patched (PLANE_LOAD), the input's sizes, strides and the window's start compiled in as macros.
 
+Since the sixty-eighth session the library's forward reads the input itself this way (row_runs.py's INPUT_DIRECT, the
+pass window.correlation_operands(window=False)); this script's library rows take the window, as before.
+
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call). The operands of the pass are
 compared with correlation_operands' (bitwise: block maxima, weight halves, inverse scales) and every forward's output,
 NaN-poisoned before its first call, with the library's forward (bitwise: the same values, scales and MMAs), float64
@@ -138,7 +141,7 @@ def main():
     x, w, plan, phase_list = problem_77()
     timings = Timings(args.iters)
     for mode, split, reference, eager in modes(x, w):
-        library, expected = library_forward(x, w)
+        library, expected = library_forward(x, w, direct_input=False)  # (the library before it read the input)
         out = torch.empty(plan.output_shape, device="cuda")
         start, extent, geometry = correlation_geometry(plan, phase_list, split, out.stride())
         window_shape, operands = window_free_operands(x, w, start, extent)
@@ -162,7 +165,7 @@ def main():
             return y
 
         for round_ in range(args.rounds):
-            use_row_runs()
+            library_forward(x, w, direct_input=False)
             timings.row(mode, f"library forward (round {round_ + 1})", library,
                         checked(library, expected, reference, eager))
             if round_ == 0:

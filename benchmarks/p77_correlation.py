@@ -18,6 +18,7 @@ from convt3d.plan import make_plan
 
 P77 = dict(stride=2, padding=1, dilation=2)
 LIBRARY_ROW_RUNS_KERNEL = cuda._row_runs_kernel
+LIBRARY_DIRECT_INPUT = cuda.DIRECT_INPUT
 
 
 def problem_77():
@@ -40,20 +41,25 @@ def modes(x, w):
     torch.backends.cudnn.allow_tf32 = True
 
 
-def library_forward(x, w):
+def library_forward(x, w, direct_input: bool = LIBRARY_DIRECT_INPUT):
     """(the library's forward of problem 77 on x and w, its output now): its CUDA phase path, with row_runs.py's kernel
-    as the library builds it (use_row_runs())."""
-    use_row_runs()
+    as the library builds it, reading the input itself (its default since the sixty-eighth session) or, with
+    direct_input False, the operand pass's window as before."""
+    use_row_runs(direct_input=direct_input)
     forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
     return forward, forward()
 
 
-def use_row_runs(builder=LIBRARY_ROW_RUNS_KERNEL, enabled: bool = True) -> None:
+def use_row_runs(builder=LIBRARY_ROW_RUNS_KERNEL, enabled: bool = True, direct_input: bool = False) -> None:
     """The correlations from here on by row_runs.py's kernel as builder makes it (cuda._row_runs_kernel's signature),
-    or by phase_conv.py's (enabled False): the library's caches of launches and prepared calls cleared."""
+    reading the operand pass's window (the kernel the diagnostics' patches were written for) or the input itself
+    (direct_input), or by phase_conv.py's (enabled False): the library's caches of launches and prepared calls
+    cleared."""
     cuda.ROW_RUNS = enabled
+    cuda.DIRECT_INPUT = direct_input
     cuda._row_runs_kernel = builder
-    for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry, cuda_phases._forward_launches):
+    for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry, cuda_phases._forward_launches,
+                  cuda_phases._reads_input):
         cache.cache_clear()
     torch_phase._prepared.clear()
 
@@ -62,9 +68,9 @@ def patched_row_runs(*patches, head: str = "", has_bias=None):
     """A builder for use_row_runs: row_runs.py's kernel compiled as the library compiles it, its source with each (old,
     new) of patches replaced (an error where old is missing: row_runs.py changed under the patch), head put before
     it, and compiled with or without a bias as has_bias says where given (else as the launch asks)."""
-    def build(device_index, c_out, taps, dilation, window_columns, launch_has_bias, split):
+    def build(device_index, c_out, taps, dilation, window_columns, launch_has_bias, split, input_geometry=None):
         text = row_runs.source(c_out, taps, dilation, window_columns,
-                               launch_has_bias if has_bias is None else has_bias, split)
+                               launch_has_bias if has_bias is None else has_bias, split, input_geometry)
         for old, new in patches:
             if old not in text:
                 raise RuntimeError(f"row_runs.py's source changed: a diagnostic patch no longer matches {old[:60]!r}")

@@ -51,15 +51,15 @@ def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, 
 
 
 def emulated_correlate_phases(window, weight_taps, bias, out, out_strides, grid, taps, dilation, phases, scales=None,
-                              split=None):
+                              split=None, direct=None):
     """What the kernel computes (phase_conv.py) for each phase of a launch (cuda.correlate_phases), in float64; it also
     checks that every read of every whole tile lies inside the window, as the kernel assumes (its tile rows chosen
     for all the launch's phases). 3xTF32 (weight_taps' hi and lo parts): the window's values split as the kernel
     splits them, and the three products it adds. 3xFP16 (float16 weight_taps): the same with the window scaled by the
     power of two of its largest magnitude (the kernel takes each plane's from the block maxima, which are checked
     here) and the result by the weight's inverse scales; FP16 (split 3, 3xFP16's operands) the same with the hi parts
-    alone."""
-    assert 1 <= len(phases) and all(len(phase) == 10 for phase in phases)
+    alone. (Without an sm_90 GPU no correlation reads the input itself: direct is None.)"""
+    assert direct is None and 1 <= len(phases) and all(len(phase) == 10 for phase in phases)
     n, c_in = window.shape[0], window.shape[4]
     if split is None:
         split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
@@ -364,6 +364,32 @@ def test_operand_buffer_holds_what_the_operand_pass_allocates(split):
         assert scale_blocks == (scales[1], scales[0].shape[-1])
     else:
         assert scale_blocks is None and offsets[2] == offsets[3] == offsets[1]
+
+
+@pytest.mark.parametrize("split", [2, 3], ids=["3xfp16", "fp16"])
+def test_operands_without_the_window_are_the_window_passs_scales_and_weights(split):
+    """For row_runs.py's kernel reading the input itself, the operand pass without the window (window=False) writes
+    the window's block maxima, the weight's halves and inverse scales bitwise as with it, over a window that crops the
+    source and pads it, in several column blocks (70 columns); its buffer (operand_buffer) holds no window."""
+    from convt3d.backends.triton.window import correlation_operands, operand_buffer
+
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    source = torch.randn(2, 32, 4, 6, 90, generator=gen).to(DEVICE)
+    weight = torch.randn(32, 64, 2, 3, 1, generator=gen).to(DEVICE)
+    start, extent = (-1, 2, 3), (6, 5, 70)
+    args = (source, 0, source.shape, source.stride(), start, extent, weight, False)
+    window, taps, (block_max, block_p, inverse) = correlation_operands(*args, split=split)
+    nothing, taps_alone, (block_max_alone, block_p_alone, inverse_alone) = correlation_operands(
+        *args, split=split, window=False)
+    assert nothing is None and block_p_alone == block_p and block_max.shape[-1] == 2
+    assert torch.equal(taps_alone, taps) and torch.equal(inverse_alone, inverse)
+    assert torch.equal(block_max_alone, block_max)
+    geometry = (tuple(source.shape), source.stride(), start, extent, tuple(weight.shape), weight.stride(), split)
+    with_window, without = operand_buffer(*geometry), operand_buffer(*geometry, window=False)
+    assert without[1][0] == 0 and without[0] == with_window[0] - with_window[1][1]  # all but the window's bytes
+    assert without[2:] == with_window[2:]
+    with pytest.raises(ValueError, match="block maxima"):
+        correlation_operands(*args, split=1, window=False)
 
 
 def test_fp16_window_scales_ignore_inf_and_nan():

@@ -126,19 +126,22 @@ def test_module_binds_its_later_calls_to_the_prepared_call(kernel_size, stride, 
 
 
 @pytest.mark.parametrize("tf32", [False, True], ids=["tf32_off", "tf32"])
-@pytest.mark.parametrize("kernel_size, padding, dilation, bias", [(3, 1, 2, False), (3, 1, 2, True), (4, 1, 1, True)],
-                         ids=["p77_like", "p77_like_bias", "k4s2p1"])
-def test_module_binds_its_later_calls_to_the_cuda_phase_path(kernel_size, padding, dilation, bias, tf32,
+@pytest.mark.parametrize("kernel_size, padding, dilation, bias, c_out",
+                         [(3, 1, 2, False, 16), (3, 1, 2, True, 16), (4, 1, 1, True, 16), (3, 1, 2, True, 64)],
+                         ids=["p77_like", "p77_like_bias", "k4s2p1", "row_runs_reading_the_input"])
+def test_module_binds_its_later_calls_to_the_cuda_phase_path(kernel_size, padding, dilation, bias, c_out, tf32,
                                                              nan_poisoned_allocator):
-    """backend="torch" by the CUDA phase correlation (one phase and a fill; eight phases, no fill): the module's
-    later calls go to torch_phase's prepared call. Fresh inputs into NaN-poisoned memory, against float64 and bitwise
-    against the full way; an input 4 bytes off 16-byte alignment takes the full way; gradients as eager's."""
+    """backend="torch" by the CUDA phase correlation (one phase and a fill; eight phases, no fill; row_runs.py's
+    kernel reading the input itself): the module's later calls go to torch_phase's prepared call. Fresh inputs into
+    NaN-poisoned memory, against float64 and bitwise against the full way; an input 4 bytes off 16-byte alignment
+    takes the full way; gradients as eager's."""
     from convt3d import ops
     from convt3d.backends import torch_phase
 
     args = dict(stride=2, padding=padding, dilation=dilation)
-    eager = torch.nn.ConvTranspose3d(32, 16, kernel_size, bias=bias, **args).cuda()
-    layer = convt3d.convert(torch.nn.ConvTranspose3d(32, 16, kernel_size, bias=bias, **args).cuda(), backend="torch")
+    eager = torch.nn.ConvTranspose3d(32, c_out, kernel_size, bias=bias, **args).cuda()
+    layer = convt3d.convert(torch.nn.ConvTranspose3d(32, c_out, kernel_size, bias=bias, **args).cuda(),
+                            backend="torch")
     layer.load_state_dict(eager.state_dict())
     shape = (2, 32, 5, 6, 7)
     reference = lambda x: F.conv_transpose3d(x.double(), layer.weight.double(),
@@ -356,13 +359,20 @@ def test_problem_77_phase_backend_writes_every_element(tf32, nan_poisoned_alloca
 @pytest.mark.parametrize("bias", [False, True])
 def test_row_runs_kernel_serves_problem_77_as_phase_conv_would(tf32, bias, nan_poisoned_allocator, monkeypatch):
     """Problem 77's geometry at batch 2 with backend="torch": row_runs.py's kernel is what runs (in FP16, TF32 mode,
-    and 3xFP16), and its output, written into NaN-poisoned memory, is phase_conv.py's bitwise in FP16 (the same MMAs
-    in the same order) and within float32's accuracy of float64 in 3xFP16 (its partial sums span more k-steps)."""
+    and 3xFP16), in FP16 reading the input itself (cuda.DIRECT_INPUT) or the operand pass's window, and its outputs,
+    written into NaN-poisoned memory, are the same bitwise (the same values reach the same MMAs), phase_conv.py's
+    bitwise in FP16 (the same MMAs in the same order) and within float32's accuracy of float64 in 3xFP16 (its partial
+    sums span more k-steps)."""
     from convt3d.backends import torch_phase
 
-    built = []
+    built = []  # (whether it reads the input, kernel) of each row_runs.py kernel asked for
     row_runs_kernel = cuda._row_runs_kernel.__wrapped__
-    monkeypatch.setattr(cuda, "_row_runs_kernel", lambda *args: built.append(row_runs_kernel(*args)) or built[-1])
+
+    def recorded(*args):
+        built.append((len(args) > 7 and args[7] is not None, row_runs_kernel(*args)))
+        return built[-1][1]
+
+    monkeypatch.setattr(cuda, "_row_runs_kernel", recorded)
     x = torch.rand(2, 32, 16, 32, 32, device="cuda")
     w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.05
     b = torch.randn(64, device="cuda") if bias else None
@@ -370,27 +380,31 @@ def test_row_runs_kernel_serves_problem_77_as_phase_conv_would(tf32, bias, nan_p
 
     def forget_launches():  # (worked out once per layer, with the kernel that cuda.ROW_RUNS chose)
         for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry,
-                      cuda_phases._forward_launches):
+                      cuda_phases._forward_launches, cuda_phases._reads_input):
             cache.cache_clear()
         torch_phase._prepared.clear()
 
     try:
         with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
-            for row_runs in (True, False):
+            for row_runs, direct_input in ((True, True), (True, False), (False, False)):
                 monkeypatch.setattr(cuda, "ROW_RUNS", row_runs)
+                monkeypatch.setattr(cuda, "DIRECT_INPUT", direct_input)
                 forget_launches()
                 outputs.append(convt3d.conv_transpose3d(x, w, b, backend="torch", **P77))
             expected = F.conv_transpose3d(x, w, b, **P77)
     finally:
         forget_launches()  # (no later test gets this one's launches by phase_conv.py's kernel)
-    assert len(built) == 1 and built[0] is not None
+    # (Reading the input serves FP16 alone: cuda.reads_input.)
+    assert {direct for direct, _ in built} == ({True, False} if tf32 else {False})
+    assert all(kernel is not None for _, kernel in built)
     reference = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), **P77)
     err = assert_close_rel(outputs[0], reference, 1e-3 if tf32 else 1e-6)
     assert torch.allclose(outputs[0], expected, atol=1e-4, rtol=1e-4), err
+    assert torch.equal(outputs[0], outputs[1])
     if tf32:
-        assert torch.equal(outputs[0], outputs[1])
+        assert torch.equal(outputs[0], outputs[2])
     else:
-        assert_close_rel(outputs[1], reference, 1e-6)
+        assert_close_rel(outputs[2], reference, 1e-6)
 
 
 @pytest.mark.parametrize("tf32", [True, False])
@@ -480,6 +494,46 @@ def test_cuda_phase_correlation_kernel_with_tf32_off(layer, split, tile_rule, mo
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         g = torch.randn(plan.output_shape, device="cuda")
         _check_cuda_phase_correlation(x, w, b, plan, args, g, False, 1e-6)
+
+
+@pytest.mark.parametrize("layer", [layer for layer in CUDA_PHASE_LAYERS if layer[0] == 32 and layer[1] % 64 == 0])
+@pytest.mark.parametrize("view", ["contiguous", "cropped", "channels_last"])
+def test_forward_reading_the_input_is_the_windows_bitwise(layer, view, monkeypatch):
+    """row_runs.py's kernel reading the input itself (cuda.DIRECT_INPUT, FP16 in TF32 mode) writes the same output
+    bitwise as reading the operand pass's window, into NaN-filled outputs, and TF32's accuracy against float64: on a
+    contiguous input, on a view whose rows are contiguous but that starts 4 bytes past a row of a larger tensor (other
+    strides, an unaligned start), and on a channels_last_3d input, which keeps the window, as does a layer whose grid
+    is too wide for row_runs.py's kernel (cuda._row_runs_layer)."""
+    split, tf32 = 3, True
+    monkeypatch.setattr(cuda, "TF32_SPLIT", split)
+    x, w, b, plan, args = cuda_phase_layer(*layer, seed=torch.seed() % 2**31, tf32_exact=False)
+    if view == "cropped":
+        larger = torch.randn(x.shape[0], x.shape[1] + 1, x.shape[2] + 1, x.shape[3] + 2, x.shape[4] + 3, device="cuda")
+        larger[:, 1:, 1:, 2:, 3:] = x
+        x = larger[:, 1:, 1:, 2:, 3:]
+    elif view == "channels_last":
+        x = x.to(memory_format=torch.channels_last_3d)
+    phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+        reason = cuda_phases.forward_unsupported(plan, phase_list, x.device, x.dtype, tf32)
+        if reason is not None:
+            pytest.skip(reason)
+        _, _, launches = cuda_phases._forward_geometry(plan, phase_list, split)
+        row_runs_serves = all(cuda._row_runs_layer(32, plan.out_channels, split, grid) for _, _, grid, _ in launches)
+        direct = cuda_phases._direct_input(x, plan, phase_list, split, True)
+        assert (direct is None) == (view == "channels_last" or not row_runs_serves)
+        outputs = []
+        for direct_input in (True, False):
+            monkeypatch.setattr(cuda, "DIRECT_INPUT", direct_input)
+            out = torch.full(plan.output_shape, float("nan"), device="cuda")
+            cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
+            outputs.append(out)
+    written = ~outputs[0].isnan()  # (the regions no tap reaches: the fill's, not written here)
+    assert torch.equal(written, ~outputs[1].isnan()) and torch.equal(outputs[0][written], outputs[1][written])
+    reference = F.conv_transpose3d(x.double(), w.double(), b.double(), **args)
+    expected = reference[written]
+    error = (outputs[0][written].double() - expected).norm() / expected.norm()
+    assert error <= 1e-3, error.item()  # (FP16 on scaled operands: TF32's 11 significant bits)
 
 
 @pytest.mark.parametrize("layer", CUDA_PHASE_LAYERS[:3] + CUDA_PHASE_LAYERS[-3:])

@@ -87,6 +87,9 @@ for dtype, tf32 in [(torch.float32, True), (torch.float32, False), (torch.float1
 fill.fill_channels(torch.empty(1, 4, 8, 16, 16), torch.rand(4))
 for split in (0, 1, 2):  # (3xFP16 in grad_input's orientation: its weight halves need 32 input channels)
     window.correlation_operands(x, 0, x.shape, x.stride(), (-1, -1, -1), (6, 8, 8), w, split == 2, split=split)
+x32, w32 = torch.rand(1, 32, 4, 6, 6), torch.rand(32, 64, 3, 3, 3)  # (for row_runs.py's input-reading kernel)
+window.correlation_operands(x32, 0, x32.shape, x32.stride(), (-1, -1, -1), (6, 8, 8), w32, False, split=2,
+                            window=False)
 
 failed = []
 for (name, _, _), (bound, dtypes) in recorded.items():
@@ -131,7 +134,7 @@ EXPECTED = {
     "backward.copy_operands_kernel": 4,
     "backward.phase_grad_weight_kernel": 4,
     "fill._fill_channels_kernel": 1,
-    "window.correlation_operands_kernel": 3,  # TF32, 3xTF32, 3xFP16
+    "window.correlation_operands_kernel": 4,  # TF32, 3xTF32, 3xFP16 with and without the window
 }
 
 

@@ -271,11 +271,11 @@ _prepared: dict = {}
 
 
 def _prepared_key(input, bias, plan: Plan):
-    # The settings that pick the kernels (cuda.ENABLED, cuda.SPLIT, cuda.TF32_SPLIT) are part of the key, so that a
-    # change to them reaches the next call as it did before calls were prepared.
+    # The settings that pick the kernels (cuda.ENABLED, cuda.SPLIT, cuda.TF32_SPLIT, cuda.DIRECT_INPUT) are part of
+    # the key, so that a change to them reaches the next call as it did before calls were prepared.
     cuda = _cuda_module().cuda
     return (plan, input.dtype, input.device, cudnn_allow_tf32(), bias is not None, cuda.ENABLED, cuda.SPLIT,
-            cuda.TF32_SPLIT)
+            cuda.TF32_SPLIT, cuda.DIRECT_INPUT)
 
 
 def prepared_call(input, weight, bias, plan: Plan):

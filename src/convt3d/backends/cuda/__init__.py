@@ -12,7 +12,8 @@ in FP16 on operands scaled by powers of two (FP16, phase_conv.py's SPLIT 3: roun
 value lies within 2^29 of the largest its tile reads); CONVT3D_TF32_AS_FP16=0 (or cuda.TF32_SPLIT = 0) takes TF32
 itself. With TF32 off it splits its operands in FP16 parts (3xFP16); CONVT3D_SPLIT=1 (or cuda.SPLIT = 1) takes TF32
 parts instead (3xTF32, twice the MMAs). CONVT3D_ROW_RUNS=0 (or cuda.ROW_RUNS = False) keeps phase_conv.py's kernel
-where row_runs.py's would serve.
+where row_runs.py's would serve; CONVT3D_DIRECT_INPUT=0 (or cuda.DIRECT_INPUT = False) has row_runs.py's forward read
+the operand pass's window rather than the input itself.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ TF32_SPLIT = 0 if os.environ.get("CONVT3D_TF32_AS_FP16", "1") == "0" else 3
 # row_runs.py's kernel (FP16 and 3xFP16) rather than phase_conv.py's; CONVT3D_ROW_RUNS=0 takes phase_conv.py's. Set
 # before a layer's first call: its launches are worked out once (tile_rows, phase_launches).
 ROW_RUNS = os.environ.get("CONVT3D_ROW_RUNS", "1") != "0"
+# Whether row_runs.py's kernel, in the forward in FP16, reads its planes straight from an input whose rows are
+# contiguous rather than from the operand pass's window (row_runs.py, INPUT_DIRECT; reads_input); CONVT3D_DIRECT_INPUT=0
+# keeps the window. That kernel is compiled per input geometry (sizes and strides; not the batch): on the H200 a new
+# input shape's first call took 0.8-0.9 s.
+DIRECT_INPUT = os.environ.get("CONVT3D_DIRECT_INPUT", "1") != "0"
 
 # Hopper (sm_90a: wgmma); the same SASS would not run on later architectures.
 ARCHITECTURE = (9, 0)
@@ -164,9 +170,10 @@ def _row_runs_layer(c_in: int, c_out: int, split: int, grid) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _row_runs_kernel(device_index: int, c_out: int, taps, dilation, window_columns: int, has_bias: bool,
-                     split: int):
-    """row_runs.py's kernel for a layer that _row_runs_layer admits, or None where its N (ROWS rows of the window) or
-    its shared memory (two programs a multiprocessor) would not fit, or where it does not compile (logged)."""
+                     split: int, input_geometry=None):
+    """row_runs.py's kernel for a layer that _row_runs_layer admits (reading the input itself, of input_geometry,
+    where given: row_runs.source's), or None where its N (ROWS rows of the window) or its shared memory (two programs
+    a multiprocessor) would not fit, or where it does not compile (logged)."""
     if row_runs.positions(window_columns) > row_runs.MAX_POSITIONS[split]:
         return None
     shared = row_runs.shared_bytes(taps, dilation, window_columns, split)
@@ -174,8 +181,8 @@ def _row_runs_kernel(device_index: int, c_out: int, taps, dilation, window_colum
         return None
     try:
         with torch.cuda.device(device_index):
-            return _Kernel(row_runs.source(c_out, taps, dilation, window_columns, has_bias, split), "phase_conv_rows",
-                           shared, row_runs.THREADS)
+            return _Kernel(row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, input_geometry),
+                           "phase_conv_rows", shared, row_runs.THREADS)
     except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: phase_conv.py's serves)
         logger.debug("convt3d: row_runs kernel not used (%s)", error)
         return None
@@ -251,15 +258,18 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
 
 
 def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_strides, grid,
-                     taps, dilation, phases, scales=None, split=None) -> None:
+                     taps, dilation, phases, scales=None, split=None, direct=None) -> None:
     """correlate for several correlations of the same grid, tap counts and dilation (phases of one layer), each
     (window offsets, first taps, tap steps: three each, then its element offset in out): one launch per
-    phase_conv.MAX_PHASES of them. Their window extent: window_extent's with batch N x len(phases)."""
+    phase_conv.MAX_PHASES of them. Their window extent: window_extent's with batch N x len(phases). direct (where
+    reads_input allows it): (the window's shape, phase_launches' input_geometry), and window is the input itself."""
     if split is None:
         split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
-    launches = phase_launches(window.device.index or 0, tuple(window.shape), tuple(weight_taps.shape[-4:-1]), split,
+    window_shape, input_geometry = direct if direct is not None else (tuple(window.shape), None)
+    launches = phase_launches(window.device.index or 0, window_shape, tuple(weight_taps.shape[-4:-1]), split,
                               bias is not None, tuple(out_strides), tuple(grid), tuple(taps), tuple(dilation),
-                              tuple(phases), (scales[1], scales[0].shape[-1]) if split >= 2 else None)
+                              tuple(phases), (scales[1], scales[0].shape[-1]) if split >= 2 else None,
+                              input_geometry)
     if split >= 2:
         block_max, _, w_inverse = scales
         scale_pointers = (block_max.data_ptr(), w_inverse.data_ptr())
@@ -275,19 +285,23 @@ def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out:
 
 @functools.lru_cache(maxsize=256)
 def phase_launches(device: int, window_shape, weight_taps_shape, split: int, has_bias: bool, out_strides, grid,
-                   taps, dilation, phases, scale_blocks) -> tuple:
+                   taps, dilation, phases, scale_blocks, input_geometry=None) -> tuple:
     """correlate_phases' launches, (kernel, programs, ints, longs, table) each, once per layer: window_shape (N, XD,
     XH, XW, C_in); weight_taps_shape (kH, kW, C_out) of the whole kernel's taps; scale_blocks (the block maxima's
     columns per block, their blocks per row) under 3xFP16 and FP16 (split 2, 3), else None. Each is launched with
     the pointers (window, weight taps, their lo part (3xTF32), bias, block maxima, the weight's inverse scales, out),
-    0 for those not read."""
+    0 for those not read. input_geometry (where reads_input allows it): the input's spatial sizes, the window's start
+    in it and its strides (N, C, D, H: its rows contiguous), for row_runs.py's kernel reading the input itself (the
+    same arguments); then the pointers' first is the input's."""
     n, xd, xh, xw, c_in = window_shape
     kh, kw, c_out = weight_taps_shape
     cob = config(c_in, c_out, taps, dilation, split)[1]
     rows = tile_rows(c_in, c_out, taps, dilation, split, n * len(phases), grid)
     kernel = None
     if _row_runs_layer(c_in, c_out, split, grid):  # (the same programs and arguments: its rows, cob 64, one column)
-        kernel = _row_runs_kernel(device, c_out, taps, dilation, xw, has_bias, split)
+        kernel = _row_runs_kernel(device, c_out, taps, dilation, xw, has_bias, split, input_geometry)
+    if input_geometry is not None and kernel is None:
+        raise RuntimeError("convt3d: the correlation cannot read the input itself here (see cuda.reads_input)")
     if kernel is None:
         kernel = _kernel(device, c_in, c_out, taps, dilation, has_bias, split, rows)
     qd, qh, qw = grid
@@ -302,6 +316,18 @@ def phase_launches(device: int, window_shape, weight_taps_shape, split: int, has
         ints = (xd, xh, xw, kh, kw, qd, qh, qw, qh_blocks, qw_blocks, *scale_ints, len(chunk))
         launches.append((kernel, programs * len(chunk), ints, out_strides, _phase_table(tuple(chunk))))
     return tuple(launches)
+
+
+def reads_input(device: int, c_in: int, c_out: int, taps, dilation, window_columns: int, has_bias: bool, split: int,
+                grid, input_geometry) -> bool:
+    """Whether a correlation may read an input of input_geometry itself (phase_launches'): row_runs.py's kernel
+    serves it (INPUT_DIRECT), in FP16 (split 3). In 3xFP16 it was slower than reading the window: problem 77's
+    forward took 0.354-0.360 ms against 0.350-0.354 on the H200, where FP16's took 0.272-0.273 against 0.290
+    (benchmarks/diag_direct_input.py, sixty-eighth session). The caller checks DIRECT_INPUT and that the input's rows
+    are contiguous."""
+    return (split == 3 and _row_runs_layer(c_in, c_out, split, grid)
+            and _row_runs_kernel(device, c_out, tuple(taps), tuple(dilation), window_columns, has_bias, split,
+                                 input_geometry) is not None)
 
 
 @functools.lru_cache(maxsize=256)

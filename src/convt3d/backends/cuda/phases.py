@@ -18,7 +18,7 @@ from .. import cuda, cudnn_allow_tf32
 from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands, operands_at_addresses
 from . import (correlate, correlate_grad_weight, correlate_phases, grad_weight_kernel_unsupported,
-               grad_weight_splits, phase_conv_unsupported, phase_launches, window_extent)
+               grad_weight_splits, phase_conv_unsupported, phase_launches, reads_input, window_extent)
 
 
 def _split(tf32: bool) -> int:
@@ -86,10 +86,33 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()  # the correlation reads bias[c] at c elements from its start
     start, extent, launches = _forward_launches(plan, phase_list, split, out.stride(), lattice_geometry)
+    direct = _direct_input(input, plan, phase_list, split, bias is not None)
     window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
-                                                       grad_input_orientation=False, split=split)
+                                                       grad_input_orientation=False, split=split,
+                                                       window=direct is None)
     for counts, dilation, grid, strides, fields in launches:
-        correlate_phases(window, weight_taps, bias, out, strides, grid, counts, dilation, fields, scales, split)
+        correlate_phases(window if direct is None else input, weight_taps, bias, out, strides, grid, counts, dilation, fields,
+                         scales, split, direct=direct)
+
+
+def _direct_input(input: torch.Tensor, plan: Plan, phase_list: tuple, split: int, has_bias: bool):
+    """correlate_phases' direct for the forward's correlations where every one may read the input itself
+    (cuda.reads_input; cuda.DIRECT_INPUT on, the input's rows contiguous), else None."""
+    if not (cuda.DIRECT_INPUT and input.is_cuda and input.stride(4) == 1):
+        return None
+    start, extent, _ = _forward_geometry(plan, phase_list, split)
+    input_geometry = (tuple(input.shape[2:]), start, tuple(input.stride()[:4]))
+    if not _reads_input(plan, phase_list, split, input.device.index or 0, has_bias, input_geometry):
+        return None
+    return (plan.batch, *extent, plan.in_channels), input_geometry
+
+
+@functools.lru_cache(maxsize=256)
+def _reads_input(plan: Plan, phase_list: tuple, split: int, device: int, has_bias: bool, input_geometry) -> bool:
+    """Whether every correlation of the forward may read an input of input_geometry itself (cuda.reads_input)."""
+    _, extent, launches = _forward_geometry(plan, phase_list, split)
+    return all(reads_input(device, plan.in_channels, plan.out_channels, counts, dilation, extent[2], has_bias, split,
+                           grid, input_geometry) for counts, dilation, grid, _ in launches)
 
 
 def prepare_write(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, phase_list: tuple, out: torch.Tensor,
@@ -102,22 +125,26 @@ def prepare_write(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, p
     split = _split(cudnn_allow_tf32())
     device = input.device.index or 0
     start, extent, launches = _forward_launches(plan, phase_list, split, out.stride(), lattice_geometry)
-    operands = operands_at_addresses(device, input.shape, input.stride(), start, extent, weight, split)
+    direct = _direct_input(input, plan, phase_list, split, bias is not None)
+    operands = operands_at_addresses(device, input.shape, input.stride(), start, extent, weight, split,
+                                     window=direct is None)
     if operands is None:
         return None
     size, window_shape, scale_blocks, operand_pass = operands
     kd, kh, kw = weight.shape[2:]
     lo_offset = 4 * kd * kh * kw * plan.out_channels * plan.in_channels if split == 1 else None
+    input_geometry = None if direct is None else direct[1]
     correlations = [launch for counts, dilation, grid, strides, fields in launches
                     for launch in phase_launches(device, window_shape, (kh, kw, plan.out_channels), split,
                                                  bias is not None, strides, grid, counts, dilation, fields,
-                                                 scale_blocks)]
+                                                 scale_blocks, input_geometry)]
     device_of_buffer = input.device
 
     def write(stream, input, weight, bias, out):
         buffer = torch.empty(size, dtype=torch.uint8, device=device_of_buffer)  # (kept until the launches are queued)
         window, taps, block_max, inverse = operand_pass(stream, input, weight, buffer.data_ptr())
-        pointers = (window, taps, 0 if lo_offset is None else taps + lo_offset, bias,
+        pointers = (window if input_geometry is None else input, taps, 0 if lo_offset is None else taps + lo_offset,
+                    bias,
                     *((block_max, inverse) if split >= 2 else (0, 0)), out)
         for kernel, programs, ints, longs, table in correlations:
             kernel.launch(programs, pointers, ints, longs, stream, table)

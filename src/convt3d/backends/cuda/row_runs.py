@@ -19,6 +19,16 @@ halves in 3xFP16 (128-byte swizzle), as the weight's rows. Then it issues every 
 between them (3xFP16: PROMOTE k-steps into a partial sum, then a wait and the partial added, as phase_conv.py's). The
 tile is staged in shared memory and written row by row, each warp's 32 lanes over 32 consecutive columns.
 
+INPUT_DIRECT (the forward in FP16, on an input whose rows are contiguous: cuda.reads_input): the kernel reads each
+plane from the input itself, (N, C, D, H, W) through its strides, zero outside it, rather than from the operand
+pass's channels-last window, and the pass writes only the window's block maxima and the weight's halves
+(window.correlation_operands' window=False). The same values reach the MMAs, so the result is bitwise the window's;
+the window's bytes (written by the pass, then read here) are saved. On the H200, problem 77's forward took 0.272-0.273
+ms against 0.290 reading the window in FP16, but 0.354-0.360 against 0.350-0.354 in 3xFP16, which keeps the window
+(benchmarks/diag_direct_input.py, sixty-eighth session). The input's sizes, strides and the window's start are
+macros, so that its offsets fold into the loads: as kernel arguments (a pointer stepped along the channels; indexed,
+the FP16 kernel spilled), FP16's forward took 0.281-0.286 ms.
+
 Measured on the H200 for problem 77 (sixty-fourth session, benchmarks/RESULTS.md). benchmarks/diag_turned.py, where
 this kernel was built, on the same operands: FP16 with three programs per multiprocessor, the compact correlation
 0.096 ms against phase_conv.py's 0.108, into the output's lattice 0.134-0.143 against 0.162, bitwise the same result;
@@ -73,7 +83,9 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
                 int QD, int QH, int QW, int qh_blocks, int qw_blocks, int max_block, int max_blocks, int phase_count,
                 long long syn, long long syc, long long syd, long long syh, long long syw, const Phases phases)
 {
-    // (XW_: the window's width, XW here a macro; qw_blocks, max_block: 1 and the block maxima's columns, unused.)
+    // (XW_: the window's width, XW here a macro; qw_blocks, max_block: 1 and the block maxima's columns, unused.
+    // INPUT_DIRECT: x is the input (N, C_IN, X_D, X_H, X_W) with strides X_SN, X_SC, X_SD, X_SH and rows contiguous,
+    // and window position (a, b, c) is its position (a + START_D, b + START_H, c + START_W).)
     extern __shared__ __align__(1024) float4 smem4[];
     float* weights = (float*)smem4;                          // [KH * KW][COB][ROW / 4 floats], swizzled
     unsigned* plane = (unsigned*)(weights + KH * KW * W_TAP_FLOATS);  // [PLANE_POS][ROW / 4 words], swizzled
@@ -86,7 +98,9 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     const int qh0 = (tile % qh_blocks) * ROWS; tile /= qh_blocks;
     const int qd = tile % QD, n = tile / QD;
     const long long first_row = ((long long)n * XD + qd + off_d) * XH + qh0 + off_h;  // of plane 0's row 0
+#if !INPUT_DIRECT
     const float* plane0 = x + first_row * XW * C_IN;
+#endif
     const float* w_block = w + (long long)ob * COB * 32;
     // A tap's weight rows: (C_OUT, 64 halves) each, 32 hi then 32 lo (window._weight_halves).
     #define W_TAP(tap) ((long long)(((td0 + ((tap) / (KH * KW)) * tds) * KHF + th0 + ((tap) / KW % KH) * ths) * KWF \
@@ -144,6 +158,34 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         // The plane by (position, 16 channels): all loads of a round first, then the splits and stores. Channel c of
         // 16 goes to k = (c & 8) | (c & 3) * 2 | (c >> 2) & 1, as the weight's operand pass orders them: the hi halves
         // in the row's 16-byte chunks 2 c16 and 2 c16 + 1, the lo halves in chunks 4 + 2 c16 and 5 + 2 c16.
+#if INPUT_DIRECT
+        // Unit u: channels 16 c16 on of plane position p, 16 loads of one channel each, lanes along the input's rows
+        // (coalesced); zero outside the input, as the window is.
+        const int x_d = qd + off_d + kd * DD + START_D;
+        const bool depth_inside = x_d >= 0 && x_d < X_D;
+        const float* x_plane = x + (long long)n * X_SN + (long long)x_d * X_SD;
+        #pragma unroll
+        for (int base = 0; base < UNITS; base += 2 * THREADS) {
+            float v[2][16];
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int u = base + h * THREADS + tid;
+                const int c16 = u / (HH * XW), p = u % (HH * XW);
+                const int x_h = qh0 + off_h + p / XW + START_H, x_w = p % XW + START_W;
+                const bool inside = u < UNITS && depth_inside && x_h >= 0 && x_h < X_H && x_w >= 0 && x_w < X_W;
+                const float* at = x_plane + (long long)(16 * c16) * X_SC + (long long)x_h * X_SH + x_w;
+                #pragma unroll
+                for (int j = 0; j < 16; j++) v[h][j] = inside ? at[(long long)j * X_SC] : 0.f;
+            }
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int u = base + h * THREADS + tid;
+                if (u >= UNITS) continue;
+                const int c16 = u / (HH * XW), p = u % (HH * XW);
+                float f[16];
+                #pragma unroll
+                for (int j = 0; j < 16; j++) f[j] = v[h][j];
+#else
         const float4* src = (const float4*)(plane0 + (long long)kd * DD * XH * XW * C_IN);
         #pragma unroll
         for (int base = 0; base < UNITS; base += 2 * THREADS) {
@@ -163,6 +205,7 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
                 #pragma unroll
                 for (int q = 0; q < 4; q++)
                     f[4 * q] = v[h][q].x, f[4 * q + 1] = v[h][q].y, f[4 * q + 2] = v[h][q].z, f[4 * q + 3] = v[h][q].w;
+#endif
                 unsigned hi[8], lo[8];
                 #pragma unroll
                 for (int e = 0; e < 4; e++) {
@@ -276,12 +319,21 @@ def programs_per_multiprocessor(split: int, window_columns: int) -> int:
     return 3 if split == 3 and positions(window_columns) <= 136 else 2
 
 
-def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, split: int) -> str:
+def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, split: int,
+           input_geometry=None) -> str:
     """The kernel's source for one configuration: 32 input channels, c_out a multiple of 64, split 2 (3xFP16) or 3
-    (FP16), a window window_columns (XW) wide; sizes as macros, so that every loop unrolls."""
+    (FP16), a window window_columns (XW) wide, read from the window or, given input_geometry (the input's spatial
+    sizes, the window's start in it, its strides N, C, D, H in elements: its rows contiguous), from the input itself;
+    sizes as macros, so that every loop unrolls and the input's offsets fold into its loads (INPUT_DIRECT above)."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
+    input_defines = {}
+    if input_geometry is not None:
+        sizes, start, strides = input_geometry
+        names = ("X_D", "X_H", "X_W", "START_D", "START_H", "START_W", "X_SN", "X_SC", "X_SD", "X_SH")
+        input_defines = {name: f"({value})" for name, value in zip(names, (*sizes, *start, *strides))}
     defines = dict(C_IN=32, C_OUT=c_out, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, XW=window_columns, ROWS=ROWS,
-                   HAS_BIAS=int(has_bias), SPLIT=int(split), PROMOTE=PROMOTE, THREADS=THREADS,
+                   HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
+                   **input_defines, PROMOTE=PROMOTE, THREADS=THREADS,
                    MIN_BLOCKS=programs_per_multiprocessor(split, window_columns),
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())

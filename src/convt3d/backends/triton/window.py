@@ -7,7 +7,8 @@ C_out x C_in per tap) or weight[o, i, td, th, tw] (grad_input's: C_in x C_out), 
 TF32-rounded to nearest as cuDNN rounds, so that the tensor cores read them as they lie. With TF32 off the window stays
 as it is (the kernel splits its fragments); for 3xTF32 (split 1) weight_taps gains a leading axis of two, the TF32
 parts hi = tf32(w) and lo = tf32(w - hi); for 3xFP16 (split 2) it holds scaled FP16 parts (_weight_halves), and each
-window program also stores its block's largest magnitude, from which the kernel scales the window.
+window program also stores its block's largest magnitude, from which the kernel scales the window. For a kernel that
+reads the source itself (cuda/row_runs.py's INPUT_DIRECT), the pass makes only those maxima and the weight's parts.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def _finite_magnitude(value):
 @triton.jit
 def _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W,
                 XD, XH, XW, START_D, START_H, START_W, C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
-                SPLIT: tl.constexpr):
+                SPLIT: tl.constexpr, WINDOW: tl.constexpr):
     """BLOCK_P positions of one window row (n, a, b) x their channels: loaded along the source's positions, stored
-    along the channels."""
+    along the channels (unless WINDOW is false: then only the block's largest magnitude)."""
     column_block = program % COLUMN_BLOCKS
     row = program // COLUMN_BLOCKS  # (n * XD + a) * XH + b
     b = row % XH
@@ -56,8 +57,9 @@ def _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, O
         value = _round_to_tf32(value)
     if SPLIT == 2:  # the block's largest finite magnitude, from which the kernel scales its planes
         tl.store(block_max_ptr + program, tl.max(tl.max(_finite_magnitude(value), 1), 0))
-    out = row.to(tl.int64) * XW * C + (c * C)[:, None] + ch[None, :]
-    tl.store(window_ptr + out, value, mask=(c < XW)[:, None] & (ch < C)[None, :])
+    if WINDOW:
+        out = row.to(tl.int64) * XW * C + (c * C)[:, None] + ch[None, :]
+        tl.store(window_ptr + out, value, mask=(c < XW)[:, None] & (ch < C)[None, :])
 
 
 @triton.jit
@@ -122,7 +124,7 @@ def correlation_operands_kernel(
     WEIGHT_PROGRAMS, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH, XW, START_D, START_H, START_W,
     TAP_ELEMENTS, O, I, WO, WI, WD, WH, WW, KH, KW,
     C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_I: tl.constexpr, BLOCK_TAPS: tl.constexpr,
+    WINDOW: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_TAPS: tl.constexpr,
 ):
     """Both operands in one launch (a launch's host time shows on the GPU machine): programs below WEIGHT_PROGRAMS
     make the weight taps, the others the window. The weight's programs come first: under 3xFP16 each reads an output
@@ -131,7 +133,7 @@ def correlation_operands_kernel(
     program = tl.program_id(0)
     if program >= WEIGHT_PROGRAMS:
         _window_row(source_ptr, window_ptr, block_max_ptr, program - WEIGHT_PROGRAMS, COLUMN_BLOCKS, OFFSET, SN, SC,
-                    SD, SH, SW, D, H, W, XD, XH, XW, START_D, START_H, START_W, C, BLOCK_C, BLOCK_P, SPLIT)
+                    SD, SH, SW, D, H, W, XD, XH, XW, START_D, START_H, START_W, C, BLOCK_C, BLOCK_P, SPLIT, WINDOW)
     elif SPLIT == 2:
         _weight_halves(weight_ptr, taps_ptr, inverse_ptr, program, TAP_ELEMENTS // (O * I), O, I, WO, WI, WD, WH, WW,
                        KH, KW, BLOCK_I, BLOCK_TAPS)
@@ -145,19 +147,22 @@ BLOCK_T = 1024
 
 
 def correlation_operands(source: torch.Tensor, offset: int, shape, strides, start, extent, weight: torch.Tensor,
-                         grad_input_orientation: bool, split: int = 0):
+                         grad_input_orientation: bool, split: int = 0, window: bool = True):
     """(window, weight_taps, scales) as above, for TF32 (split 0), 3xTF32 (1) or 3xFP16 (2; and FP16, 3, the same:
     weight_taps float16 (kD, kH, kW, O, 2 I) as _weight_halves lays it out; scales (block maxima (N, XD, XH, column
     blocks), the blocks' columns, the weight's inverse scales (O,)), else None). The source (N, C, D, H, W) is read
     through the given shape and strides from element `offset` of source.data_ptr() on (a lattice of grad_output, or
     the input itself); extent: the window's (XD, XH, XW); start: the source position of window position 0 along each
-    axis."""
+    axis. window False (3xFP16 and FP16 only, for a kernel that reads the source itself): no window is made, only
+    its block maxima (the window returned is None)."""
     split = min(split, 2)  # (FP16, split 3, reads 3xFP16's operands: their lo parts unused)
+    if not window and split != 2:
+        raise ValueError("convt3d: operands without the window need the FP16 splits' block maxima (split 2 or 3)")
     grid, scalars, options, window_shape, block_p = _geometry(offset, tuple(shape), tuple(strides), tuple(start),
                                                               tuple(extent), tuple(weight.shape), weight.stride(),
-                                                              grad_input_orientation, split)
+                                                              grad_input_orientation, split, window)
     device = source.device
-    window = torch.empty(window_shape, dtype=torch.float32, device=device)
+    window_values = torch.empty(window_shape, dtype=torch.float32, device=device) if window else None
     kd, kh, kw = weight.shape[2:]
     o, i = (weight.shape[0], weight.shape[1]) if grad_input_orientation else (weight.shape[1], weight.shape[0])
     if split == 2:
@@ -172,28 +177,31 @@ def correlation_operands(source: torch.Tensor, offset: int, shape, strides, star
         taps = torch.empty((2, kd, kh, kw, o, i) if split else (kd, kh, kw, o, i), dtype=torch.float32, device=device)
         block_max = inverse = taps  # (not read)
         scales = None
-    _launch.launch(grid, (source, window, weight, taps, block_max, inverse), scalars, options)
-    return window, taps, scales
+    written = window_values if window else block_max  # (without the window: a float32 pointer, not written)
+    _launch.launch(grid, (source, written, weight, taps, block_max, inverse), scalars, options)
+    return window_values, taps, scales
 
 
-def operands_at_addresses(device: int, shape, strides, start, extent, weight: torch.Tensor, split: int):
+def operands_at_addresses(device: int, shape, strides, start, extent, weight: torch.Tensor, split: int,
+                          window: bool = True):
     """correlation_operands of a source with these shape and strides (at element 0 of its data) and a weight of
-    weight's shape, strides and dtype, in the forward's orientation, for a prepared call: (operand_buffer's size,
-    window shape and scale blocks, and a function (stream, source address, weight address, buffer address) ->
-    (window, weight taps, block maxima, inverse scales) addresses, that launches the pass there). None where no
+    weight's shape, strides and dtype, in the forward's orientation, with or without the window, for a prepared call:
+    (operand_buffer's size, window shape and scale blocks, and a function (stream, source address, weight address,
+    buffer address) -> (window (without it: the buffer's start, not written), weight taps, block maxima, inverse
+    scales) addresses, that launches the pass there). None where no
     compiled launch at addresses is at hand (an earlier call with 16-byte aligned pointers on device compiles it) or
     in the interpreter. The caller checks what BoundLaunch.at_addresses leaves to it: every address 16-byte aligned,
     device current, no launch hook."""
     split = min(split, 2)
     grid, scalars, options, _, _ = _geometry(0, tuple(shape), tuple(strides), tuple(start), tuple(extent),
-                                             tuple(weight.shape), weight.stride(), False, split)
+                                             tuple(weight.shape), weight.stride(), False, split, window)
     taps_dtype = torch.float16 if split == 2 else torch.float32
     dtypes = (weight.dtype, torch.float32, weight.dtype, taps_dtype, torch.float32, torch.float32)
     launch = _launch.bind(grid, scalars, options).at_addresses(device, dtypes)
     if launch is None:
         return None
     size, offsets, window_shape, scale_blocks = operand_buffer(shape, strides, start, extent, weight.shape,
-                                                               weight.stride(), split)
+                                                               weight.stride(), split, window)
 
     def run(stream, source, weight, buffer):
         window_at, taps_at, block_max_at, inverse_at = (buffer + offset for offset in offsets)
@@ -203,9 +211,10 @@ def operands_at_addresses(device: int, shape, strides, start, extent, weight: to
     return size, window_shape, scale_blocks, run
 
 
-def operand_buffer(shape, strides, start, extent, weight_shape, weight_strides, split: int):
-    """One buffer for what correlation_operands(source, 0, shape, strides, start, extent, weight) allocates in the
-    forward's orientation: (its bytes, the byte offsets of the window, the weight taps, the block maxima and the
+def operand_buffer(shape, strides, start, extent, weight_shape, weight_strides, split: int, window: bool = True):
+    """One buffer for what correlation_operands(source, 0, shape, strides, start, extent, weight, window=window)
+    allocates in the forward's orientation: (its bytes, the byte offsets of the window (none without it: 0), the
+    weight taps, the block maxima and the
     inverse scales in it, each part 256-byte aligned as an allocation of its own would be (the last two the taps'
     where split < 2: passed, not read), the window's shape, and scale_blocks as cuda.phase_launches takes them:
     (the block maxima's columns per block, their blocks per row) under 3xFP16, else None)."""
@@ -215,7 +224,8 @@ def operand_buffer(shape, strides, start, extent, weight_shape, weight_strides, 
     c_in, c_out, kd, kh, kw = weight_shape
     n, xd, xh, xw, c = window_shape
     taps = kd * kh * kw * c_out * c_in
-    parts = [4 * n * xd * xh * xw * c, 2 * 2 * taps if split == 2 else 4 * taps * (2 if split else 1)]
+    parts = [4 * n * xd * xh * xw * c if window else 0,
+             2 * 2 * taps if split == 2 else 4 * taps * (2 if split else 1)]
     if split == 2:
         parts += [4 * n * xd * xh * cdiv(xw, block_p), 4 * c_out]
     offsets, size = [], 0
@@ -228,7 +238,8 @@ def operand_buffer(shape, strides, start, extent, weight_shape, weight_strides, 
 
 
 @functools.lru_cache(maxsize=1024)
-def _geometry(offset, shape, strides, start, extent, weight_shape, weight_strides, grad_input_orientation, split):
+def _geometry(offset, shape, strides, start, extent, weight_shape, weight_strides, grad_input_orientation, split,
+              window: bool = True):
     """(grid, scalar arguments, constexprs and options, the window's shape, its column blocks' positions), once per
     layer."""
     n, c, d, h, w = shape
@@ -245,7 +256,7 @@ def _geometry(offset, shape, strides, start, extent, weight_shape, weight_stride
                tap_elements, o, i, wo, wi, *w_taps, kh, kw)
     block_i = next_power_of_2(i)
     options = (("C", c), ("BLOCK_C", next_power_of_2(c)), ("BLOCK_P", block_p), ("BLOCK_T", BLOCK_T),
-               ("SPLIT", int(split)), ("BLOCK_I", block_i),
+               ("SPLIT", int(split)), ("WINDOW", int(window)), ("BLOCK_I", block_i),
                ("BLOCK_TAPS", min(next_power_of_2(kd * kh * kw), max(1, 2048 // block_i))), ("num_warps", 4))
     grid = (weight_programs + window_programs,)
     return grid, scalars, options, (n, xd, xh, xw, c), block_p
