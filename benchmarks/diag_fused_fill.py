@@ -18,6 +18,10 @@ with the pass's programs first or every second (0.17 with them spread over the g
 the pass's bytes at the fill's bandwidth. The forward with it was no faster than the library's (minima 0.283-0.289
 against 0.284 ms in FP16).
 
+Sixty-eighth session: the pass as the library's forward now runs it, in FP16 without the window (the correlation
+reads the input itself: row_runs.py's INPUT_DIRECT), so that it reads the input's 33.5 MB and writes little; the
+question again, with the correlation reading the input.
+
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call). "fill": the launch with no
 pass programs; "fused": the launch alone; "forward": the fused launch and the library's correlation (cuda.correlate,
 row_runs.py's kernel) on its operands. Every forward's output, NaN-poisoned before its first call, is compared with
@@ -32,6 +36,7 @@ import triton
 import triton.language as tl
 
 from convt3d.backends import cuda
+from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.triton import cdiv
 from convt3d.backends.triton import window as window_module
 from convt3d.backends.triton.window import _weight_halves, _weight_taps, _window_row, correlation_operands
@@ -46,8 +51,8 @@ def fill_and_operands_kernel(
     WEIGHT_PROGRAMS, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH, XW, START_D, START_H, START_W,
     TAP_ELEMENTS, O, I, WO, WI, WD, WH, WW, KH, KW,
     C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_I: tl.constexpr, BLOCK_TAPS: tl.constexpr, FILL_BLOCK: tl.constexpr, EVERY: tl.constexpr,
-    REVERSE: tl.constexpr,
+    WINDOW: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_TAPS: tl.constexpr, FILL_BLOCK: tl.constexpr,
+    EVERY: tl.constexpr, REVERSE: tl.constexpr,
 ):
     """window.correlation_operands_kernel's program p at program p x EVERY (p < PASS_PROGRAMS), zeros into the output's
     blocks of FILL_BLOCK elements in the others, in order (or from the last block, REVERSE)."""
@@ -56,7 +61,8 @@ def fill_and_operands_kernel(
         p = program // EVERY
         if p >= WEIGHT_PROGRAMS:
             _window_row(source_ptr, window_ptr, block_max_ptr, p - WEIGHT_PROGRAMS, COLUMN_BLOCKS, OFFSET, SN, SC,
-                        SD, SH, SW, D, H, W, XD, XH, XW, START_D, START_H, START_W, C, BLOCK_C, BLOCK_P, SPLIT)
+                        SD, SH, SW, D, H, W, XD, XH, XW, START_D, START_H, START_W, C, BLOCK_C, BLOCK_P, SPLIT,
+                        WINDOW)
         elif SPLIT == 2:
             _weight_halves(weight_ptr, taps_ptr, inverse_ptr, p, TAP_ELEMENTS // (O * I), O, I, WO, WI, WD, WH, WW,
                            KH, KW, BLOCK_I, BLOCK_TAPS)
@@ -70,14 +76,15 @@ def fill_and_operands_kernel(
         tl.store(out_ptr + offsets, tl.zeros([FILL_BLOCK], dtype=tl.float32), mask=offsets < TOTAL)
 
 
-def fused_operands(x, w, start, extent, split: int):
-    """The operands as correlation_operands allocates them, and a function (out, fill_block, every, reverse,
-    with_pass) that launches the fill (and, with_pass, the pass into those operands)."""
+def fused_operands(x, w, start, extent, split: int, window: bool = True):
+    """The operands as correlation_operands allocates them (with or without the window), and a function (out,
+    fill_block, every, reverse, with_pass) that launches the fill (and, with_pass, the pass into those operands)."""
     split = min(split, 2)
     grid, scalars, options, window_shape, block_p = window_module._geometry(
-        0, tuple(x.shape), tuple(x.stride()), tuple(start), tuple(extent), tuple(w.shape), w.stride(), False, split)
+        0, tuple(x.shape), tuple(x.stride()), tuple(start), tuple(extent), tuple(w.shape), w.stride(), False, split,
+        window)
     kd, kh, kw = w.shape[2:]
-    window = torch.empty(window_shape, dtype=torch.float32, device=x.device)
+    window_values = torch.empty(window_shape, dtype=torch.float32, device=x.device) if window else None
     taps = torch.empty((kd, kh, kw, w.shape[1], 2 * w.shape[0]), dtype=torch.float16, device=x.device)
     block_max = torch.empty((*window_shape[:3], cdiv(window_shape[3], block_p)), dtype=torch.float32,
                             device=x.device)
@@ -90,10 +97,11 @@ def fused_operands(x, w, start, extent, split: int):
             raise ValueError(f"every={every}: the pass's programs reach past the grid ({pass_programs} of them, "
                              f"{fill_blocks} fill blocks)")
         fill_and_operands_kernel[(pass_programs + fill_blocks,)](
-            out, fill_blocks, out.numel(), pass_programs, x, window, w, taps, block_max, inverse, *scalars,
-            **dict(options), FILL_BLOCK=fill_block, EVERY=every, REVERSE=int(reverse))
+            out, fill_blocks, out.numel(), pass_programs, x, block_max if window_values is None else window_values,
+            w, taps, block_max, inverse, *scalars, **dict(options), FILL_BLOCK=fill_block, EVERY=every,
+            REVERSE=int(reverse))
 
-    return (window, taps, (block_max, block_p, inverse)), launch
+    return (window_values, taps, (block_max, block_p, inverse)), launch
 
 
 def parse_form(form: str):
@@ -119,24 +127,30 @@ def main():
         library, expected = library_forward(x, w)
         out = torch.empty(plan.output_shape, device="cuda")
         start, extent, geometry = correlation_geometry(plan, phase_list, split, out.stride())
-        operands, launch = fused_operands(x, w, start, extent, split)
-        made = correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=split)
+        # As the library's forward: in FP16 the correlation reads the input itself, the pass no window.
+        direct = cuda_phases._direct_input(x, plan, phase_list, split, False)
+        operands, launch = fused_operands(x, w, start, extent, split, window=direct is None)
+        made = correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=split,
+                                    window=direct is None)
+        print(mode, "the correlation reads", "the window" if direct is None else "the input", flush=True)
 
         def forward(every, reverse, block):
             def run():
                 y = torch.empty(plan.output_shape, device="cuda")
                 launch(y, block, every, reverse)
                 window, taps, scales = operands
-                cuda.correlate(window, taps, None, y, **geometry, scales=scales, split=split)
+                cuda.correlate(window if direct is None else x, taps, None, y, **geometry, scales=scales, split=split,
+                               direct=direct)
                 return y
             return run
 
         for form, (every, reverse, block) in forms.items():  # the fused launch's own results, once per mode
-            for written in (out, operands[0], operands[1], operands[2][0], operands[2][2]):
-                written.fill_(float("nan"))
+            written = [out, *operands[1:2], operands[2][0], operands[2][2], *operands[:1 if direct is None else 0]]
+            for tensor in written:
+                tensor.fill_(float("nan"))
             launch(out, block, every, reverse)
-            same = all(torch.equal(a, b) for a, b in ((operands[0], made[0]), (operands[1], made[1]),
-                                                       (operands[2][0], made[2][0]), (operands[2][2], made[2][2])))
+            pairs = [(operands[1], made[1]), (operands[2][0], made[2][0]), (operands[2][2], made[2][2])]
+            same = all(torch.equal(a, b) for a, b in pairs + ([(operands[0], made[0])] if direct is None else []))
             print(mode, form, f"operands equal to the pass's {same}, output all zeros {bool((out == 0).all())}",
                   flush=True)
         for round_ in range(args.rounds):
@@ -146,7 +160,7 @@ def main():
                 timings.row(mode, "out.zero_()", out.zero_)
                 timings.row(mode, "pass (correlation_operands)",
                             lambda: correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False,
-                                                         split=split))
+                                                         split=split, window=direct is None))
                 for block in sorted({block for _, _, block in forms.values()}):
                     timings.row(mode, f"fill alone, blocks of {block}",
                                 lambda: launch(out, block, 1, False, with_pass=False))

@@ -244,7 +244,7 @@ def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: i
 
 
 def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_offset: int, out_strides,
-              grid, offsets, taps, first_taps, tap_steps, dilation, scales=None, split=None) -> None:
+              grid, offsets, taps, first_taps, tap_steps, dilation, scales=None, split=None, direct=None) -> None:
     """out (float32) at element out_offset with out_strides, over grid (QD, QH, QW) x C_out: the correlation of
     phase_conv.py plus bias. window: (N, XD, XH, XW, C_in) with XD, XH, XW at least window_extent(...); weight_taps:
     (kD, kH, kW, C_out, C_in) of the whole kernel, contiguous, TF32-rounded like the window (TF32), or (2, kD, kH,
@@ -252,9 +252,9 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
     its scaled FP16 parts, with the window as it is and scales (3xFP16: window.correlation_operands' block maxima,
     their block's columns and the weight's inverse scales); first_taps, tap_steps: per axis the correlation's first
     kernel tap and the step between its taps. split: the precision, None for the one the operands imply (TF32,
-    3xTF32 or 3xFP16); FP16 (3) takes 3xFP16's operands and reads their hi parts alone."""
+    3xTF32 or 3xFP16); FP16 (3) takes 3xFP16's operands and reads their hi parts alone. direct: correlate_phases'."""
     correlate_phases(window, weight_taps, bias, out, out_strides, grid, taps, dilation,
-                     ((*offsets, *first_taps, *tap_steps, out_offset),), scales, split)
+                     ((*offsets, *first_taps, *tap_steps, out_offset),), scales, split, direct=direct)
 
 
 def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_strides, grid,
