@@ -25,9 +25,11 @@ for step in $steps; do
     ways) python3 benchmarks/diag_launch_ways.py --rounds 3 2>&1 | tee "$OUT/ways.log"
           python3 benchmarks/diag_host_steps.py --calls 300 --layers batch1_small_k3s2,video_k3s2p1op1 --profile-top 8 \
               2>&1 | tee "$OUT/host_steps.log" ;;
-    # Problem 77's operand pass: beside the fill in one launch (tried, sixty-seventh session), and left out by a
-    # correlation that reads the input itself (prepared then, not yet run).
+    # Problem 77's operand pass: beside the fill in one launch (tried in the sixty-seventh and sixty-eighth sessions),
+    # and left out by a correlation that reads the input itself (the library's since the sixty-eighth session: direct).
     p77_pass) python3 benchmarks/diag_fused_fill.py --iters 100 --rounds 2 2>&1 | tee "$OUT/fused_fill.log"
               python3 benchmarks/diag_window_free.py --iters 100 --rounds 2 2>&1 | tee "$OUT/window_free.log" ;;
+    direct) python3 benchmarks/diag_direct_input.py --iters 100 --rounds 3 2>&1 | tee "$OUT/direct_input.log"
+            python3 benchmarks/diag_pass_maxima.py --iters 100 --rounds 2 2>&1 | tee "$OUT/pass_maxima.log" ;;
   esac
 done

@@ -90,9 +90,10 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
     window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
                                                        grad_input_orientation=False, split=split,
                                                        window=direct is None)
+    source = window if direct is None else input
     for counts, dilation, grid, strides, fields in launches:
-        correlate_phases(window if direct is None else input, weight_taps, bias, out, strides, grid, counts, dilation, fields,
-                         scales, split, direct=direct)
+        correlate_phases(source, weight_taps, bias, out, strides, grid, counts, dilation, fields, scales, split,
+                         direct=direct)
 
 
 def _direct_input(input: torch.Tensor, plan: Plan, phase_list: tuple, split: int, has_bias: bool):
@@ -143,8 +144,8 @@ def prepare_write(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, p
     def write(stream, input, weight, bias, out):
         buffer = torch.empty(size, dtype=torch.uint8, device=device_of_buffer)  # (kept until the launches are queued)
         window, taps, block_max, inverse = operand_pass(stream, input, weight, buffer.data_ptr())
-        pointers = (window if input_geometry is None else input, taps, 0 if lo_offset is None else taps + lo_offset,
-                    bias,
+        source = window if input_geometry is None else input
+        pointers = (source, taps, 0 if lo_offset is None else taps + lo_offset, bias,
                     *((block_max, inverse) if split >= 2 else (0, 0)), out)
         for kernel, programs, ints, longs, table in correlations:
             kernel.launch(programs, pointers, ints, longs, stream, table)
