@@ -16,10 +16,12 @@ import argparse
 
 import torch
 
+from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.backends.triton import cdiv
 from convt3d.backends.triton import window as window_module
 from convt3d.backends.triton.window import correlation_operands
 from diag_window_free import window_free_operands
-from p77_correlation import Timings, correlation_geometry, problem_77
+from p77_correlation import Timings, problem_77
 
 
 def pass_parts(x, w, start, extent, split: int):
@@ -33,7 +35,7 @@ def pass_parts(x, w, start, extent, split: int):
 
     def launch(programs, weights: bool):
         taps = torch.empty((kd, kh, kw, w.shape[1], 2 * w.shape[0]), dtype=torch.float16, device=x.device)
-        block_max = torch.empty((*window_shape[:3], -(-window_shape[3] // block_p)), dtype=torch.float32,
+        block_max = torch.empty((*window_shape[:3], cdiv(window_shape[3], block_p)), dtype=torch.float32,
                                 device=x.device)
         inverse = torch.empty(w.shape[1], dtype=torch.float32, device=x.device)
         launch_scalars = scalars if weights else (0, *scalars[1:])
@@ -51,12 +53,11 @@ def main():
     args = parser.parse_args()
     x, w, plan, phase_list = problem_77()
     split = 3
-    out_strides = torch.empty(plan.output_shape, device="meta").stride()
-    start, extent, _ = correlation_geometry(plan, phase_list, split, out_strides)
+    start, extent, _ = cuda_phases._forward_geometry(plan, phase_list, split)
     library = lambda: correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=split,
                                            window=False)
     weights_alone, maxima_alone = pass_parts(x, w, start, extent, 2)
-    _, diag_pass = window_free_operands(x, w, start, extent)
+    diag_pass = window_free_operands(x, w, start, extent)
 
     _, taps, (block_max, _, inverse) = library()
     parts_taps, _, parts_inverse = weights_alone()

@@ -11,11 +11,12 @@ the bandwidth (diag_fused_fill.py, sixty-seventh session). So the window's 85 MB
 Here the correlation reads each plane's 16-channel units straight from the input (N, C, D, H, W), 16 loads of one
 channel each, lanes along the input's rows, zero outside it (the window's padding), and splits them as before; the
 pass (one Triton launch) writes the row maxima in the window's layout (each row's maximum is its input row's: the
-padding adds zeros) and the weight's halves with window.py's own function. The kernel is row_runs.py's source with its
-plane load patched (PLANE_LOAD), the input's sizes, strides and the window's start compiled in as macros.
+padding adds zeros) and the weight's halves with window.py's own function.
 
-Since the sixty-eighth session the library's forward reads the input itself this way (row_runs.py's INPUT_DIRECT, the
-pass window.correlation_operands(window=False)); this script's library rows take the window, as before.
+Since the sixty-eighth session that correlation is the library's (row_runs.py's INPUT_DIRECT, launched here through
+cuda.correlate's direct in both precisions, though the library takes it in FP16 alone), and this script runs it; the
+sixty-eighth session's call 1 ran the same plane load patched into row_runs.py's source (this script at 25647eb). Its
+library rows take the window, as the library did before.
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call). The operands of the pass are
 compared with correlation_operands' (bitwise: block maxima, weight halves, inverse scales) and every forward's output,
@@ -30,52 +31,11 @@ import triton
 import triton.language as tl
 
 from convt3d.backends import cuda
-from convt3d.backends.cuda import row_runs
+from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.triton import window as window_module
 from convt3d.backends.triton.window import _finite_magnitude, _weight_halves, correlation_operands
 from diag_overlap import checked
-from p77_correlation import (Timings, correlation_geometry, library_forward, modes, patched_row_runs, problem_77,
-                             use_row_runs)
-
-# row_runs.py's plane load, from its first line to the unit's 16 values in f[] (from the window's channels-last rows,
-# four float4 a unit of 16 channels) ...
-_PLANE_LOAD_START = row_runs.SOURCE.index("        const float4* src = ")
-PLANE_LOAD = row_runs.SOURCE[_PLANE_LOAD_START:row_runs.SOURCE.index(
-    "\n", row_runs.SOURCE.index("f[4 * q + 3] = v[h][q].w;", _PLANE_LOAD_START)) + 1]
-# ... and from the input: unit u is channels 16 (u / (HH XW)) on of plane position u % (HH XW), lanes along a row.
-INPUT_LOAD = """        const int x_d = qd + off_d + kd * DD + X_START_D;  // the plane's depth in the input
-        const float* x_plane = x + (long long)n * X_SN + (long long)x_d * X_SD;
-        #pragma unroll
-        for (int base = 0; base < UNITS; base += 2 * THREADS) {
-            float v[2][16];
-            #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int u = base + h * THREADS + tid;
-                const int c16 = u / (HH * XW), p = u % (HH * XW);
-                const int x_h = qh0 + off_h + p / XW + X_START_H, x_w = p % XW + X_START_W;
-                const bool inside = u < UNITS && x_d >= 0 && x_d < X_D && x_h >= 0 && x_h < X_H && x_w >= 0
-                                    && x_w < X_W;
-                const float* at = x_plane + (long long)(16 * c16) * X_SC + (long long)x_h * X_SH + x_w;
-                #pragma unroll
-                for (int j = 0; j < 16; j++) v[h][j] = inside ? at[(long long)j * X_SC] : 0.f;
-            }
-            #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int u = base + h * THREADS + tid;
-                if (u >= UNITS) continue;
-                const int c16 = u / (HH * XW), p = u % (HH * XW);
-                float f[16];
-                #pragma unroll
-                for (int j = 0; j < 16; j++) f[j] = v[h][j];
-"""
-
-
-def input_macros(x, start) -> str:
-    """The input's sizes and strides (elements; its rows contiguous) and the window's start, as INPUT_LOAD reads them."""
-    assert x.stride(4) == 1
-    names = dict(X_SN=x.stride(0), X_SC=x.stride(1), X_SD=x.stride(2), X_SH=x.stride(3), X_D=x.shape[2],
-                 X_H=x.shape[3], X_W=x.shape[4], X_START_D=start[0], X_START_H=start[1], X_START_W=start[2])
-    return "".join(f"#define {name} {value}\n" for name, value in names.items())
+from p77_correlation import Timings, correlation_geometry, library_forward, modes, problem_77
 
 
 @triton.jit
@@ -105,9 +65,8 @@ def maxima_and_weights_kernel(
 
 
 def window_free_operands(x, w, start, extent):
-    """The pass for a contiguous input x: (the window's shape, a function (poisoned: its outputs NaN-filled first) that
-    launches it and returns (weight halves, (block maxima, their block's columns, inverse scales)) as
-    correlation_operands' split 2)."""
+    """The pass for a contiguous input x: a function (poisoned: its outputs NaN-filled first) that launches it and
+    returns (weight halves, (block maxima, their block's columns, inverse scales)) as correlation_operands' split 2."""
     _, scalars, options, window_shape, block_p = window_module._geometry(
         0, tuple(x.shape), tuple(x.stride()), tuple(start), tuple(extent), tuple(w.shape), w.stride(), False, 2)
     assert window_shape[3] <= block_p  # one column block a row: a row's maximum is its input row's
@@ -130,7 +89,7 @@ def window_free_operands(x, w, start, extent):
             BLOCK_TAPS=options["BLOCK_TAPS"], num_warps=4)
         return taps, (block_max, block_p, inverse)
 
-    return window_shape, run
+    return run
 
 
 def main():
@@ -144,10 +103,8 @@ def main():
         library, expected = library_forward(x, w, direct_input=False)  # (the library before it read the input)
         out = torch.empty(plan.output_shape, device="cuda")
         start, extent, geometry = correlation_geometry(plan, phase_list, split, out.stride())
-        window_shape, operands = window_free_operands(x, w, start, extent)
-        # correlate() takes the window's shape from its tensor and its address as the kernel's x: the input's, here.
-        input_as_window = x.as_strided(window_shape, (0,) * 5)
-        window_free = patched_row_runs((PLANE_LOAD, INPUT_LOAD), head=input_macros(x, start))
+        operands = window_free_operands(x, w, start, extent)
+        direct = cuda_phases.input_direct(x, plan, phase_list, split)
 
         made = correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=split)
         taps, scales = operands(poisoned=True)
@@ -156,7 +113,7 @@ def main():
 
         def correlation(y, ops):
             taps, scales = ops
-            cuda.correlate(input_as_window, taps, None, y, **geometry, scales=scales, split=split)
+            cuda.correlate(x, taps, None, y, **geometry, scales=scales, split=split, direct=direct)
 
         def forward():
             y = torch.empty(plan.output_shape, device="cuda")
@@ -176,7 +133,6 @@ def main():
                 timings.row(mode, "library: correlation into the lattice, operands made before",
                             lambda: cuda.correlate(window, taps_made, None, out, **geometry, scales=scales_made,
                                                    split=split))
-            use_row_runs(window_free)
             timings.row(mode, f"window-free forward (round {round_ + 1})", forward,
                         checked(forward, expected, reference, eager))
             if round_ == 0:
@@ -185,7 +141,6 @@ def main():
                 timings.row(mode, "window-free: correlation into the lattice, operands made before",
                             lambda: correlation(out, ops))
         del expected, reference, eager
-    use_row_runs()
     print(timings.table())
 
 

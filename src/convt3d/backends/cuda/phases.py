@@ -101,11 +101,17 @@ def _direct_input(input: torch.Tensor, plan: Plan, phase_list: tuple, split: int
     (cuda.reads_input; cuda.DIRECT_INPUT on, the input's rows contiguous), else None."""
     if not (cuda.DIRECT_INPUT and input.is_cuda and input.stride(4) == 1):
         return None
-    start, extent, _ = _forward_geometry(plan, phase_list, split)
-    input_geometry = (tuple(input.shape[2:]), start, tuple(input.stride()[:4]))
-    if not _reads_input(plan, phase_list, split, input.device.index or 0, has_bias, input_geometry):
+    direct = input_direct(input, plan, phase_list, split)
+    if not _reads_input(plan, phase_list, split, input.device.index or 0, has_bias, direct[1]):
         return None
-    return (plan.batch, *extent, plan.in_channels), input_geometry
+    return direct
+
+
+def input_direct(input: torch.Tensor, plan: Plan, phase_list: tuple, split: int):
+    """correlate_phases' direct for the forward's correlations reading input (its rows contiguous) itself: (the
+    window's shape, the input's spatial sizes, the window's start in it and the input's strides N, C, D, H)."""
+    start, extent, _ = _forward_geometry(plan, phase_list, split)
+    return (plan.batch, *extent, plan.in_channels), (tuple(input.shape[2:]), start, tuple(input.stride()[:4]))
 
 
 @functools.lru_cache(maxsize=256)
