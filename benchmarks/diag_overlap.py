@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from convt3d.backends import cuda
+from convt3d.backends import cuda, driver
 from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.triton.launch import _current_stream
 from convt3d.backends.triton.window import correlation_operands
@@ -160,9 +160,9 @@ def kernel(source: str, name: str, carveout: bool = False, **macros):
 
 
 def prefer_shared(function) -> None:
-    driver = cuda._driver()
-    driver.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    cuda._check(driver.cuFuncSetAttribute(function, 9, 100))  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+    libcuda = driver.libcuda()
+    libcuda.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    driver.check(libcuda.cuFuncSetAttribute(function, 9, 100))  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 
 
 def checked(forward, expected, reference, eager) -> str:

@@ -21,7 +21,7 @@ import functools
 import torch
 
 import convt3d
-from convt3d.backends import cuda
+from convt3d.backends import cuda, driver
 from diag_overlap import checked, prefer_shared
 from p77_correlation import LIBRARY_ROW_RUNS_KERNEL, Timings, modes, patched_row_runs, problem_77, use_row_runs
 
@@ -57,12 +57,12 @@ def builder(patches, carveout: bool):
 
 def occupancy(kernel) -> int:
     """The programs of kernel a multiprocessor holds at its threads and shared memory (the driver's calculator)."""
-    driver = cuda._driver()
-    driver.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
-                                                                   ctypes.c_int, ctypes.c_size_t]
+    libcuda = driver.libcuda()
+    libcuda.cuOccupancyMaxActiveBlocksPerMultiprocessor.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                                                                    ctypes.c_int, ctypes.c_size_t]
     blocks = ctypes.c_int()
-    cuda._check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), kernel.function,
-                                                                    kernel.threads, kernel.shared_bytes))
+    driver.check(libcuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), kernel.function,
+                                                                      kernel.threads, kernel.shared_bytes))
     return blocks.value
 
 
