@@ -12,6 +12,13 @@ fifth session's diag_side_fill ran this split with fills of one warp a program (
 were 5-14 times slower than zero_(); diag_full_rows and diag_fill_gaps wrote rows whole after a full fill or the gaps
 from the correlation's own programs. A fill of the gaps at full occupancy, in turn with the rest, was not measured.
 
+What it found (sixty-ninth session, benchmarks/RESULTS.md): slower, on both counts. The gap fill took 0.248-0.264 ms
+(minima, 528 to 2,112 programs) against out.zero_()'s 0.124 for the whole output: a warp a plane, its runs of rows 260
+bytes long. And the pass with the correlation writing its rows whole took 0.176 ms in FP16 and 0.238 in 3xFP16
+(minima) against about 0.14 and 0.22 for the library's (its forward less zero_()), as diag_full_rows and
+diag_side_fill found. The whole forward: 0.428-0.445 ms against the library's 0.262-0.264 in FP16, 0.495-0.512 against
+0.342-0.343 in 3xFP16 (minima), bitwise the library's output.
+
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call). Every composed forward's
 output, NaN-poisoned before its first call, is compared with the library's forward (bitwise), float64 and
 F.conv_transpose3d (KernelBench's check).

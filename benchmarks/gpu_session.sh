@@ -31,5 +31,9 @@ for step in $steps; do
               python3 benchmarks/diag_window_free.py --iters 100 --rounds 2 2>&1 | tee "$OUT/window_free.log" ;;
     direct) python3 benchmarks/diag_direct_input.py --iters 100 --rounds 3 2>&1 | tee "$OUT/direct_input.log"
             python3 benchmarks/diag_pass_maxima.py --iters 100 --rounds 2 2>&1 | tee "$OUT/pass_maxima.log" ;;
+    # Problem 77's correlation at four programs a multiprocessor, and the fill leaving the lattice rows to it (sixty-
+    # ninth session: neither faster).
+    p77_layout) python3 benchmarks/diag_programs_per_sm.py --iters 100 --rounds 3 2>&1 | tee "$OUT/programs.log"
+                python3 benchmarks/diag_gap_fill.py --iters 100 --rounds 2 2>&1 | tee "$OUT/gap_fill.log" ;;
   esac
 done
