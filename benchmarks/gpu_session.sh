@@ -35,5 +35,13 @@ for step in $steps; do
     # ninth session: neither faster).
     p77_layout) python3 benchmarks/diag_programs_per_sm.py --iters 100 --rounds 3 2>&1 | tee "$OUT/programs.log"
                 python3 benchmarks/diag_gap_fill.py --iters 100 --rounds 2 2>&1 | tee "$OUT/gap_fill.log" ;;
+    # Why problem 77's correlation waits: every sampled stall reason of row_runs.py's kernel, TF32 mode (FP16, reading
+    # the input) and TF32 off (3xFP16), under Nsight Compute (prepared in the sixty-ninth session, not run: the
+    # machine stopped answering).
+    stalls) for mode in "" --tf32-off; do
+              ncu --clock-control none -k regex:phase_conv_rows --launch-skip 3 --launch-count 1 --metrics \
+                  'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio',smsp__issue_active.avg.pct_of_peak_sustained_active \
+                  python3 benchmarks/profile_layer.py kernelbench_l1_77_dilated torch $mode 2>&1 | tee "$OUT/stalls$mode.log"
+            done ;;
   esac
 done

@@ -11,7 +11,8 @@ tap_columns: the Triton tap_columns kernel with one fixed config (64 x 128 x 32,
 so that the profiled launch is that config's. general: the general fused kernel (forward.py) likewise, in the config
 `auto` chose for vae_k4s2p1_fp16 in the forty-third session's sweeps (256 x 64 x 64, 8 warps, 3 stages). tiled: the
 tiled GEMM (k2 s2 layers) with the config given as diag_tiled.py's --extra-configs write it (default 128 x 128 x 64,
-swapped, 8 warps, 3 stages). TF32 mode.
+swapped, 8 warps, 3 stages). TF32 mode, or with --tf32-off anywhere among the arguments TF32 off (3xFP16 in the CUDA
+phase correlation).
 """
 
 import pathlib
@@ -30,12 +31,13 @@ from diag_tiled import parse_config  # noqa: E402
 TAP_COLUMNS = dict(KERNEL="tap_columns", BLOCK_M=64, BLOCK_N=128, BLOCK_CI=32, num_warps=4, num_stages=3)
 GENERAL = dict(BLOCK_M=256, BLOCK_CO=64, BLOCK_CI=64, num_warps=8, num_stages=3, PER_SM=0)
 
-name, backend = sys.argv[1], sys.argv[2]
-torch.backends.cudnn.allow_tf32 = True
+arguments = [a for a in sys.argv[1:] if a != "--tf32-off"]
+name, backend = arguments[0], arguments[1]
+torch.backends.cudnn.allow_tf32 = "--tf32-off" not in sys.argv
 layer = sweep_layers(name)[0]
 _, x, w, b, reference = layer.kernel_case("cuda")
 args = (layer.stride, layer.padding, layer.output_padding, layer.groups, layer.dilation)
-tiled_config = parse_config(sys.argv[3] if len(sys.argv) > 3 else "128x128x64s1w8n3")
+tiled_config = parse_config(arguments[2] if len(arguments) > 2 else "128x128x64s1w8n3")
 for _ in range(6):
     if backend == "tap_columns":
         y = forward.conv_transpose3d_triton(x, w, b, layer.plan(), config=TAP_COLUMNS)
