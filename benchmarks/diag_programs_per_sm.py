@@ -4,12 +4,12 @@ CPU with NVRTC 12.9 for sm_90a: no spill reading the window; reading the input i
 units a thread a round, none with one), and four programs' 50 KB of shared memory fit a multiprocessor. The
 sixty-fourth session measured three against two (0.096 against 0.104 ms, the compact correlation); four was not tried.
 
+    PYTHONPATH=src python3 benchmarks/diag_programs_per_sm.py [--iters 100] [--rounds 3]
+
 What it found (sixty-ninth session, benchmarks/RESULTS.md): no gain. The driver's occupancy calculator gave four
 programs a multiprocessor to the MIN_BLOCKS 4 forms, three to the others; reading the input, every form's forward
 took 0.2716-0.2728 ms by the means of rounds 2 and 3 (minima 0.2662-0.2689), the library's as fast as any; reading the
 window, four programs took 0.297 against three's 0.289. Every output bitwise the library's.
-
-    PYTHONPATH=src python3 benchmarks/diag_programs_per_sm.py [--iters 100] [--rounds 3]
 
 Forms: the correlation reading the input (the library's default) or the window; MIN_BLOCKS 3 or 4; the plane's load
 rounds of two units a thread (the library's) or one; "carveout": the kernel's preferred shared-memory carveout set to

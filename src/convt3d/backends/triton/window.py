@@ -62,13 +62,14 @@ def _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, O
 
 
 @triton.jit
-def _row_maxima(source_ptr, block_max_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH, XW,
+def _row_maxima(source_ptr, block_max_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W, XD, XH,
                 START_D, START_H, START_W, C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
                 BLOCK_W: tl.constexpr):
     """The largest finite magnitude of one window row's block of BLOCK_P positions, without the window: the source's
     columns that the block covers, channels by columns, BLOCK_W columns at a time from a multiple of 4 on, so that a
     row's loads are whole 16-byte words where the source allows. On the H200 (sixty-ninth session) problem 77's pass
-    without the window took 0.0186 ms so (minimum of 100), 0.0235 with _window_row's tile (positions by channels)."""
+    without the window took 0.0186 ms with this tile (the minimum of 100 calls), 0.0235 with _window_row's (positions
+    by channels)."""
     column_block = program % COLUMN_BLOCKS
     row = program // COLUMN_BLOCKS  # (n * XD + a) * XH + b
     b = row % XH
@@ -155,10 +156,11 @@ def correlation_operands_kernel(
     C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
     WINDOW: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_TAPS: tl.constexpr,
 ):
-    """Both operands in one launch (a launch's host time shows on the GPU machine): programs below WEIGHT_PROGRAMS
-    make the weight taps, the others the window (or, without it, its block maxima). The weight's programs come first: under 3xFP16 each reads an output
-    channel's whole row twice, one tile after another. Placed first rather than last, with TF32 off (twenty-seventh
-    session): k3s1p1's pass 15.7 -> 13.2 us, vae_k4s2p1's 24-27 -> 23, video_spatial_k144's 10.2 -> 10.6."""
+    """Both operands in one launch (a launch's host time shows on the GPU machine): programs below WEIGHT_PROGRAMS make
+    the weight taps, the others the window (without it, its block maxima). The weight's programs come first: under
+    3xFP16 each reads an output channel's whole row twice, one tile after another. Placed first rather than last,
+    with TF32 off (twenty-seventh session): k3s1p1's pass 15.7 -> 13.2 us, vae_k4s2p1's 24-27 -> 23,
+    video_spatial_k144's 10.2 -> 10.6."""
     program = tl.program_id(0)
     if program >= WEIGHT_PROGRAMS:
         if WINDOW:
@@ -166,7 +168,7 @@ def correlation_operands_kernel(
                         SC, SD, SH, SW, D, H, W, XD, XH, XW, START_D, START_H, START_W, C, BLOCK_C, BLOCK_P, SPLIT)
         else:
             _row_maxima(source_ptr, block_max_ptr, program - WEIGHT_PROGRAMS, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH,
-                        SW, D, H, W, XD, XH, XW, START_D, START_H, START_W, C, BLOCK_C, BLOCK_P, BLOCK_W)
+                        SW, D, H, W, XD, XH, START_D, START_H, START_W, C, BLOCK_C, BLOCK_P, BLOCK_W)
     elif SPLIT == 2:
         _weight_halves(weight_ptr, taps_ptr, inverse_ptr, program, TAP_ELEMENTS // (O * I), O, I, WO, WI, WD, WH, WW,
                        KH, KW, BLOCK_I, BLOCK_TAPS)
