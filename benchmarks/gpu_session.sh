@@ -35,6 +35,9 @@ for step in $steps; do
     # ninth session: neither faster).
     p77_layout) python3 benchmarks/diag_programs_per_sm.py --iters 100 --rounds 3 2>&1 | tee "$OUT/programs.log"
                 python3 benchmarks/diag_gap_fill.py --iters 100 --rounds 2 2>&1 | tee "$OUT/gap_fill.log" ;;
+    # Problem 77's correlation with the weights kept and the planes in rings (prepared in the sixty-ninth session, not
+    # run).
+    ring) python3 benchmarks/diag_depth_ring.py --iters 100 --rounds 2 2>&1 | tee "$OUT/depth_ring.log" ;;
     # Why problem 77's correlation waits: every sampled stall reason of row_runs.py's kernel, TF32 mode (FP16, reading
     # the input) and TF32 off (3xFP16), under Nsight Compute (prepared in the sixty-ninth session, not run: the
     # machine stopped answering).
