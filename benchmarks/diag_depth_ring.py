@@ -49,27 +49,9 @@ DEPTH_PARTS = 2  # items a band's depths are cut into: 2 x 8 x 16 = 256 items, t
 THREADS = 256
 
 RING_SOURCE = r"""
-#define NP ((ROWS * XW + 7) / 8 * 8)          // positions per tile: the MMA's N
-#define HH (ROWS + (KH - 1) * DH)              // window rows of a plane that a band reads
-#define PLANE_POS ((NP + (KH - 1) * DH * XW + XW - 32 + 7) / 8 * 8)
-#define COB 64
-#define ROW 64                                 // bytes of a weight or plane row: 32 FP16 hi halves
 #define TAPS (KD * KH * KW)
-#define W_TAP_FLOATS (COB * ROW / 4)
 #define PLANE_WORDS (PLANE_POS * ROW / 4)
-#define UNITS (2 * HH * XW)                    // (position, 16 channels) pairs of a plane
 #define GROUP 128                              // threads of a warpgroup
-#define SWIZZLE(c, r) ((c) ^ (((r) >> 1) & 3))  // 64-byte swizzle
-
-__device__ __forceinline__ unsigned long long row_desc(unsigned addr) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(8 * ROW >> 4) << 32)
-           | (2ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_ss(float* d, unsigned long long desc_a, unsigned long long desc_b,
-                                         int accumulate = 1) {
-    WGMMA_SS
-}
 
 // The threads of warpgroup wg (barrier 1 + wg) wait for each other.
 __device__ __forceinline__ void group_sync(int wg) {
@@ -216,22 +198,19 @@ def ring_source(c_out: int, taps, dilation, window_columns: int, has_bias: bool,
     """The ring kernel's source for problem 77's kind of correlation: row_runs.source's macros (FP16, the input read
     itself), one program a multiprocessor."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
-    sizes, start, strides = input_geometry
-    names = ("X_D", "X_H", "X_W", "START_D", "START_H", "START_W", "X_SN", "X_SC", "X_SD", "X_SH")
     defines = dict(C_IN=32, C_OUT=c_out, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, XW=window_columns,
-                   ROWS=row_runs.ROWS, HAS_BIAS=int(has_bias), SLOTS=SLOTS, DEPTH_PARTS=DEPTH_PARTS, THREADS=THREADS,
-                   MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS,
-                   **{name: f"({value})" for name, value in zip(names, (*sizes, *start, *strides))})
+                   ROWS=row_runs.ROWS, HAS_BIAS=int(has_bias), SPLIT=3, SLOTS=SLOTS, DEPTH_PARTS=DEPTH_PARTS,
+                   THREADS=THREADS, MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS,
+                   **row_runs.input_macros(input_geometry))
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return head + COPY_HELPERS + FP16_HELPERS + TILE_HELPERS + PHASE_HELPERS + RING_SOURCE.replace(
-        "WGMMA_SS", row_runs.wgmma_ss_asm(row_runs.positions(window_columns)))
+    return (head + COPY_HELPERS + FP16_HELPERS + TILE_HELPERS + PHASE_HELPERS + row_runs.mma_helpers(window_columns)
+            + RING_SOURCE)
 
 
 def shared_bytes(taps, dilation, window_columns: int) -> int:
     """The weights and both warpgroups' rings."""
-    (kd, kh, kw), (_, dh, _) = taps, dilation
-    n = row_runs.positions(window_columns)
-    plane = -(-(n + (kh - 1) * dh * window_columns + window_columns - 32) // 8) * 8
+    kd, kh, kw = taps
+    plane = row_runs.plane_positions(taps, dilation, window_columns)
     return kd * kh * kw * 64 * 64 + THREADS // 128 * SLOTS * plane * 64
 
 

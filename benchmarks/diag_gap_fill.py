@@ -33,7 +33,7 @@ from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.triton.launch import _current_stream
 from convt3d.backends.triton.window import correlation_operands
 from diag_overlap import checked
-from diag_side_fill import full_rows_row_runs, gap_fill_kernel
+from diag_side_fill import full_rows_row_runs, gap_fill, gap_fill_kernel
 from p77_correlation import Timings, composed, correlation_geometry, library_forward, modes, problem_77, use_row_runs
 
 
@@ -45,7 +45,6 @@ def main():
                         help="gap fills as plain<programs>x<warps>, ','-separated")
     args = parser.parse_args()
     x, w, plan, phase_list = problem_77()
-    n, c, d, h, wd = plan.output_shape
     fills = [tuple(int(v) for v in f.removeprefix("plain").split("x")) for f in args.fills.split(",")]
     kernels = {warps: gap_fill_kernel("plain", warps) for _, warps in fills}
     timings = Timings(args.iters)
@@ -55,13 +54,8 @@ def main():
         library, expected = library_forward(x, w, direct_input=direct_input)
         out = torch.empty(plan.output_shape, device="cuda")
         start, extent, geometry = correlation_geometry(plan, phase_list, split, out.stride())
-        lattice_offset = geometry["out_offset"]
-        (d0, h0), (sd, sh) = (lattice_offset // out.stride(2) % d, lattice_offset // out.stride(3) % h), (2, 2)
         direct = cuda_phases.input_direct(x, plan, phase_list, split) if direct_input else None
-
-        def gap_fill(blocks, warps):
-            return lambda y, stream: kernels[warps].launch(
-                blocks, (y.data_ptr(),), (n * c * d, d, h, wd, d0, sd, h0, sh, geometry["grid"][1]), (), stream)
+        fill = lambda blocks, warps: gap_fill(kernels[warps], blocks, plan, out.stride(), geometry)
 
         def pass_and_full_rows(y):
             window, taps, scales = correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False,
@@ -78,10 +72,10 @@ def main():
                 timings.row(mode, "out.zero_()", out.zero_)
                 for blocks, warps in fills:
                     timings.row(mode, f"gap fill {blocks}x{warps} alone",
-                                lambda: gap_fill(blocks, warps)(out, _current_stream(0)))
+                                lambda: fill(blocks, warps)(out, _current_stream(0)))
                 timings.row(mode, "pass + full rows (no fill)", lambda: pass_and_full_rows(out))
             for blocks, warps in fills:
-                forward = composed(plan, gap_fill(blocks, warps), pass_and_full_rows)
+                forward = composed(plan, fill(blocks, warps), pass_and_full_rows)
                 timings.row(mode, f"gap fill {blocks}x{warps}, pass, full rows (round {round_ + 1})", forward,
                             checked(forward, expected, reference, eager) if round_ == 0 else "")
         del expected, reference, eager

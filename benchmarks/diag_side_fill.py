@@ -104,6 +104,17 @@ def gap_fill_kernel(kind: str, warps: int):
     return cuda._Kernel(defines + GAP_FILL, "gap_fill", 0, 32 * warps)
 
 
+def gap_fill(kernel, blocks: int, plan, out_strides, geometry):
+    """fill(y, stream): kernel (gap_fill_kernel's) in blocks programs over an output of plan and out_strides, leaving
+    out the lattice rows of the correlation of geometry (correlation_geometry's; problem 77's: every other depth and
+    row)."""
+    n, c, d, h, wd = plan.output_shape
+    lattice_offset = geometry["out_offset"]
+    (d0, h0), (sd, sh) = (lattice_offset // out_strides[2] % d, lattice_offset // out_strides[3] % h), (2, 2)
+    return lambda y, stream: kernel.launch(
+        blocks, (y.data_ptr(),), (n * c * d, d, h, wd, d0, sd, h0, sh, geometry["grid"][1]), (), stream)
+
+
 # row_runs.py's kernel with diag_full_rows' store (a builder for use_row_runs).
 full_rows_row_runs = patched_row_runs((STORE, FULL_ROWS_STORE))
 
@@ -116,7 +127,6 @@ def main():
                         help="gap fills as kind (plain, bulk), programs x warps, ','-separated")
     args = parser.parse_args()
     x, w, plan, phase_list = problem_77()
-    n, c, d, h, wd = plan.output_shape
     fills = [(f.rstrip("0123456789x"), *(int(v) for v in f.lstrip("abcdefghijklmnopqrstuvwxyz").split("x")))
              for f in args.fills.split(",")]
     kernels = {(kind, warps): gap_fill_kernel(kind, warps) for kind, _, warps in fills}
@@ -128,12 +138,7 @@ def main():
         use_row_runs(full_rows_row_runs)
         out = torch.empty(plan.output_shape, device="cuda")
         start, extent, geometry = correlation_geometry(plan, phase_list, split, out.stride())
-        lattice_offset = geometry["out_offset"]
-        (d0, h0), (sd, sh) = (lattice_offset // out.stride(2) % d, lattice_offset // out.stride(3) % h), (2, 2)
-
-        def gap_fill(kind, blocks, warps):
-            return lambda y, stream: kernels[kind, warps].launch(
-                blocks, (y.data_ptr(),), (n * c * d, d, h, wd, d0, sd, h0, sh, geometry["grid"][1]), (), stream)
+        fill = lambda kind, blocks, warps: gap_fill(kernels[kind, warps], blocks, plan, out.stride(), geometry)
 
         def operands():
             return correlation_operands(x, 0, x.shape, x.stride(), start, extent, w, False, split=split)
@@ -155,10 +160,10 @@ def main():
                 timings.row(mode, "out.zero_()", out.zero_)
                 for kind, blocks, warps in fills:
                     timings.row(mode, f"gap fill {kind} {blocks}x{warps}",
-                                lambda: gap_fill(kind, blocks, warps)(out, _current_stream(0)))
+                                lambda: fill(kind, blocks, warps)(out, _current_stream(0)))
             for kind, blocks, warps in fills:
                 for name, stream in (("in turn", None), ("beside", side)):
-                    forward = composed(plan, gap_fill(kind, blocks, warps), full_rows, stream)
+                    forward = composed(plan, fill(kind, blocks, warps), full_rows, stream)
                     timings.row(mode, f"gap fill {kind} {blocks}x{warps} {name} pass + full rows (round {round_ + 1})",
                                 forward, checked(forward, expected, reference, eager))
         del expected, reference, eager

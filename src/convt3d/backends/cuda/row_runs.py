@@ -48,7 +48,9 @@ PROMOTE = 4
 MAX_POSITIONS = {2: 136, 3: 256}
 THREADS = 128
 
-SOURCE = r"""
+# What a kernel of this kind needs beside its body (and benchmarks/diag_depth_ring.py's too): the tile's and plane's
+# sizes, the rows' swizzle, the operands' descriptors and the MMA (mma_helpers puts its PTX in).
+MMA_HELPERS = r"""
 #define NP ((ROWS * XW + 7) / 8 * 8)          // positions per tile: the MMA's N
 #define HH (ROWS + (KH - 1) * DH)              // window rows of a depth tap's plane
 // The plane's rows in shared memory: as far as a tap's N positions reach (the phases' column offset is at most XW -
@@ -75,7 +77,9 @@ __device__ __forceinline__ void wgmma_ss(float* d, unsigned long long desc_a, un
                                          int accumulate = 1) {
     WGMMA_SS
 }
+"""
 
+SOURCE = r"""
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,
                 const float* __restrict__ bias, const float* __restrict__ block_max,
@@ -303,13 +307,18 @@ def wgmma_ss_asm(n: int) -> str:
             f'\\n}}\\n" : {outs} : "l"(desc_a), "l"(desc_b), "r"(accumulate));')
 
 
+def plane_positions(taps, dilation, window_columns: int) -> int:
+    """The rows of a window plane in shared memory (PLANE_POS)."""
+    (_, kh, _), (_, dh, _) = taps, dilation
+    return -(-(positions(window_columns) + (kh - 1) * dh * window_columns + window_columns - 32) // 8) * 8
+
+
 def shared_bytes(taps, dilation, window_columns: int, split: int) -> int:
     """Dynamic shared memory of one program: a depth tap's weights and the window plane, or the staged tile."""
-    (_, kh, kw), (_, dh, _) = taps, dilation
+    (_, kh, kw), _ = taps, dilation
     row = 128 if split == 2 else 64
-    n = positions(window_columns)
-    plane = -(-(n + (kh - 1) * dh * window_columns + window_columns - 32) // 8) * 8
-    return max(kh * kw * 64 * row + plane * row, 4 * 64 * (n + 4))
+    return max(kh * kw * 64 * row + plane_positions(taps, dilation, window_columns) * row,
+               4 * 64 * (positions(window_columns) + 4))
 
 
 def programs_per_multiprocessor(split: int, window_columns: int) -> int:
@@ -326,16 +335,24 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
     sizes, the window's start in it, its strides N, C, D, H in elements: its rows contiguous), from the input itself;
     sizes as macros, so that every loop unrolls and the input's offsets fold into its loads (INPUT_DIRECT above)."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
-    input_defines = {}
-    if input_geometry is not None:
-        sizes, start, strides = input_geometry
-        names = ("X_D", "X_H", "X_W", "START_D", "START_H", "START_W", "X_SN", "X_SC", "X_SD", "X_SH")
-        input_defines = {name: f"({value})" for name, value in zip(names, (*sizes, *start, *strides))}
+    input_defines = input_macros(input_geometry) if input_geometry is not None else {}
     defines = dict(C_IN=32, C_OUT=c_out, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, XW=window_columns, ROWS=ROWS,
                    HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
                    **input_defines, PROMOTE=PROMOTE, THREADS=THREADS,
                    MIN_BLOCKS=programs_per_multiprocessor(split, window_columns),
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return head + COPY_HELPERS + FP16_HELPERS + TILE_HELPERS + PHASE_HELPERS + SOURCE.replace(
-        "WGMMA_SS", wgmma_ss_asm(positions(window_columns)))
+    return head + COPY_HELPERS + FP16_HELPERS + TILE_HELPERS + PHASE_HELPERS + mma_helpers(window_columns) + SOURCE
+
+
+def input_macros(input_geometry) -> dict:
+    """The macros of an input read by the kernel itself (INPUT_DIRECT): its spatial sizes, the window's start in it
+    and its strides N, C, D, H."""
+    sizes, start, strides = input_geometry
+    names = ("X_D", "X_H", "X_W", "START_D", "START_H", "START_W", "X_SN", "X_SC", "X_SD", "X_SH")
+    return {name: f"({value})" for name, value in zip(names, (*sizes, *start, *strides))}
+
+
+def mma_helpers(window_columns: int) -> str:
+    """MMA_HELPERS with the MMA of a window window_columns wide."""
+    return MMA_HELPERS.replace("WGMMA_SS", wgmma_ss_asm(positions(window_columns)))
