@@ -38,6 +38,9 @@ for step in $steps; do
     # Problem 77's correlation with the weights kept and the planes in rings (prepared in the sixty-ninth session, not
     # run).
     ring) python3 benchmarks/diag_depth_ring.py --iters 100 --rounds 2 2>&1 | tee "$OUT/depth_ring.log" ;;
+    # A layer's first call in a fresh process: the kernels it compiles and their time, with and without the check's
+    # compile of before the seventieth session (prepared then, not run).
+    compile) python3 benchmarks/diag_compile_time.py --rounds 2 2>&1 | tee "$OUT/compile_time.log" ;;
     # Why problem 77's correlation waits: every sampled stall reason of row_runs.py's kernel, TF32 mode (FP16, reading
     # the input) and TF32 off (3xFP16), under Nsight Compute (prepared in the sixty-ninth session, not run: the
     # machine stopped answering).

@@ -504,6 +504,116 @@ def test_only_the_weight_gradient_needs_tf32(monkeypatch):
         assert "float32" in cuda.phase_conv_unsupported(gpu, torch.float16, 32, 64, 1, (3, 3, 3), (1, 1, 1), True)
 
 
+class FakeKernels:
+    """cuda._Kernel on a pretended sm_90 GPU (no GPU here): each kernel built is recorded by its name, and so is each
+    launch; names in fail raise as a failed compile does."""
+
+    def __init__(self, fail=()):
+        self.built, self.launched, self.fail = [], [], fail
+        fake = self
+
+        class Kernel:
+            def __init__(self, source, name, shared_bytes, threads):
+                if name in fake.fail:
+                    raise RuntimeError(f"{name} did not compile")
+                self.name = name
+                fake.built.append(self)
+
+            def launch(self, grid, pointers, ints, longs, stream, table=()):
+                fake.launched.append(self)
+
+        self.Kernel = Kernel
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch):
+    """A FakeKernels in place of cuda._Kernel on a pretended sm_90 device, with the caches that hold kernels or the
+    answers about them cleared before and after."""
+    import contextlib
+
+    fake = FakeKernels()
+    monkeypatch.setattr(cuda, "_Kernel", lambda *args: fake.Kernel(*args))
+    monkeypatch.setattr(cuda, "_capability", lambda index: cuda.ARCHITECTURE)
+    monkeypatch.setattr(cuda, "_compile_kernel", lambda: object())
+    monkeypatch.setattr(cuda, "_current_stream", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    caches = (cuda._kernel, cuda._row_runs_kernel, cuda.phase_launches, cuda_phases.forward_unsupported,
+              cuda_phases._kernels_unsupported, cuda_phases._reads_input)
+    for cache in caches:
+        cache.cache_clear()
+    yield fake
+    for cache in caches:
+        cache.cache_clear()
+
+
+@pytest.mark.parametrize("layer", [LAYERS[0], LAYERS[7], LAYERS[6], LAYERS[2]],
+                         ids=["phase_conv", "row_runs", "row_runs_8_phases", "phase_conv_8_phases"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_forward_check_compiles_the_kernels_its_call_launches(layer, with_bias, tf32, fake_kernels):
+    """forward_unsupported compiles nothing; forward_kernels_unsupported compiles each kernel that write_phases then
+    launches, once, and no other (before, the check compiled phase_conv.py's kernel also where row_runs.py's served,
+    and on a layer with several phases a launch at other tile rows than the call's: LAYERS[2] compiled it twice)."""
+    x, w, b, plan, _ = _layer(*layer, seed=random.randrange(2**31))
+    b = b if with_bias else None
+    phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
+    split = cuda_phases._split(tf32)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+        assert cuda_phases.forward_unsupported(plan, phase_list, torch.device("cuda", 0), x.dtype, tf32) is None
+        assert fake_kernels.built == []
+        assert cuda_phases.forward_kernels_unsupported(x, b, plan, phase_list) is None
+        built = list(fake_kernels.built)
+        out = torch.full(plan.output_shape, float("nan"))
+        cuda_phases.write_phases(x, w, b, plan, phase_list, out, _lattice_geometry)
+    assert fake_kernels.built == built and {id(k) for k in fake_kernels.launched} == {id(k) for k in built}
+    _, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
+    row_runs_serves = [cuda._row_runs_layer(plan.in_channels, plan.out_channels, split, grid)
+                       for _, _, grid, _ in launches]
+    assert len(built) == len(launches) and [k.name == "phase_conv_rows" for k in built] == row_runs_serves
+    assert any(row_runs_serves) == (layer in (LAYERS[7], LAYERS[6]) and split in (2, 3))
+
+
+def test_forward_check_compiles_the_kernel_that_reads_the_input(fake_kernels):
+    """Where the forward reads the input itself (FP16, row_runs.py's kernel for the input's geometry), the check
+    compiles that kernel alone, and the launches take it."""
+    x, w, b, plan, _ = _layer(*LAYERS[7], seed=random.randrange(2**31))
+    phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
+    window_shape, geometry = cuda_phases.input_direct(x, plan, phase_list, 3)
+    assert cuda_phases._kernels_unsupported(plan, phase_list, 3, 0, True, geometry) is None
+    assert [k.name for k in fake_kernels.built] == ["phase_conv_rows"]
+    _, _, ((counts, dilation, grid, strides, fields),) = cuda_phases._forward_launches(plan, phase_list, 3, (1,) * 5,
+                                                                                       _lattice_geometry)
+    (kernel, *_), = cuda.phase_launches(0, window_shape, (*w.shape[3:], plan.out_channels), 3, True, strides, grid,
+                                        counts, dilation, fields, (32, 1), geometry)
+    assert kernel is fake_kernels.built[0] and len(fake_kernels.built) == 1
+
+
+def test_forward_falls_back_when_a_kernel_does_not_compile(fake_kernels, caplog, monkeypatch):
+    """A kernel that does not compile: row_runs.py's gives way to phase_conv.py's; phase_conv.py's to cuDNN, which
+    the phase path then takes (torch_phase._cuda_phases: None), with the reason at debug level. (The input, on the
+    CPU, is checked as if on the pretended GPU.)"""
+    import logging
+
+    from convt3d.backends.torch_phase import _cuda_phases, _log_once
+
+    on_gpu = cuda_phases.forward_unsupported
+    monkeypatch.setattr(cuda_phases, "forward_unsupported",
+                        lambda plan, phases, device, *args: on_gpu(plan, phases, torch.device("cuda", 0), *args))
+    x, w, b, plan, _ = _layer(*LAYERS[7], seed=random.randrange(2**31))
+    regions = _regions(plan, True)
+    phase_list = tuple(phases for _, phases in regions if phases is not None)
+    fake_kernels.fail = ("phase_conv_rows",)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
+        assert cuda_phases.forward_kernels_unsupported(x, b, plan, phase_list) is None
+        assert [k.name for k in fake_kernels.built] == ["phase_conv"]
+        cuda_phases._kernels_unsupported.cache_clear()
+        cuda._kernel.cache_clear()
+        fake_kernels.fail = ("phase_conv_rows", "phase_conv")
+        _log_once.cache_clear()
+        with caplog.at_level(logging.DEBUG, logger="convt3d"):
+            assert _cuda_phases(x, b, plan, regions) is None
+    assert "phase_conv did not compile" in caplog.text
+
+
 def test_launcher_passes_every_argument_by_address(monkeypatch):
     """_Kernel.launch's launch (driver.Launch), read back as cuLaunchKernelEx reads it (test_driver's fake driver: no
     GPU here): pointers as 64-bit addresses (updated per call, the launch kept per grid, ints and longs), then 32-bit

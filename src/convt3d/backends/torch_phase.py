@@ -244,7 +244,7 @@ def by_phases(input, weight, bias, plan: Plan) -> torch.Tensor:
     if fill_all:
         _fill(out, bias)
     regions = _regions(plan, fill_all)
-    cuda_phases = _cuda_phases(input, plan, regions) if input.is_cuda else None
+    cuda_phases = _cuda_phases(input, bias, plan, regions) if input.is_cuda else None
     if cuda_phases is not None:
         _cuda_module().write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry)
         key = _prepared_key(input, bias, plan)
@@ -309,13 +309,16 @@ def _prepare(input, weight, bias, plan: Plan, phase_list, out, fill_all: bool):
     return call
 
 
-def _cuda_phases(input, plan: Plan, regions):
-    """The phases of regions, where the CUDA phase correlation (backends/cuda) serves them all, else None (cuDNN): on
+def _cuda_phases(input, bias, plan: Plan, regions):
+    """The phases of regions, where the CUDA phase correlation (backends/cuda) serves them all and its kernels for
+    this input and bias compile, else None (cuDNN): on
     the H200 problem 77's forward took 0.340-0.342 ms with it against 0.441 with cuDNN, whose result is then copied
     into the output's lattice (twelfth session); with TF32 off (3xTF32) 0.593 against 0.935 (benchmarks/RESULTS.md,
     fourteenth session)."""
     phase_list = tuple(phases for _, phases in regions if phases is not None)
-    reason = _cuda_module().forward_unsupported(plan, phase_list, input.device, input.dtype, cudnn_allow_tf32())
+    module = _cuda_module()
+    reason = (module.forward_unsupported(plan, phase_list, input.device, input.dtype, cudnn_allow_tf32())
+              or module.forward_kernels_unsupported(input, bias, plan, phase_list))
     if reason is not None:
         _log_once("forward", plan, reason)
         return None

@@ -56,9 +56,26 @@ MAX_SHARED_BYTES = 227 * 1024
 
 def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,
                            dilation, split: int = 0, batch: int = 1, grid=(1, 1, 1)) -> str | None:
-    """None when the wgmma phase correlation serves a correlation of c_in -> c_out channels with these taps and tap
-    dilations on this device, in TF32 (split 0), 3xTF32 (1), 3xFP16 (2) or FP16 (3), over batch x grid (the tile it
-    compiles for), else a short reason."""
+    """None when phase_conv.py's wgmma phase correlation serves a correlation of c_in -> c_out channels with these
+    taps and tap dilations on this device, in TF32 (split 0), 3xTF32 (1), 3xFP16 (2) or FP16 (3), over batch x grid
+    (the tile it compiles for), else a short reason: correlation_unsupported's, or a failure to compile it."""
+    reason = correlation_unsupported(device, dtype, c_in, c_out, groups, taps, dilation, split)
+    if reason is not None:
+        return reason
+    try:  # compiled here, once per layer (the callers cache this answer), so that a failure falls back to cuDNN
+        _kernel(device.index if device.index is not None else torch.cuda.current_device(), c_in, c_out, tuple(taps),
+                tuple(dilation), False, split, tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, batch,
+                                                         tuple(grid)))
+    except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: any failure means cuDNN)
+        return f"compiling the kernel failed: {error}"
+    return None
+
+
+def correlation_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,
+                            dilation, split: int = 0) -> str | None:
+    """phase_conv_unsupported without compiling: None where the settings, the channels and the shared memory allow
+    the correlation, else why not. The caller compiles the kernels it launches (correlation_kernel) before relying
+    on them."""
     reason = _unsupported_setting(device, dtype, groups, tf32_only=False)
     if reason is not None:
         return reason
@@ -69,12 +86,6 @@ def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, 
         return "torch.cuda._compile_kernel is missing"
     if config(c_in, c_out, tuple(taps), tuple(dilation), split) is None:
         return "the taps' window plane does not fit in shared memory"
-    try:  # compiled here, once per layer (the callers cache this answer), so that a failure falls back to cuDNN
-        _kernel(device.index if device.index is not None else torch.cuda.current_device(), c_in, c_out, tuple(taps),
-                tuple(dilation), False, split, tile_rows(c_in, c_out, tuple(taps), tuple(dilation), split, batch,
-                                                         tuple(grid)))
-    except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: any failure means cuDNN)
-        return f"compiling the kernel failed: {error}"
     return None
 
 
@@ -297,13 +308,8 @@ def phase_launches(device: int, window_shape, weight_taps_shape, split: int, has
     kh, kw, c_out = weight_taps_shape
     cob = config(c_in, c_out, taps, dilation, split)[1]
     rows = tile_rows(c_in, c_out, taps, dilation, split, n * len(phases), grid)
-    kernel = None
-    if _row_runs_layer(c_in, c_out, split, grid):  # (the same programs and arguments: its rows, cob 64, one column)
-        kernel = _row_runs_kernel(device, c_out, taps, dilation, xw, has_bias, split, input_geometry)
-    if input_geometry is not None and kernel is None:
-        raise RuntimeError("convt3d: the correlation cannot read the input itself here (see cuda.reads_input)")
-    if kernel is None:
-        kernel = _kernel(device, c_in, c_out, taps, dilation, has_bias, split, rows)
+    kernel = correlation_kernel(device, window_shape, c_out, split, has_bias, grid, taps, dilation, len(phases),
+                                input_geometry)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
     programs = _programs(n, grid, rows, c_out, cob)
@@ -316,6 +322,24 @@ def phase_launches(device: int, window_shape, weight_taps_shape, split: int, has
         ints = (xd, xh, xw, kh, kw, qd, qh, qw, qh_blocks, qw_blocks, *scale_ints, len(chunk))
         launches.append((kernel, programs * len(chunk), ints, out_strides, _phase_table(tuple(chunk))))
     return tuple(launches)
+
+
+def correlation_kernel(device: int, window_shape, c_out: int, split: int, has_bias: bool, grid, taps, dilation,
+                       phases: int, input_geometry=None) -> _Kernel:
+    """The kernel that phase_launches launches for a correlation of so many phases over the window of window_shape
+    (N, XD, XH, XW, C_in), or over the input of input_geometry itself: row_runs.py's where it serves (the same
+    programs and arguments: its rows, cob 64, one column block), else phase_conv.py's. Compiled at its first use;
+    raises where phase_conv.py's kernel does not compile, or where input_geometry is given and row_runs.py's does not
+    serve (reads_input says where it does)."""
+    n, _, _, window_columns, c_in = window_shape
+    if _row_runs_layer(c_in, c_out, split, grid):
+        kernel = _row_runs_kernel(device, c_out, taps, dilation, window_columns, has_bias, split, input_geometry)
+        if kernel is not None:
+            return kernel
+    if input_geometry is not None:
+        raise RuntimeError("convt3d: the correlation cannot read the input itself here (see cuda.reads_input)")
+    return _kernel(device, c_in, c_out, taps, dilation, has_bias, split,
+                   tile_rows(c_in, c_out, taps, dilation, split, n * phases, grid))
 
 
 def reads_input(device: int, c_in: int, c_out: int, taps, dilation, window_columns: int, has_bias: bool, split: int,

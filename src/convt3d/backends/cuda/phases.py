@@ -17,8 +17,9 @@ from ...plan import Plan
 from .. import cuda, cudnn_allow_tf32
 from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands, operands_at_addresses
-from . import (correlate, correlate_grad_weight, correlate_phases, grad_weight_kernel_unsupported,
-               grad_weight_splits, phase_conv_unsupported, phase_launches, reads_input, window_extent)
+from . import (correlate, correlate_grad_weight, correlate_phases, correlation_kernel, correlation_unsupported,
+               grad_weight_kernel_unsupported, grad_weight_splits, phase_conv_unsupported, phase_launches, reads_input,
+               window_extent)
 
 
 def _split(tf32: bool) -> int:
@@ -42,15 +43,42 @@ def _taps(phases, ascending: bool):
 @functools.lru_cache(maxsize=256)
 def forward_unsupported(plan: Plan, phase_list: tuple, device: torch.device, dtype: torch.dtype,
                         tf32: bool) -> str | None:
-    """None when every phase of phase_list (the phases some tap reaches) runs on the CUDA correlation (TF32, or
-    cuda.SPLIT's split where tf32, torch.backends.cudnn.allow_tf32, is off), else why not."""
+    """None when the settings, channels, taps and shared memory let every phase of phase_list (the phases some tap
+    reaches) run on the CUDA correlation (TF32, or cuda.SPLIT's split where tf32, torch.backends.cudnn.allow_tf32, is
+    off), else why not. Compiles nothing: forward_kernels_unsupported does, for a call's operands."""
     for phases in phase_list:
         counts, _, _ = _taps(phases, ascending=False)
-        reason = phase_conv_unsupported(device, dtype, plan.in_channels, plan.out_channels, plan.groups, counts,
-                                        tuple(p.input_dilation for p in phases), _split(tf32), plan.batch,
-                                        tuple(p.out_count for p in phases))
+        reason = correlation_unsupported(device, dtype, plan.in_channels, plan.out_channels, plan.groups, counts,
+                                         tuple(p.input_dilation for p in phases), _split(tf32))
         if reason is not None:
             return reason
+    return None
+
+
+def forward_kernels_unsupported(input: torch.Tensor, bias, plan: Plan, phase_list: tuple) -> str | None:
+    """After forward_unsupported: None when the kernels that write_phases launches for this input and bias (or none)
+    compile, else why not. They are compiled here, once per layer, input geometry and bias or not, so that a failure
+    falls back to cuDNN; the call then finds them compiled. (Before the seventieth session the check compiled
+    phase_conv.py's kernel for every layer, also where row_runs.py's served: on problem 77 about 0.5 s of NVRTC and
+    ptxas in TF32 mode and 0.9 s with TF32 off on the project's 2-core CPU, at a first call that compiles about 0.3
+    and 0.8 s of kernels it launches.)"""
+    split = _split(cudnn_allow_tf32())
+    direct = _direct_input(input, plan, phase_list, split, bias is not None)
+    return _kernels_unsupported(plan, phase_list, split, input.device.index or 0, bias is not None,
+                                None if direct is None else direct[1])
+
+
+@functools.lru_cache(maxsize=256)
+def _kernels_unsupported(plan: Plan, phase_list: tuple, split: int, device: int, has_bias: bool,
+                         input_geometry) -> str | None:
+    _, extent, launches = _forward_geometry(plan, phase_list, split)
+    window_shape = (plan.batch, *extent, plan.in_channels)
+    try:
+        for counts, dilation, grid, members in launches:
+            correlation_kernel(device, window_shape, plan.out_channels, split, has_bias, grid, counts, dilation,
+                               len(members), input_geometry)
+    except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: any failure means cuDNN)
+        return f"compiling the kernel failed: {error}"
     return None
 
 
