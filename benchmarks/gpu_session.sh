@@ -38,6 +38,14 @@ for step in $steps; do
     # Problem 77's correlation with the weights kept and the planes in rings (prepared in the sixty-ninth session, not
     # run).
     ring) python3 benchmarks/diag_depth_ring.py --iters 100 --rounds 2 2>&1 | tee "$OUT/depth_ring.log" ;;
+    # Does the L2 merge the correlation's half-written lattice sectors with zeros it still holds (timed, then the
+    # DRAM bytes at batch 1 under Nsight Compute), and problem 77's forward with each correlation program filling its
+    # share of its sample just before its lattice writes (prepared in the seventieth session, not run).
+    l2merge) python3 benchmarks/diag_l2_merge.py --iters 100 2>&1 | tee "$OUT/l2_merge.log"
+             ncu --cache-control none --clock-control none -k regex:phase_conv_rows --metrics \
+                 dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
+                 python3 benchmarks/diag_l2_merge.py --profile 1 2>&1 | tee "$OUT/l2_merge_ncu.log" ;;
+    sample_fill) python3 benchmarks/diag_sample_fill.py --iters 100 --rounds 2 2>&1 | tee "$OUT/sample_fill.log" ;;
     # A layer's first call in a fresh process: the kernels it compiles and their time, with and without the check's
     # compile of before the seventieth session (prepared then, not run).
     compile) python3 benchmarks/diag_compile_time.py --rounds 2 2>&1 | tee "$OUT/compile_time.log" ;;

@@ -59,7 +59,7 @@ def use_row_runs(builder=LIBRARY_ROW_RUNS_KERNEL, enabled: bool = True, direct_i
     cuda.DIRECT_INPUT = direct_input
     cuda._row_runs_kernel = builder
     for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry, cuda_phases._forward_launches,
-                  cuda_phases._reads_input):
+                  cuda_phases._reads_input, cuda_phases._kernels_unsupported):
         cache.cache_clear()
     torch_phase._prepared.clear()
 
