@@ -59,9 +59,9 @@ def forward_kernels_unsupported(input: torch.Tensor, bias, plan: Plan, phase_lis
     """After forward_unsupported: None when the kernels that write_phases launches for this input and bias (or none)
     compile, else why not. They are compiled here, once per layer, input geometry and bias or not, so that a failure
     falls back to cuDNN; the call then finds them compiled. (Before the seventieth session the check compiled
-    phase_conv.py's kernel for every layer, also where row_runs.py's served: on problem 77 about 0.5 s of NVRTC and
-    ptxas in TF32 mode and 0.9 s with TF32 off on the project's 2-core CPU, at a first call that compiles about 0.3
-    and 0.8 s of kernels it launches.)"""
+    phase_conv.py's kernel for every layer, also where row_runs.py's served: on problem 77, NVRTC and ptxas on the
+    project's 2-core CPU took 0.45-0.51 s for it in TF32 mode and 0.90-0.92 with TF32 off, beside 0.34-0.39 and
+    0.79-0.83 for the kernel the call launches; benchmarks/cpu_first_call_compiles.py.)"""
     split = _split(cudnn_allow_tf32())
     direct = _direct_input(input, plan, phase_list, split, bias is not None)
     return _kernels_unsupported(plan, phase_list, split, input.device.index or 0, bias is not None,
