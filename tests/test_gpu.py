@@ -380,7 +380,7 @@ def test_row_runs_kernel_serves_problem_77_as_phase_conv_would(tf32, bias, nan_p
 
     def forget_launches():  # (worked out once per layer, with the kernel that cuda.ROW_RUNS chose)
         for cache in (cuda.tile_rows, cuda.phase_launches, cuda_phases._forward_geometry,
-                      cuda_phases._forward_launches, cuda_phases._reads_input):
+                      cuda_phases._forward_launches, cuda_phases._reads_input, cuda_phases._kernels_unsupported):
             cache.cache_clear()
         torch_phase._prepared.clear()
 
