@@ -9,13 +9,18 @@ taken as a GPU's would be (its rows contiguous: in FP16 the correlation reads it
     PYTHONPATH=src:tests python3 benchmarks/cpu_first_call_compiles.py
 
 torch.cuda._compile_kernel compiles with NVRTC straight to SASS, so NVRTC + ptxas here stands for it; on the GPU
-machine the first call also loads the module (benchmarks/diag_compile_time.py times that there).
+machine the first call also loads the module (benchmarks/diag_compile_time.py times that there). Last, the eight
+kernels of a k3 s2 layer's forward (one a phase) compiled by NVRTC straight to SASS one after the other, then in a
+thread each up to the CPU's cores, as cuda.compiled_together compiles them.
 """
 
 import contextlib
+import ctypes
+import os
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -26,7 +31,7 @@ from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.torch_phase import _regions
 from convt3d.bench.report import markdown_table
 from convt3d.plan import make_plan
-from test_cuda_compile import PTXAS, compile_to_ptx
+from test_cuda_compile import NVRTC, PTXAS, compile_to_ptx
 
 
 def launched_sources(x, bias, plan, phase_list, tf32: bool) -> list:
@@ -73,6 +78,31 @@ def old_check_sources(plan, phase_list, split: int) -> list:
     return sources
 
 
+def cubin(source: str) -> bytes:
+    """NVRTC straight to SASS for sm_90a, as torch's _compile_kernel compiles (nvrtcGetCUBIN)."""
+    program = ctypes.c_void_p()
+    assert NVRTC.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"kernel.cu", 0, None, None) == 0
+    options = [b"--gpu-architecture=sm_90a", b"--std=c++17"]
+    assert NVRTC.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options)) == 0
+    size = ctypes.c_size_t()
+    NVRTC.nvrtcGetCUBINSize(program, ctypes.byref(size))
+    binary = ctypes.create_string_buffer(size.value)
+    NVRTC.nvrtcGetCUBIN(program, binary)
+    NVRTC.nvrtcDestroyProgram(ctypes.byref(program))
+    return binary.raw
+
+
+def k3s2_sources(tf32: bool) -> list:
+    """The sources of the kernels a k3 s2 p1 op1 layer's forward launches (64 -> 32 channels, a bias): eight, one a
+    phase, as cuda.compiled_together gets them."""
+    plan = make_plan((1, 64, 8, 64, 64), (64, 32, 3, 3, 3), (2,) * 3, (1,) * 3, (1,) * 3, 1, (1,) * 3)
+    phase_list = tuple(p for _, p in _regions(plan, True) if p is not None)
+    split = cuda_phases._split(tf32)
+    _, extent, launches = cuda_phases._forward_geometry(plan, phase_list, split)
+    return [cuda.correlation_spec((plan.batch, *extent, 64), 32, split, True, grid, counts, dilation, len(members))[0]
+            for counts, dilation, grid, members in launches]
+
+
 def compile_seconds(source: str) -> tuple[float, float]:
     """(NVRTC to PTX, ptxas to SASS) seconds for sm_90a."""
     start = time.perf_counter()
@@ -102,6 +132,20 @@ def main():
                 rows.append((layer, mode, role, name, f"{nvrtc:.2f}", f"{ptxas:.2f}"))
                 print(rows[-1], flush=True)
     print(markdown_table(["layer", "mode", "compiled by", "kernel", "NVRTC s", "ptxas s"], rows))
+    rows = []
+    for tf32, mode in ((True, "TF32 mode (FP16)"), (False, "TF32 off (3xFP16)")):
+        sources = k3s2_sources(tf32)
+        start = time.perf_counter()
+        alone = [cubin(source) for source in sources]
+        middle = time.perf_counter()
+        with ThreadPoolExecutor(os.cpu_count()) as pool:
+            together = list(pool.map(cubin, sources))
+        end = time.perf_counter()
+        rows.append((mode, len(sources), f"{middle - start:.2f}", f"{end - middle:.2f}", os.cpu_count(),
+                     together == alone))
+        print(rows[-1], flush=True)
+    print(markdown_table(["k3 s2 layer's forward", "kernels", "one after the other (s)", "in threads (s)", "threads",
+                          "the same cubins"], rows))
 
 
 if __name__ == "__main__":

@@ -46,9 +46,10 @@ for step in $steps; do
                  dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
                  python3 benchmarks/diag_l2_merge.py --profile 1 2>&1 | tee "$OUT/l2_merge_ncu.log" ;;
     sample_fill) python3 benchmarks/diag_sample_fill.py --iters 100 --rounds 2 2>&1 | tee "$OUT/sample_fill.log" ;;
-    # A layer's first call in a fresh process: the kernels it compiles and their time, with and without the check's
-    # compile of before the seventieth session (prepared then, not run).
-    compile) python3 benchmarks/diag_compile_time.py --rounds 2 2>&1 | tee "$OUT/compile_time.log" ;;
+    # A layer's first call in a fresh process: the kernels it compiles and their time; problem 77 with and without the
+    # check's compile of before the seventieth session, a k3 s2 layer with its eight kernels compiled side by side or
+    # one at a time (prepared then, not run).
+    compile) python3 benchmarks/diag_compile_time.py --rounds 1 2>&1 | tee "$OUT/compile_time.log" ;;
     # Why problem 77's correlation waits: every sampled stall reason of row_runs.py's kernel, TF32 mode (FP16, reading
     # the input) and TF32 off (3xFP16), under Nsight Compute (prepared in the sixty-ninth session, not run: the
     # machine stopped answering).

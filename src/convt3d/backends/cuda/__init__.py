@@ -18,10 +18,12 @@ the operand pass's window rather than the input itself.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -185,18 +187,27 @@ def _row_runs_kernel(device_index: int, c_out: int, taps, dilation, window_colum
     """row_runs.py's kernel for a layer that _row_runs_layer admits (reading the input itself, of input_geometry,
     where given: row_runs.source's), or None where its N (ROWS rows of the window) or its shared memory (two programs
     a multiprocessor) would not fit, or where it does not compile (logged)."""
+    spec = _row_runs_spec(c_out, taps, dilation, window_columns, has_bias, split, input_geometry)
+    if spec is None:
+        return None
+    try:
+        with torch.cuda.device(device_index):
+            return _Kernel(*spec)
+    except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: phase_conv.py's serves)
+        logger.debug("convt3d: row_runs kernel not used (%s)", error)
+        return None
+
+
+def _row_runs_spec(c_out: int, taps, dilation, window_columns: int, has_bias: bool, split: int,
+                   input_geometry=None):
+    """_Kernel's arguments for _row_runs_kernel, or None where the kernel does not fit."""
     if row_runs.positions(window_columns) > row_runs.MAX_POSITIONS[split]:
         return None
     shared = row_runs.shared_bytes(taps, dilation, window_columns, split)
     if shared > MAX_SHARED_BYTES // 2 - 1024:
         return None
-    try:
-        with torch.cuda.device(device_index):
-            return _Kernel(row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, input_geometry),
-                           "phase_conv_rows", shared, row_runs.THREADS)
-    except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: phase_conv.py's serves)
-        logger.debug("convt3d: row_runs kernel not used (%s)", error)
-        return None
+    return (row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, input_geometry),
+            "phase_conv_rows", shared, row_runs.THREADS)
 
 
 def _programs(batch: int, grid, rows: int, c_out: int, cob: int) -> int:
@@ -207,11 +218,15 @@ def _programs(batch: int, grid, rows: int, c_out: int, cob: int) -> int:
 class _Kernel:
     """A compiled kernel and its launches (driver.Launch), kept per grid and argument values: the compiled kernel's
     own call builds its argument array anew and loads libcuda on every launch, host time that shows on the GPU
-    machine."""
+    machine. Compiled here, on the current device, unless compiled_together compiled it already."""
 
     def __init__(self, source: str, name: str, shared_bytes: int, threads: int):
-        kernel = _compile_kernel()(source, name, compute_capability="90a")
+        key = (torch.cuda.current_device(), source, name)
+        kernel = _precompiled.pop(key, None)
+        if kernel is None:
+            kernel = _compile_kernel()(source, name, compute_capability="90a")
         kernel.set_shared_memory_config(shared_bytes)
+        _compiled.add(key)
         self.function = kernel.func
         self._keep = kernel  # holds the module loaded
         self.shared_bytes = shared_bytes
@@ -234,14 +249,52 @@ class _Kernel:
         launch(stream, *pointers)
 
 
+# Kernels that compiled_together compiled, per (device, source, name), until a _Kernel takes them; and the keys of
+# every _Kernel made, which compiled_together leaves alone.
+_precompiled: dict = {}
+_compiled: set = set()
+
+
+@contextlib.contextmanager
+def compiled_together(device_index: int, specs):
+    """Compiles the kernels of specs (_Kernel's arguments) not compiled yet at the same time, a thread each up to the
+    CPU's cores, for the _Kernels made inside the with block: a k3 s2 layer's forward launches eight, one a phase,
+    and NVRTC compiles them side by side (on the project's 2-core CPU in 0.70 s against 1.38 one after the other in
+    FP16, 0.92 against 1.72 in 3xFP16, the same cubins: benchmarks/cpu_first_call_compiles.py). A kernel that fails
+    here is left to its _Kernel, which compiles it again and reports the failure as before (logged at debug level
+    here); what the block does not take is dropped at its end."""
+    wanted = {(source, name) for source, name, _, _ in specs if (device_index, source, name) not in _compiled}
+
+    def compile_one(source_and_name):
+        with torch.cuda.device(device_index):
+            return _compile_kernel()(*source_and_name, compute_capability="90a")
+
+    if len(wanted) > 1:
+        with ThreadPoolExecutor(min(len(wanted), os.cpu_count() or 1)) as pool:
+            futures = {pool.submit(compile_one, item): item for item in wanted}
+        for future, (source, name) in futures.items():
+            try:
+                _precompiled[(device_index, source, name)] = future.result()
+            except Exception as error:  # noqa: BLE001 (its _Kernel compiles it again and reports what fails)
+                logger.debug("convt3d: compiling %s beside others failed (%s)", name, error)
+    try:
+        yield
+    finally:
+        _precompiled.clear()
+
+
 @functools.lru_cache(maxsize=256)
 def _kernel(device_index: int, c_in: int, c_out: int, taps, dilation, has_bias: bool, split: int,
             rows: int) -> _Kernel:
+    with torch.cuda.device(device_index):
+        return _Kernel(*_phase_conv_spec(c_in, c_out, taps, dilation, has_bias, split, rows))
+
+
+def _phase_conv_spec(c_in: int, c_out: int, taps, dilation, has_bias: bool, split: int, rows: int):
+    """_Kernel's arguments for _kernel."""
     _, cob, _, unit = config(c_in, c_out, taps, dilation, split)
     smem = phase_conv.shared_bytes(c_in, cob, taps, dilation, rows, split, unit)
-    with torch.cuda.device(device_index):
-        return _Kernel(phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit), "phase_conv",
-                       smem, 128)
+    return phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit), "phase_conv", smem, 128
 
 
 def window_extent(c_in: int, c_out: int, grid, taps, dilation, offsets, split: int = 0,
@@ -340,6 +393,18 @@ def correlation_kernel(device: int, window_shape, c_out: int, split: int, has_bi
         raise RuntimeError("convt3d: the correlation cannot read the input itself here (see cuda.reads_input)")
     return _kernel(device, c_in, c_out, taps, dilation, has_bias, split,
                    tile_rows(c_in, c_out, taps, dilation, split, n * phases, grid))
+
+
+def correlation_spec(window_shape, c_out: int, split: int, has_bias: bool, grid, taps, dilation, phases: int,
+                     input_geometry=None):
+    """_Kernel's arguments for the kernel that correlation_kernel builds where it compiles (for compiled_together)."""
+    n, _, _, window_columns, c_in = window_shape
+    if _row_runs_layer(c_in, c_out, split, grid):
+        spec = _row_runs_spec(c_out, taps, dilation, window_columns, has_bias, split, input_geometry)
+        if spec is not None:
+            return spec
+    return _phase_conv_spec(c_in, c_out, taps, dilation, has_bias, split,
+                            tile_rows(c_in, c_out, taps, dilation, split, n * phases, grid))
 
 
 def reads_input(device: int, c_in: int, c_out: int, taps, dilation, window_columns: int, has_bias: bool, split: int,

@@ -17,9 +17,9 @@ from ...plan import Plan
 from .. import cuda, cudnn_allow_tf32
 from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands, operands_at_addresses
-from . import (correlate, correlate_grad_weight, correlate_phases, correlation_kernel, correlation_unsupported,
-               grad_weight_kernel_unsupported, grad_weight_splits, phase_conv_unsupported, phase_launches, reads_input,
-               window_extent)
+from . import (compiled_together, correlate, correlate_grad_weight, correlate_phases, correlation_kernel,
+               correlation_spec, correlation_unsupported, grad_weight_kernel_unsupported, grad_weight_splits,
+               phase_conv_unsupported, phase_launches, reads_input, window_extent)
 
 
 def _split(tf32: bool) -> int:
@@ -73,10 +73,12 @@ def _kernels_unsupported(plan: Plan, phase_list: tuple, split: int, device: int,
                          input_geometry) -> str | None:
     _, extent, launches = _forward_geometry(plan, phase_list, split)
     window_shape = (plan.batch, *extent, plan.in_channels)
+    kernels = [(window_shape, plan.out_channels, split, has_bias, grid, counts, dilation, len(members), input_geometry)
+               for counts, dilation, grid, members in launches]
     try:
-        for counts, dilation, grid, members in launches:
-            correlation_kernel(device, window_shape, plan.out_channels, split, has_bias, grid, counts, dilation,
-                               len(members), input_geometry)
+        with compiled_together(device, [correlation_spec(*kernel) for kernel in kernels]):  # (a k3 s2 layer's eight)
+            for kernel in kernels:
+                correlation_kernel(device, *kernel)
     except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: any failure means cuDNN)
         return f"compiling the kernel failed: {error}"
     return None
