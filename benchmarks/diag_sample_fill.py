@@ -1,7 +1,7 @@
 """Problem 77's forward with no fill before the correlation: each of row_runs.py's programs zeroes its share of its
 sample's output itself, counts it, and writes its lattice tile once every program of the sample has counted. (GPU)
 
-    PYTHONPATH=src python3 benchmarks/diag_sample_fill.py [--iters 100] [--rounds 2]
+    PYTHONPATH=src python3 benchmarks/diag_sample_fill.py [--iters 100] [--rounds 2] [--forms end,start,end_rows]
 
 Why: the library's forward is out.zero_() (571 MB, 0.124 ms), the operand pass (0.019) and the correlation into the
 lattice (0.124), which under Nsight Compute read 174.5 MB from DRAM and wrote 138.8 MB (sixty-ninth session): its
@@ -10,7 +10,9 @@ correlation tried so far moved the same bytes through DRAM and took the same tim
 session). Here the zeros of a sample (35.7 MB, within the L2's 50 MB) are written by that sample's own 128 programs,
 each a contiguous share (279 KB, 16-byte stores), just before (FILL_AT_START 0: after its MMAs) or long before (1: at
 its start) their lattice writes: if the L2 merges the lattice's half-written sectors with the zeros it still holds,
-the forward moves about 605 MB instead of about 880. benchmarks/diag_l2_merge.py measures that premise alone.
+the forward moves about 605 MB instead of about 880. benchmarks/diag_l2_merge.py measures that premise alone. A third
+form (end_rows) fills after the MMAs and writes the lattice rows whole (each value with the zero beside it:
+diag_full_rows.py's store), so that no sector is half written: the L2 need merge nothing.
 
 The order: each program's fill stores, a fence, then an atomic add to its sample's count (the bias argument carries
 the counts, problem 77 has no bias); thread 0 polls the count (acquire) until the sample's round is complete, and the
@@ -20,7 +22,7 @@ index (a sample's programs are consecutive and 128 fit the H200 at once, 396 pro
 poll that waits past about a second traps instead of hanging.
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the library's forward and the
-two fused forms taking turns per round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off). Every output,
+fused forms taking turns per round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off). Every output,
 NaN-poisoned before its first call, is compared with the library's (bitwise), float64 and F.conv_transpose3d
 (KernelBench's check).
 """
@@ -34,6 +36,7 @@ import torch
 from convt3d.backends import cuda
 from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.triton.window import correlation_operands
+from diag_full_rows import FULL_ROWS_STORE, STORE
 from diag_overlap import checked
 from p77_correlation import (Timings, correlation_geometry, library_forward, modes, patched_row_runs, problem_77,
                              use_row_runs)
@@ -75,13 +78,19 @@ FILL_LAST = (f"    if (!FILL_AT_START) fill_share({SAMPLE}, blockIdx.x % SAMPLE_
              "    count_and_wait((unsigned*)bias + n, tid);\n")
 
 
+# The forms: where a program fills its share, and whether it writes its lattice rows whole (each value with the zero
+# beside it, 8-byte stores: diag_full_rows.py's) rather than every other element.
+FORMS = {"end": (False, False), "start": (True, False), "end_rows": (False, True)}
+
+
 @functools.lru_cache(maxsize=None)
-def sample_fill_row_runs(sample_programs: int, sample_floats: int, at_start: bool):
+def sample_fill_row_runs(sample_programs: int, sample_floats: int, at_start: bool, rows_whole: bool):
     """A builder for use_row_runs: row_runs.py's kernel, no bias, each program filling its share of its sample (each
     configuration compiled once)."""
     head = (f"#define SAMPLE_PROGRAMS {sample_programs}\n#define SAMPLE_FLOATS {sample_floats}ll\n"
             f"#define FILL_AT_START {int(at_start)}\n" + SAMPLE_FILL)
-    build = patched_row_runs((DECODED, DECODED + FILL_FIRST), (WRITES, FILL_LAST + WRITES), head=head, has_bias=False)
+    build = patched_row_runs((DECODED, DECODED + FILL_FIRST), (WRITES, FILL_LAST + WRITES),
+                             (STORE, FULL_ROWS_STORE if rows_whole else STORE), head=head, has_bias=False)
     return functools.lru_cache(maxsize=None)(build)
 
 
@@ -89,6 +98,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--forms", default="end,start,end_rows", help=f"','-separated, of {', '.join(FORMS)}")
     args = parser.parse_args()
     x, w, plan, phase_list = problem_77()
     samples, sample_floats = plan.output_shape[0], math.prod(plan.output_shape[1:])
@@ -102,9 +112,9 @@ def main():
         assert cuda._row_runs_layer(32, 64, split, grid)
         sample_programs = cuda._programs(1, grid, cuda.row_runs.ROWS, 64, 64) * len(members)
 
-        def fused(at_start: bool):
+        def fused(form: str):
             """The forward with each program filling its sample's share: the operand pass and the correlation."""
-            use_row_runs(sample_fill_row_runs(sample_programs, sample_floats, at_start), direct_input=split == 3)
+            use_row_runs(sample_fill_row_runs(sample_programs, sample_floats, *FORMS[form]), direct_input=split == 3)
             direct = cuda_phases._direct_input(x, plan, phase_list, split, True)
 
             def forward():
@@ -120,10 +130,11 @@ def main():
             library, _ = library_forward(x, w)
             timings.row(mode, f"library forward (round {round_ + 1})", library,
                         checked(library, expected, reference, eager))
-            for at_start in (False, True):
-                forward = fused(at_start)
-                what = f"sample fill {'at the start' if at_start else 'after the MMAs'} (round {round_ + 1})"
-                timings.row(mode, what, forward, checked(forward, expected, reference, eager))
+            for form in args.forms.split(","):
+                forward = fused(form)
+                what = {"end": "sample fill after the MMAs", "start": "sample fill at the start",
+                        "end_rows": "sample fill after the MMAs, rows whole"}[form]
+                timings.row(mode, f"{what} (round {round_ + 1})", forward, checked(forward, expected, reference, eager))
     library_forward(x, w)  # (the library's kernel again)
     print(timings.table())
 
