@@ -6,7 +6,7 @@
 Why (seventieth session): the phase path's check compiled phase_conv.py's kernel for every layer (without a bias, at
 one phase's tile rows), also where row_runs.py's kernel then served, or where the call compiled it again with a bias
 or other rows; and a layer whose forward launches several kernels (a k3 s2 layer's eight phases, one tap shape each)
-compiled them one after the other, as its backward did each gradient's eight. The check now compiles the kernels the call launches
+compiled them one after the other. The check now compiles the kernels the call launches
 (cuda.phases.forward_kernels_unsupported), once each, several at a time in threads (cuda.compiled_together). On the
 project's 2-core CPU (benchmarks/cpu_first_call_compiles.py), NVRTC and ptxas took 0.45-0.51 s for the old check's
 kernel on problem 77 in FP16 and 0.90-0.92 in 3xFP16, beside 0.34-0.39 and 0.79-0.83 for the kernel launched; two of a
@@ -18,8 +18,6 @@ compiled by a warm-up process first), and makes the layer's first call (convt3d.
 - "old check first" (problem 77): first compiles what the check compiled before the seventieth session
   (cuda.phase_conv_unsupported per phase, as cuda.phases.forward_unsupported called it), then makes the call;
 - "one at a time" (the k3 s2 layer): with cuda.compiled_together off, so that its kernels compile one after the other.
-On the k3 s2 layer the input and weight require grad, and the first backward is timed too, with the kernels it
-builds (every phase's grad_input and, in TF32 mode, grad_weight kernel) and the gradients' errors against float64.
 Each row gives the old check's time (0 without it), the first call's wall time (after a synchronisation, to one after
 it), the kernels built in the process with their build times (cuda._Kernel: NVRTC, loading, the shared-memory setting;
 a precompiled kernel's build is only its loading's end) and the output's error against float64 (NaN-poisoned before
@@ -84,33 +82,15 @@ def run_case(layer: str, bias: bool, tf32: bool, way: str) -> dict:
                                                  plan.batch, tuple(p.out_count for p in phases))
             assert reason is None, reason
     check_seconds = time.perf_counter() - start
-    backward = layer != "problem 77"  # (and the first backward, with every gradient's kernels, on the k3 s2 layer)
-    x.requires_grad_(backward)
-    w.requires_grad_(backward)
     torch.cuda.synchronize()
     start = time.perf_counter()
     with nan_poisoned_allocations():
         y = convt3d.conv_transpose3d(x, w, b, backend="torch", **args)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    x64, w64 = x.detach().double().requires_grad_(backward), w.detach().double().requires_grad_(backward)
-    expected = F.conv_transpose3d(x64, w64, None if b is None else b.double(), **args)
-    error = ((y.detach().double() - expected).norm() / expected.norm()).item()
-    result = dict(old_check_s=round(check_seconds, 3), first_call_s=round(seconds, 3), builds=builds, error=error)
-    if backward:
-        grad = torch.randn_like(y)
-        built = len(builds)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        y.backward(grad)
-        torch.cuda.synchronize()
-        result["backward_s"] = round(time.perf_counter() - start, 3)
-        result["backward_builds"] = builds[built:]
-        del builds[built:]
-        expected.backward(grad.double())
-        result["grad_errors"] = [((ours.grad.double() - theirs.grad).norm() / theirs.grad.norm()).item()
-                                 for ours, theirs in ((x, x64), (w, w64))]
-    return result
+    expected = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), **args)
+    error = ((y.double() - expected).norm() / expected.norm()).item()
+    return dict(old_check_s=round(check_seconds, 3), first_call_s=round(seconds, 3), builds=builds, error=error)
 
 
 def main():
@@ -142,14 +122,6 @@ def main():
         builds = ", ".join(f"{name} {seconds}" for name, seconds in result["builds"])
         print(f"| {round_} | {layer} | {bias} | {'TF32' if tf32 else 'off'} | {way} | {result['old_check_s']} | "
               f"{result['first_call_s']} | {builds} | {result['error']:.1e} |")
-    print("\n| round | layer | mode | way | first backward (s) | kernels built (s) | grad_input, grad_weight errors |")
-    print("|---|---|---|---|---|---|---|")
-    for round_, layer, bias, tf32, way, result in rows:
-        if "backward_s" in result:
-            builds = ", ".join(f"{name} {seconds}" for name, seconds in result["backward_builds"])
-            errors = ", ".join(f"{e:.1e}" for e in result["grad_errors"])
-            print(f"| {round_} | {layer} | {'TF32' if tf32 else 'off'} | {way} | {result['backward_s']} | {builds} | "
-                  f"{errors} |")
 
 
 if __name__ == "__main__":

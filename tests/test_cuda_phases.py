@@ -614,113 +614,65 @@ def test_forward_falls_back_when_a_kernel_does_not_compile(fake_kernels, caplog,
     assert "phase_conv did not compile" in caplog.text
 
 
-@pytest.fixture
-def slow_compiler(monkeypatch):
-    """A stand-in for torch's _compile_kernel on a pretended sm_90 device, through the real cuda._Kernel: each compile
-    waits 0.2 s (so that eight threads at once take about 0.2 s, one after the other 1.6), records its thread and
-    kernel name in .compiles, and fails in a worker thread where its name is in .failing. Kernel caches cleared before
-    and after."""
+def test_forward_check_compiles_several_kernels_at_once(monkeypatch):
+    """A layer whose forward launches several kernels (a k3 s2 layer's eight phases, one tap shape each): the check
+    compiles them in threads at the same time (cuda.compiled_together), each once, and the _Kernels the launches take
+    are those; where a compile in a thread fails, that kernel's _Kernel compiles it again itself. (A stand-in for
+    torch's _compile_kernel, on a pretended sm_90 device: each compile waits 0.2 s, in one of eight threads.)"""
     import contextlib
     import threading
     import time
 
+    compiles, failing = [], set()
+
     class Compiled:
-        def __init__(self, name):
-            self.func, self.name = 0, name
+        def __init__(self, source, name):
+            self.func, self.name = len(compiles), name
 
         def set_shared_memory_config(self, shared_bytes):
             pass
 
-    class Compiler:
-        compiles, failing = [], set()
+    def compile_kernel(source, name, compute_capability):
+        compiles.append((threading.get_ident(), name))
+        time.sleep(0.2)
+        if threading.get_ident() != threading.main_thread().ident and name in failing:
+            raise RuntimeError("failed in a thread")
+        return Compiled(source, name)
 
-        def __call__(self, source, name, compute_capability):
-            self.compiles.append((threading.get_ident(), name))
-            time.sleep(0.2)
-            if threading.get_ident() != threading.main_thread().ident and name in self.failing:
-                raise RuntimeError("failed in a thread")
-            return Compiled(name)
-
-        def in_threads(self):
-            main = threading.main_thread().ident
-            return [name for thread, name in self.compiles if thread != main]
-
-    compiler = Compiler()
     monkeypatch.setattr(cuda, "_capability", lambda index: cuda.ARCHITECTURE)
-    monkeypatch.setattr(cuda, "_compile_kernel", lambda: compiler)
+    monkeypatch.setattr(cuda, "_compile_kernel", lambda: compile_kernel)
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(cuda.os, "cpu_count", lambda: 8)  # (the threads wait, they do not compute)
-    caches = (cuda._kernel, cuda._row_runs_kernel, cuda._grad_weight_kernel, cuda_phases._kernels_unsupported,
-              cuda_phases.grad_input_unsupported, cuda_phases.grad_weight_unsupported,
-              cuda_phases._compile_backward_kernels)
-
-    def clear():
+    caches = (cuda._kernel, cuda._row_runs_kernel, cuda_phases._kernels_unsupported)
+    x, w, b, plan, _ = _layer(*LAYERS[1], seed=random.randrange(2**31))  # 32 -> 16, k3 s2 p1 op1: eight launches
+    phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
+    try:
+        for fail in (set(), {"phase_conv"}):
+            for cache in caches:
+                cache.cache_clear()
+            compiles.clear(), cuda._compiled.clear(), failing.clear(), failing.update(fail)
+            start = time.perf_counter()
+            with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
+                assert cuda_phases.forward_kernels_unsupported(x, b, plan, phase_list) is None
+            seconds = time.perf_counter() - start
+            _, extent, launches = cuda_phases._forward_geometry(plan, phase_list, cuda_phases._split(True))
+            assert len(launches) == 8 and len(cuda._compiled) == 8 and not cuda._precompiled  # (all taken)
+            main = threading.main_thread().ident
+            in_threads = [name for thread, name in compiles if thread != main]
+            on_main = [name for thread, name in compiles if thread == main]
+            assert len(in_threads) == 8 and len(on_main) == (8 if fail else 0), (fail, compiles)
+            if not fail:
+                assert seconds < 8 * 0.2 / 2, seconds  # (one after the other: 1.6 s)
+            kernels = {id(cuda.correlation_kernel(0, (plan.batch, *extent, 32), 16, cuda_phases._split(True), True,
+                                                  grid, counts, dilation, len(members)))
+                       for counts, dilation, grid, members in launches}
+            assert len(kernels) == 8 and len(compiles) == 8 + len(on_main)  # (the same kernels, none compiled again)
+    finally:
         for cache in caches:
             cache.cache_clear()
         cuda._compiled.clear()
         cuda._precompiled.clear()
-        compiler.compiles.clear()
-
-    compiler.clear = clear
-    clear()
-    yield compiler
-    clear()
-
-
-@pytest.mark.parametrize("fail", [False, True], ids=["threads", "a thread fails"])
-def test_forward_check_compiles_several_kernels_at_once(fail, slow_compiler):
-    """A layer whose forward launches several kernels (a k3 s2 layer's eight phases, one tap shape each): the check
-    compiles them in threads at the same time (cuda.compiled_together), each once, and the _Kernels the launches take
-    are those; where a compile in a thread fails, that kernel's _Kernel compiles it again itself."""
-    import time
-
-    x, w, b, plan, _ = _layer(*LAYERS[1], seed=random.randrange(2**31))  # 32 -> 16, k3 s2 p1 op1: eight launches
-    phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
-    slow_compiler.failing = {"phase_conv"} if fail else set()
-    start = time.perf_counter()
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
-        assert cuda_phases.forward_kernels_unsupported(x, b, plan, phase_list) is None
-    seconds = time.perf_counter() - start
-    _, extent, launches = cuda_phases._forward_geometry(plan, phase_list, cuda_phases._split(True))
-    assert len(launches) == 8 and len(cuda._compiled) == 8 and not cuda._precompiled  # (all taken)
-    compiles = list(slow_compiler.compiles)
-    assert len(slow_compiler.in_threads()) == 8 and len(compiles) == (16 if fail else 8), compiles
-    if not fail:
-        assert seconds < 8 * 0.2 / 2, seconds  # (one after the other: 1.6 s)
-    kernels = {id(cuda.correlation_kernel(0, (plan.batch, *extent, 32), 16, cuda_phases._split(True), True, grid,
-                                          counts, dilation, len(members)))
-               for counts, dilation, grid, members in launches}
-    assert len(kernels) == 8 and slow_compiler.compiles == compiles  # (the same kernels, none compiled again)
-
-
-@pytest.mark.parametrize("fail", [False, True], ids=["threads", "a thread fails"])
-def test_backward_checks_compile_each_gradients_kernels_at_once(fail, slow_compiler):
-    """A k3 s2 layer's backward (64 -> 32 channels, TF32 mode): the first phase's grad_input check compiles every
-    phase's grad_input kernel side by side, its grad_weight check every grad_weight kernel, each once; the other
-    phases' checks find theirs compiled. Where a compile in a thread fails, the phase's check compiles it again."""
-    import time
-
-    x, w, b, plan, _ = _layer(64, 32, 3, 2, 1, 1, 1, (2, 5, 7), seed=random.randrange(2**31))
-    slow_compiler.failing = {"phase_grad_weight"} if fail else set()
-    gpu = torch.device("cuda", 0)
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
-        phase_list = [phases for phases, _ in _backward_phases(plan)]
-        start = time.perf_counter()
-        assert cuda_phases.grad_input_unsupported(plan, phase_list[0], gpu, x.dtype, True) is None
-        assert cuda_phases.grad_weight_unsupported(plan, phase_list[0], gpu, x.dtype, True) is None
-        seconds = time.perf_counter() - start
-        compiles = list(slow_compiler.compiles)
-        for phases in phase_list:
-            assert cuda_phases.grad_input_unsupported(plan, phases, gpu, x.dtype, True) is None
-            assert cuda_phases.grad_weight_unsupported(plan, phases, gpu, x.dtype, True) is None
-    names = sorted(name for _, name in compiles)
-    assert len(phase_list) == 8 and len(cuda._compiled) == 16 and not cuda._precompiled
-    assert sorted(slow_compiler.in_threads()) == ["phase_conv"] * 8 + ["phase_grad_weight"] * 8
-    assert names == ["phase_conv"] * 8 + ["phase_grad_weight"] * (16 if fail else 8), names
-    assert slow_compiler.compiles == compiles  # (the other phases compiled nothing)
-    if not fail:
-        assert seconds < 16 * 0.2 / 2, seconds  # (one after the other: 3.2 s)
 
 
 def test_launcher_passes_every_argument_by_address(monkeypatch):

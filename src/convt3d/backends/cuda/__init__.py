@@ -73,13 +73,6 @@ def phase_conv_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, 
     return None
 
 
-def phase_conv_spec(c_in: int, c_out: int, taps, dilation, split: int, batch: int, grid):
-    """_Kernel's arguments for the kernel that phase_conv_unsupported compiles (for compiled_together)."""
-    taps, dilation = tuple(taps), tuple(dilation)
-    return _phase_conv_spec(c_in, c_out, taps, dilation, False, split,
-                            tile_rows(c_in, c_out, taps, dilation, split, batch, tuple(grid)))
-
-
 def correlation_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,
                             dilation, split: int = 0) -> str | None:
     """phase_conv_unsupported without compiling: None where the settings, the channels and the shared memory allow
@@ -436,23 +429,7 @@ def _phase_table(phases) -> tuple:
 def grad_weight_kernel_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int, taps,
                                    dilation) -> str | None:
     """None when grad_weight.py's kernel computes the weight gradient of a phase correlation reading c_in channels
-    of the input with these taps and tap dilations into c_out channels, else a short reason:
-    grad_weight_settings_unsupported's, or a failure to compile it."""
-    reason = grad_weight_settings_unsupported(device, dtype, c_in, c_out, groups, taps, dilation)
-    if reason is not None:
-        return reason
-    try:  # compiled here, once per layer (the callers cache this answer), so that a failure falls back
-        _grad_weight_kernel(device.index if device.index is not None else torch.cuda.current_device(), c_in, c_out,
-                            tuple(taps), tuple(dilation))
-    except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: any failure falls back)
-        return f"compiling the kernel failed: {error}"
-    return None
-
-
-def grad_weight_settings_unsupported(device: torch.device, dtype: torch.dtype, c_in: int, c_out: int, groups: int,
-                                     taps, dilation) -> str | None:
-    """grad_weight_kernel_unsupported without compiling: None where the settings, the channels and the shared memory
-    allow the kernel, else why not."""
+    of the input with these taps and tap dilations into c_out channels, else a short reason."""
     reason = _unsupported_setting(device, dtype, groups, tf32_only=True)
     if reason is not None:
         return reason
@@ -463,6 +440,11 @@ def grad_weight_settings_unsupported(device: torch.device, dtype: torch.dtype, c
         return "torch.cuda._compile_kernel is missing"
     if grad_weight_config(c_in, c_out, tuple(taps), tuple(dilation)) is None:
         return "the input's row rings do not fit in shared memory"
+    try:  # compiled here, once per layer (the callers cache this answer), so that a failure falls back
+        _grad_weight_kernel(device.index if device.index is not None else torch.cuda.current_device(), c_in, c_out,
+                            tuple(taps), tuple(dilation))
+    except Exception as error:  # noqa: BLE001 (NVRTC, the driver or torch's private API: any failure falls back)
+        return f"compiling the kernel failed: {error}"
     return None
 
 
@@ -489,15 +471,10 @@ def grad_weight_config(c_in: int, c_out: int, taps, dilation):
 
 @functools.lru_cache(maxsize=256)
 def _grad_weight_kernel(device_index: int, c_in: int, c_out: int, taps, dilation) -> _Kernel:
-    with torch.cuda.device(device_index):
-        return _Kernel(*grad_weight_spec(c_in, c_out, taps, dilation))
-
-
-def grad_weight_spec(c_in: int, c_out: int, taps, dilation):
-    """_Kernel's arguments for _grad_weight_kernel (for compiled_together)."""
     cob, per_program, _, planes, smem = grad_weight_config(c_in, c_out, taps, dilation)
-    return (grad_weight.source(c_in, c_out, cob, taps, dilation, per_program, planes), "phase_grad_weight", smem,
-            grad_weight.THREADS)
+    with torch.cuda.device(device_index):
+        return _Kernel(grad_weight.source(c_in, c_out, cob, taps, dilation, per_program, planes), "phase_grad_weight",
+                       smem, grad_weight.THREADS)
 
 
 def grad_weight_splits(c_in: int, c_out: int, taps, dilation, grid, batch: int, sms: int) -> int:

@@ -18,8 +18,7 @@ from .. import cuda, cudnn_allow_tf32
 from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands, operands_at_addresses
 from . import (compiled_together, correlate, correlate_grad_weight, correlate_phases, correlation_kernel,
-               correlation_spec, correlation_unsupported, grad_weight_kernel_unsupported,
-               grad_weight_settings_unsupported, grad_weight_spec, grad_weight_splits, phase_conv_spec,
+               correlation_spec, correlation_unsupported, grad_weight_kernel_unsupported, grad_weight_splits,
                phase_conv_unsupported, phase_launches, reads_input, window_extent)
 
 
@@ -212,46 +211,10 @@ def _forward_launches(plan: Plan, phase_list: tuple, split: int, out_strides, la
 def grad_input_unsupported(plan: Plan, phases, device: torch.device, dtype: torch.dtype, tf32: bool) -> str | None:
     """None when the CUDA correlation computes this phase's part of grad_input (TF32, or cuda.SPLIT's split where tf32
     is off), else why not."""
-    _compile_backward_kernels(plan, device, dtype, tf32, "input")
-    return _grad_input_reason(plan, phases, device, dtype, tf32)
-
-
-def _grad_input_reason(plan: Plan, phases, device: torch.device, dtype: torch.dtype, tf32: bool) -> str | None:
     counts, _, _ = _taps(phases, ascending=True)
     return phase_conv_unsupported(device, dtype, plan.out_channels, plan.in_channels, plan.groups, counts,
                                   tuple(p.input_dilation for p in phases), _split(tf32), plan.batch,
                                   plan.input_spatial)
-
-
-@functools.lru_cache(maxsize=256)
-def _compile_backward_kernels(plan: Plan, device: torch.device, dtype: torch.dtype, tf32: bool, gradient: str) -> None:
-    """The CUDA kernels of every phase's grad_input (gradient "input") or grad_weight ("weight") that the settings
-    allow, compiled side by side (cuda.compiled_together: a k3 s2 layer has eight of each, one a phase) when the first
-    phase asks for its own; where one fails to compile, its phase's check (grad_input_unsupported,
-    grad_weight_unsupported) says so."""
-    from ..torch_phase import _backward_phases
-
-    split, phase_list = _split(tf32), [phases for phases, _ in _backward_phases(plan)]
-    specs = []
-    for phases in phase_list:
-        counts, _, _ = _taps(phases, ascending=gradient == "input")
-        dilation = tuple(p.input_dilation for p in phases)
-        if gradient == "input" and correlation_unsupported(device, dtype, plan.out_channels, plan.in_channels,
-                                                           plan.groups, counts, dilation, split) is None:
-            specs.append(phase_conv_spec(plan.out_channels, plan.in_channels, counts, dilation, split, plan.batch,
-                                         plan.input_spatial))
-        if gradient == "weight" and grad_weight_settings_unsupported(device, dtype, plan.in_channels,
-                                                                     plan.out_channels, plan.groups, counts,
-                                                                     dilation) is None:
-            specs.append(grad_weight_spec(plan.in_channels, plan.out_channels, counts, dilation))
-    if len(specs) < 2:
-        return  # (each phase's check compiles its own)
-    with compiled_together(device.index if device.index is not None else torch.cuda.current_device(), specs):
-        for phases in phase_list:
-            if gradient == "input":
-                _grad_input_reason(plan, phases, device, dtype, tf32)
-            else:
-                _grad_weight_reason(plan, phases, device, dtype)
 
 
 @functools.lru_cache(maxsize=256)
@@ -292,11 +255,7 @@ def phase_grad_input_in_place(grad_output: torch.Tensor, lattice_offset: int, la
 @functools.lru_cache(maxsize=256)
 def grad_weight_unsupported(plan: Plan, phases, device: torch.device, dtype: torch.dtype, tf32: bool) -> str | None:
     """None when grad_weight.py's kernel computes this phase's slice of grad_weight, else why not."""
-    _compile_backward_kernels(plan, device, dtype, tf32, "weight")
-    return _grad_weight_reason(plan, phases, device, dtype)
-
-
-def _grad_weight_reason(plan: Plan, phases, device: torch.device, dtype: torch.dtype) -> str | None:
+    del tf32
     counts, _, _ = _taps(phases, ascending=False)
     return grad_weight_kernel_unsupported(device, dtype, plan.in_channels, plan.out_channels, plan.groups, counts,
                                           tuple(p.input_dilation for p in phases))
