@@ -551,8 +551,9 @@ def fake_kernels(monkeypatch):
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_forward_check_compiles_the_kernels_its_call_launches(layer, with_bias, tf32, fake_kernels):
     """forward_unsupported compiles nothing; forward_kernels_unsupported compiles each kernel that write_phases then
-    launches, once, and no other (before, the check compiled phase_conv.py's kernel also where row_runs.py's served,
-    and on a layer with several phases a launch at other tile rows than the call's: LAYERS[2] compiled it twice)."""
+    launches, once, and no other (before, the check compiled phase_conv.py's kernel without a bias at one phase's tile
+    rows: also where row_runs.py's served, and again in a call with a bias, or in a launch of several phases at more
+    rows, as the sweep's unet3d_k2s2 takes: 4 against the check's 2)."""
     x, w, b, plan, _ = _layer(*layer, seed=random.randrange(2**31))
     b = b if with_bias else None
     phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
