@@ -356,6 +356,46 @@ def test_problem_77_phase_backend_writes_every_element(tf32, nan_poisoned_alloca
 
 
 @pytest.mark.parametrize("tf32", [True, False], ids=["fp16", "3xfp16"])
+def test_a_k3s2_layers_first_call_compiles_its_kernels_in_threads(tf32, nan_poisoned_allocator, monkeypatch):
+    """A k3 s2 layer's first call by the phase path (64 -> 32 channels, eight phases, one kernel each): the check
+    compiles the eight kernels in worker threads (cuda.compiled_together), none on the calling thread, and the kernels
+    loaded there write the output, within TF32's or float32's accuracy of float64."""
+    import threading
+
+    from convt3d.backends import torch_phase
+
+    compile_kernel = cuda._compile_kernel()
+    compiles = []  # (on the calling thread, kernel name)
+
+    def recorded(source, name, **kwargs):
+        compiles.append((threading.get_ident() == threading.main_thread().ident, name))
+        return compile_kernel(source, name, **kwargs)
+
+    def forget_kernels():  # (so that the layer's kernels are compiled anew)
+        for cache in (cuda._kernel, cuda._row_runs_kernel, cuda.tile_rows, cuda.phase_launches,
+                      cuda_phases._kernels_unsupported, cuda_phases._forward_geometry, cuda_phases._forward_launches,
+                      cuda_phases._reads_input):
+            cache.cache_clear()
+        cuda._compiled.clear()
+        torch_phase._prepared.clear()
+
+    monkeypatch.setattr(cuda, "_compile_kernel", lambda: recorded)
+    x = torch.randn(2, 64, 4, 8, 12, device="cuda")
+    w = torch.randn(64, 32, 3, 3, 3, device="cuda") * 0.05
+    b = torch.randn(32, device="cuda")
+    args = dict(stride=2, padding=1, output_padding=1)
+    forget_kernels()
+    try:
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+            ours = convt3d.conv_transpose3d(x, w, b, backend="torch", **args)
+    finally:
+        forget_kernels()  # (no later test gets kernels compiled through the recorder)
+    assert compiles and all(not on_main and name == "phase_conv" for on_main, name in compiles), compiles
+    assert len(compiles) == 8
+    assert_close_rel(ours, F.conv_transpose3d(x.double(), w.double(), b.double(), **args), 1e-3 if tf32 else 1e-6)
+
+
+@pytest.mark.parametrize("tf32", [True, False], ids=["fp16", "3xfp16"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_row_runs_kernel_serves_problem_77_as_phase_conv_would(tf32, bias, nan_poisoned_allocator, monkeypatch):
     """Problem 77's geometry at batch 2 with backend="torch": row_runs.py's kernel is what runs (in FP16, TF32 mode,
