@@ -17,9 +17,11 @@ diag_full_rows.py's store), so that no sector is half written: the L2 need merge
 The order: each program's fill stores, a fence, then an atomic add to its sample's count (the bias argument carries
 the counts, problem 77 has no bias); thread 0 polls the count (acquire) until the sample's round is complete, and the
 program then writes its tile. The counts are never reset: each launch adds SAMPLE_PROGRAMS to each sample's count, so
-a program's round is its add's old value / SAMPLE_PROGRAMS. No deadlock as long as programs start in order of their
-index (a sample's programs are consecutive and 128 fit the H200 at once, 396 programs at three a multiprocessor); a
-poll that waits past about a second traps instead of hanging.
+a program's round is its add's old value / SAMPLE_PROGRAMS. A program takes its tile by a ticket (an atomic counter
+after the counts), in the order programs start, whatever order the hardware starts them in: every tile before a
+waiting program's is then held by a program that has started, those of earlier samples finish, and the rest of its
+sample's 128 start as they make room (396 programs fit the H200 at once at three a multiprocessor, 264 at two): no
+deadlock. A poll that waits past about a second traps instead of hanging.
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the library's forward and the
 fused forms taking turns per round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off). Every output,
@@ -70,11 +72,21 @@ __device__ __forceinline__ void count_and_wait(unsigned* count, int tid) {
     __syncthreads();
 }
 """
+# A program's tile by the order in which programs start, not by its index: thread 0 takes the next ticket (the word
+# after the samples' counts; each launch takes gridDim.x of them, a power of two, so that the count wraps with it) and
+# hands it to the others through shared memory, before the weights' copies use that memory.
+TILE = "    int tile = blockIdx.x;\n"
+TICKET = r"""    if (tid == 0) ((volatile int*)smem4)[0] = (int)(atomicAdd((unsigned*)bias + SAMPLES, 1u) % gridDim.x);
+    __syncthreads();
+    const int claimed = ((volatile int*)smem4)[0];
+    __syncthreads();
+    int tile = claimed;
+"""
 DECODED = "    const int qd = tile % QD, n = tile / QD;\n"
 WRITES = "    float* y_tile = y + n * syn"
 SAMPLE = "y - phase[9] + n * syn"  # (TAKE_PHASE moved y to the lattice: phase[9] is its offset)
-FILL_FIRST = f"    if (FILL_AT_START) fill_share({SAMPLE}, blockIdx.x % SAMPLE_PROGRAMS, tid, THREADS);\n"
-FILL_LAST = (f"    if (!FILL_AT_START) fill_share({SAMPLE}, blockIdx.x % SAMPLE_PROGRAMS, tid, THREADS);\n"
+FILL_FIRST = f"    if (FILL_AT_START) fill_share({SAMPLE}, claimed % SAMPLE_PROGRAMS, tid, THREADS);\n"
+FILL_LAST = (f"    if (!FILL_AT_START) fill_share({SAMPLE}, claimed % SAMPLE_PROGRAMS, tid, THREADS);\n"
              "    count_and_wait((unsigned*)bias + n, tid);\n")
 
 
@@ -84,12 +96,12 @@ FORMS = {"end": (False, False), "start": (True, False), "end_rows": (False, True
 
 
 @functools.lru_cache(maxsize=None)
-def sample_fill_row_runs(sample_programs: int, sample_floats: int, at_start: bool, rows_whole: bool):
+def sample_fill_row_runs(samples: int, sample_programs: int, sample_floats: int, at_start: bool, rows_whole: bool):
     """A builder for use_row_runs: row_runs.py's kernel, no bias, each program filling its share of its sample (each
     configuration compiled once)."""
-    head = (f"#define SAMPLE_PROGRAMS {sample_programs}\n#define SAMPLE_FLOATS {sample_floats}ll\n"
-            f"#define FILL_AT_START {int(at_start)}\n" + SAMPLE_FILL)
-    build = patched_row_runs((DECODED, DECODED + FILL_FIRST), (WRITES, FILL_LAST + WRITES),
+    head = (f"#define SAMPLES {samples}\n#define SAMPLE_PROGRAMS {sample_programs}\n"
+            f"#define SAMPLE_FLOATS {sample_floats}ll\n#define FILL_AT_START {int(at_start)}\n" + SAMPLE_FILL)
+    build = patched_row_runs((TILE, TICKET), (DECODED, DECODED + FILL_FIRST), (WRITES, FILL_LAST + WRITES),
                              (STORE, FULL_ROWS_STORE if rows_whole else STORE), head=head, has_bias=False)
     return functools.lru_cache(maxsize=None)(build)
 
@@ -103,7 +115,7 @@ def main():
     x, w, plan, phase_list = problem_77()
     samples, sample_floats = plan.output_shape[0], math.prod(plan.output_shape[1:])
     out_strides = torch.empty(plan.output_shape, device="meta").stride()
-    counts = torch.zeros(samples, dtype=torch.int32, device="cuda")
+    counts = torch.zeros(samples + 1, dtype=torch.int32, device="cuda")  # (and the tickets)
     timings = Timings(args.iters)
     for mode, split, reference, eager in modes(x, w):
         _, expected = library_forward(x, w)
@@ -111,10 +123,13 @@ def main():
         _, _, ((_, _, grid, members),) = cuda_phases._forward_geometry(plan, phase_list, split)
         assert cuda._row_runs_layer(32, 64, split, grid)
         sample_programs = cuda._programs(1, grid, cuda.row_runs.ROWS, 64, 64) * len(members)
+        programs = sample_programs * samples
+        assert programs & (programs - 1) == 0, programs  # (the tickets wrap with the grid: TICKET)
 
         def fused(form: str):
             """The forward with each program filling its sample's share: the operand pass and the correlation."""
-            use_row_runs(sample_fill_row_runs(sample_programs, sample_floats, *FORMS[form]), direct_input=split == 3)
+            use_row_runs(sample_fill_row_runs(samples, sample_programs, sample_floats, *FORMS[form]),
+                         direct_input=split == 3)
             direct = cuda_phases._direct_input(x, plan, phase_list, split, True)
 
             def forward():
