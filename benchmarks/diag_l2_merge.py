@@ -10,15 +10,16 @@ from DRAM? (GPU)
     three launches of the kernel a mode)
 
 Why: the library's forward is out.zero_() (571 MB, 0.124 ms), the operand pass (0.019) and the correlation into the
-lattice (0.124). Under Nsight Compute the correlation read 174.5 MB from DRAM and wrote 138.8 MB (sixty-ninth
-session): each lattice row's stores write every other float, so each of its sectors is half written, and the L2 reads
-the rest back from DRAM, where zero_()'s zeros went long before (571 MB against an L2 of 50 MB). Fill and correlation
-then move about 880 MB through DRAM in about 0.25 ms, near what the H200's DRAM gives to mixed reads and writes; the
-fills beside the correlation tried so far (sixty-fifth session's diag_fill_flags among them) moved the same bytes and
-took the same time. A forward whose lattice writes found their lines still in the L2 (a fill just before, region by
-region, inside the correlation's own programs) would move about 605 MB: at zero_()'s rate about 0.14 ms. This script
-measures the premise before any such kernel is written: the library's correlation alone (its operands prepared first)
-into an output that zero_() filled
+lattice (0.124). Under Nsight Compute the correlation read 174.5 MB from DRAM and wrote 138.8 MB (sixty-ninth session):
+each lattice row's stores write every other float, so each of its sectors is half written, and the L2 reads the rest
+back from DRAM, where zero_()'s zeros went long before (571 MB against an L2 of 50 MB). Fill and correlation then move
+about 880 MB through DRAM in about 0.25 ms; a copy of a tensor of the output's size (1.14 GB read and written) took
+0.280 ms (GUIDE.md), about 4.1 TB/s, at which 880 MB take about 0.21 ms. The fills beside the correlation tried so far
+(sixty-fifth session's diag_fill_flags among them) wrote the same bytes the same way and took as long as fill and
+correlation in turn (their DRAM bytes were not measured). A forward whose lattice writes found their lines still in the
+L2 (a fill just before, region by region, inside the correlation's own programs) would move about 605 MB: at zero_()'s
+rate about 0.14 ms. This script measures the premise before any such kernel is written: the library's correlation alone
+(its operands prepared first) into an output that zero_() filled
 - "cold": before the L2 flush (the library's case);
 - "resident": after the flush, just before the correlation, at batches whose output fits the L2 (1: 35.7 MB) and
   whose output does not (2, 4, 16);

@@ -6,12 +6,12 @@ sample's output itself, counts it, and writes its lattice tile once every progra
 Why: the library's forward is out.zero_() (571 MB, 0.124 ms), the operand pass (0.019) and the correlation into the
 lattice (0.124), which under Nsight Compute read 174.5 MB from DRAM and wrote 138.8 MB (sixty-ninth session): its
 half-written lattice sectors are read back from DRAM, where zero_()'s zeros went long before. The fills beside the
-correlation tried so far moved the same bytes through DRAM and took the same time (diag_fill_flags, sixty-fifth
-session). Here the zeros of a sample (35.7 MB, within the L2's 50 MB) are written by that sample's own 128 programs,
-each a contiguous share (279 KB, 16-byte stores), just before (FILL_AT_START 0: after its MMAs) or long before (1: at
-its start) their lattice writes: if the L2 merges the lattice's half-written sectors with the zeros it still holds,
-the forward moves about 605 MB instead of about 880. benchmarks/diag_l2_merge.py measures that premise alone. A third
-form (end_rows) fills after the MMAs and writes the lattice rows whole (each value with the zero beside it:
+correlation tried so far wrote the same bytes the same way and took as long as the two in turn (diag_fill_flags,
+sixty-fifth session). Here the zeros of a sample (35.7 MB, within the L2's 50 MB) are written by that sample's own 128
+programs, each a contiguous share (279 KB, 16-byte stores), just before (FILL_AT_START 0: after its MMAs) or long before
+(1: at its start) their lattice writes: if the L2 merges the lattice's half-written sectors with the zeros it still
+holds, the forward moves about 605 MB instead of about 880. benchmarks/diag_l2_merge.py measures that premise alone. A
+third form (end_rows) fills after the MMAs and writes the lattice rows whole (each value with the zero beside it:
 diag_full_rows.py's store), so that no sector is half written: the L2 need merge nothing.
 
 The order: each program's fill stores, a fence, then an atomic add to its sample's count (the bias argument carries
