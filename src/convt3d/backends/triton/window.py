@@ -33,16 +33,21 @@ def _finite_magnitude(value):
 
 
 @triton.jit
+def _window_block(program, COLUMN_BLOCKS, XD, XH):
+    """(column block, row, n, a, b) of a window program: row (n * XD + a) * XH + b of the window, its column blocks
+    fastest."""
+    column_block = program % COLUMN_BLOCKS
+    row = program // COLUMN_BLOCKS
+    return column_block, row, row // XH // XD, row // XH % XD, row % XH
+
+
+@triton.jit
 def _window_row(source_ptr, window_ptr, block_max_ptr, program, COLUMN_BLOCKS, OFFSET, SN, SC, SD, SH, SW, D, H, W,
                 XD, XH, XW, START_D, START_H, START_W, C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
                 SPLIT: tl.constexpr):
     """BLOCK_P positions of one window row (n, a, b) x their channels: loaded along the source's positions, stored
     along the channels."""
-    column_block = program % COLUMN_BLOCKS
-    row = program // COLUMN_BLOCKS  # (n * XD + a) * XH + b
-    b = row % XH
-    a = row // XH % XD
-    n = row // XH // XD
+    column_block, row, n, a, b = _window_block(program, COLUMN_BLOCKS, XD, XH)
     c = column_block * BLOCK_P + tl.arange(0, BLOCK_P)
     ch = tl.arange(0, BLOCK_C)
     d = a + START_D + c * 0  # broadcast: the interpreter cannot mask with scalars
@@ -70,11 +75,7 @@ def _row_maxima(source_ptr, block_max_ptr, program, COLUMN_BLOCKS, OFFSET, SN, S
     row's loads are whole 16-byte words where the source allows. On the H200 (sixty-ninth session) problem 77's pass
     without the window took 0.0186 ms with this tile (the minimum of 100 calls), 0.0235 with _window_row's (positions
     by channels)."""
-    column_block = program % COLUMN_BLOCKS
-    row = program // COLUMN_BLOCKS  # (n * XD + a) * XH + b
-    b = row % XH
-    a = row // XH % XD
-    n = row // XH // XD
+    column_block, _, n, a, b = _window_block(program, COLUMN_BLOCKS, XD, XH)
     first = START_W + column_block * BLOCK_P  # the block's first column in the source
     low = tl.maximum(first, 0)
     high = tl.minimum(first + BLOCK_P, W)  # (past the window's XW columns too, as _window_row's maxima)
