@@ -10,14 +10,17 @@ compiled them one after the other. The check now compiles the kernels the call l
 (cuda.phases.forward_kernels_unsupported), once each, several at a time in threads (cuda.compiled_together). On the
 project's 2-core CPU (benchmarks/cpu_first_call_compiles.py), NVRTC and ptxas took 0.45-0.51 s for the old check's
 kernel on problem 77 in FP16 and 0.90-0.92 in 3xFP16, beside 0.34-0.39 and 0.79-0.83 for the kernel launched; two of a
-k3 s2 layer's kernels compiled in 0.62 s together against 1.19 one after the other.
+k3 s2 layer's kernels compiled in 0.62 s together against 1.19 one after the other. Since the seventy-first session
+the kernels are also kept on disk (cuda/kernel_cache.py), so that a later process loads them instead.
 
 Each row runs in its own process, so that no CUDA kernel is compiled yet (Triton's kernels, cached on disk, are
-compiled by a warm-up process first), and makes the layer's first call (convt3d.conv_transpose3d, backend="torch"):
+compiled by a warm-up process first; each row but the last kind starts from an empty CONVT3D_CACHE_DIR), and makes
+the layer's first call (convt3d.conv_transpose3d, backend="torch"):
 - "library": as the library makes it;
 - "old check first" (problem 77): first compiles what the check compiled before the seventieth session
   (cuda.phase_conv_unsupported per phase, as cuda.phases.forward_unsupported called it), then makes the call;
-- "one at a time" (the k3 s2 layer): with cuda.compiled_together off, so that its kernels compile one after the other.
+- "one at a time" (the k3 s2 layer): with cuda.compiled_together off, so that its kernels compile one after the other;
+- "disk cache": as "library", in the CONVT3D_CACHE_DIR that the "library" row before it filled.
 Each row gives the old check's time (0 without it), the first call's wall time (after a synchronisation, to one after
 it), the kernels built in the process with their build times (cuda._Kernel: NVRTC, loading, the shared-memory setting;
 a precompiled kernel's build is only its loading's end) and the output's error against float64 (NaN-poisoned before
@@ -30,15 +33,16 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 # name: (in and out channels, kernel, stride, padding, output_padding, dilation, input shape)
 LAYERS = {"problem 77": (32, 64, 3, 2, 1, 0, 2, (16, 32, 16, 32, 32)),
           "video k3 s2 p1 op1 (64 -> 32)": (64, 32, 3, 2, 1, 1, 1, (1, 64, 8, 64, 64))}
 CASES = [("problem 77", bias, tf32, way) for tf32 in (True, False) for bias in (False, True)
-         for way in ("library", "old check first")]
+         for way in ("library", "disk cache", "old check first")]
 CASES += [("video k3 s2 p1 op1 (64 -> 32)", True, tf32, way) for tf32 in (True, False)
-          for way in ("library", "one at a time")]
+          for way in ("library", "disk cache", "one at a time")]
 
 
 def run_case(layer: str, bias: bool, tf32: bool, way: str) -> dict:
@@ -101,9 +105,15 @@ def main():
     if args.case:
         print(json.dumps(run_case(*json.loads(args.case))))
         return
-    environment = dict(os.environ, PYTHONUNBUFFERED="1")
+    filled = {}  # (layer, bias, tf32): the CONVT3D_CACHE_DIR of its last "library" row
 
     def fresh(case):
+        layer, bias, tf32, way = case
+        if way == "disk cache":
+            directory = filled[(layer, bias, tf32)]
+        else:
+            directory = filled[(layer, bias, tf32)] = tempfile.mkdtemp(prefix="convt3d_kernels_")
+        environment = dict(os.environ, PYTHONUNBUFFERED="1", CONVT3D_CACHE_DIR=directory)
         out = subprocess.run([sys.executable, __file__, "--case", json.dumps(case)], capture_output=True, text=True,
                              env=environment, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])

@@ -395,6 +395,52 @@ def test_a_k3s2_layers_first_call_compiles_its_kernels_in_threads(tf32, nan_pois
     assert_close_rel(ours, F.conv_transpose3d(x.double(), w.double(), b.double(), **args), 1e-3 if tf32 else 1e-6)
 
 
+_CACHED_KERNELS_SCRIPT = """
+import hashlib, sys, time
+import torch, torch.nn.functional as F
+import convt3d
+from convt3d.backends import cuda
+
+compiles = []
+nvrtc_compile = torch.cuda._utils._nvrtc_compile
+torch.cuda._utils._nvrtc_compile = lambda *args, **kwargs: compiles.append(args[1]) or nvrtc_compile(*args, **kwargs)
+torch.manual_seed(int(sys.argv[1]))
+x = torch.randn(2, 64, 4, 8, 12, device="cuda")
+w = torch.randn(64, 32, 3, 3, 3, device="cuda") * 0.05
+args = dict(stride=2, padding=1, output_padding=1)
+start = time.perf_counter()
+with torch.backends.cudnn.flags(enabled=True, allow_tf32=sys.argv[2] == "tf32"):
+    y = convt3d.conv_transpose3d(x, w, backend="torch", **args)
+torch.cuda.synchronize()
+seconds = time.perf_counter() - start
+error = ((y.double() - F.conv_transpose3d(x.double(), w.double(), **args)).norm() / y.double().norm()).item()
+print(len(compiles), len(cuda._compiled), hashlib.sha256(y.cpu().numpy().tobytes()).hexdigest(), error, seconds)
+"""
+
+
+@pytest.mark.parametrize("tf32", [True, False], ids=["fp16", "3xfp16"])
+def test_a_later_process_loads_the_kernels_from_the_disk_cache(tf32, tmp_path):
+    """Two processes in turn run a k3 s2 layer's first call (eight kernels) with one CONVT3D_CACHE_DIR: the first
+    compiles them by NVRTC and writes them there; the second compiles none, loads them, and its output is the
+    first's bitwise (the same kernels ran, not cuDNN), within TF32's or float32's accuracy of float64."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CONVT3D_CACHE_DIR=str(tmp_path / "kernels"))
+    seed, mode = str(torch.randint(2**31, ()).item()), "tf32" if tf32 else "strict"
+    runs = []
+    for _ in range(2):
+        result = subprocess.run([sys.executable, "-c", _CACHED_KERNELS_SCRIPT, seed, mode], env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        compiles, kernels, digest, error, seconds = result.stdout.split()
+        runs.append((int(compiles), int(kernels), digest, float(error), float(seconds)))
+    (first_compiles, first_kernels, first_digest, error, _), (compiles, kernels, digest, _, _) = runs
+    assert first_compiles == first_kernels == kernels == 8 and len(os.listdir(tmp_path / "kernels")) == 8, runs
+    assert compiles == 0 and digest == first_digest, runs
+    assert error < (1e-3 if tf32 else 1e-6), runs
+
+
 @pytest.mark.parametrize("tf32", [True, False], ids=["fp16", "3xfp16"])
 @pytest.mark.parametrize("bias", [False, True])
 def test_row_runs_kernel_serves_problem_77_as_phase_conv_would(tf32, bias, nan_poisoned_allocator, monkeypatch):

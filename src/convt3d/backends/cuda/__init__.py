@@ -3,9 +3,10 @@ tensor-core instructions, the phase correlation (phase_conv.py; in FP16 and 3xFP
 of 64 over grids one column block wide, row_runs.py's) and a phase's weight gradient (grad_weight.py).
 
 Compiled through torch.cuda._compile_kernel (torch 2.11 and later; a private API, so every failure to find or use it
-falls back to cuDNN, logged at debug level), once per configuration, and launched here through the driver
-(driver.Launch) with argument arrays built once per launch geometry: the compiled kernel's own call builds them anew
-and loads libcuda on every launch, host time that shows on the GPU machine.
+falls back to cuDNN, logged at debug level), once per configuration, kept on disk for later processes (kernel_cache.py,
+CONVT3D_CACHE_DIR), and launched here through the driver (driver.Launch) with argument arrays built once per launch
+geometry: the compiled kernel's own call builds them anew and loads libcuda on every launch, host time that shows on
+the GPU machine.
 
 Set CONVT3D_CUDA_KERNELS=0 (or cuda.ENABLED = False) to use cuDNN instead. In TF32 mode the phase correlation computes
 in FP16 on operands scaled by powers of two (FP16, phase_conv.py's SPLIT 3: rounded as TF32 rounds them wherever a
@@ -30,7 +31,7 @@ import torch
 from .. import cudnn_allow_tf32, driver
 from ..triton import cdiv  # (these two import no Triton)
 from ..triton.launch import _current_stream
-from . import grad_weight, phase_conv, row_runs
+from . import grad_weight, kernel_cache, phase_conv, row_runs
 
 logger = logging.getLogger("convt3d")
 
@@ -49,6 +50,9 @@ ROW_RUNS = os.environ.get("CONVT3D_ROW_RUNS", "1") != "0"
 # keeps the window. That kernel is compiled per input geometry (sizes and strides; not the batch): on the H200 a new
 # input shape's first call took 0.8-0.9 s.
 DIRECT_INPUT = os.environ.get("CONVT3D_DIRECT_INPUT", "1") != "0"
+# Where compiled kernels are kept for later processes (kernel_cache.py): CONVT3D_CACHE_DIR, by default
+# $XDG_CACHE_HOME/convt3d or ~/.cache/convt3d; an empty CONVT3D_CACHE_DIR (or cuda.CACHE_DIR = "") keeps none.
+CACHE_DIR = os.environ.get("CONVT3D_CACHE_DIR", kernel_cache.default_directory())
 
 # Hopper (sm_90a: wgmma); the same SASS would not run on later architectures.
 ARCHITECTURE = (9, 0)
@@ -126,7 +130,12 @@ def _capability(index: int) -> tuple[int, int]:
 
 
 def _compile_kernel():
-    return getattr(torch.cuda, "_compile_kernel", None)
+    """torch.cuda._compile_kernel, or None where torch lacks it; through the disk cache (kernel_cache.py) where
+    CACHE_DIR is set and torch has the steps it takes."""
+    compile_kernel = getattr(torch.cuda, "_compile_kernel", None)
+    if compile_kernel is not None and CACHE_DIR and kernel_cache.available():
+        return functools.partial(kernel_cache.compile_kernel, CACHE_DIR)
+    return compile_kernel
 
 
 @functools.lru_cache(maxsize=1024)
