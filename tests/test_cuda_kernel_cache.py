@@ -168,7 +168,13 @@ def test_the_cuda_backend_compiles_through_the_cache_where_it_is_set(tmp_path, m
 
 
 def test_the_default_directory_follows_xdg(monkeypatch, tmp_path):
+    """$XDG_CACHE_HOME/convt3d where that is absolute, else ~/.cache/convt3d; none where there is no home."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert kernel_cache.default_directory() == str(tmp_path / "convt3d")
+    home_cache = os.path.join(os.path.expanduser("~"), ".cache", "convt3d")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")
+    assert kernel_cache.default_directory() == home_cache
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert kernel_cache.default_directory() == os.path.join(os.path.expanduser("~"), ".cache", "convt3d")
+    assert kernel_cache.default_directory() == home_cache
+    monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # (no home: not a folder named ~ in the cwd)
+    assert kernel_cache.default_directory() == ""

@@ -26,9 +26,12 @@ _MAGIC = b"convt3d cuda kernel 1\n"
 
 
 def default_directory() -> str:
-    """$XDG_CACHE_HOME/convt3d, or ~/.cache/convt3d."""
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser(os.path.join("~", ".cache")),
-                        "convt3d")
+    """$XDG_CACHE_HOME/convt3d, or ~/.cache/convt3d (the XDG base directories: a relative XDG_CACHE_HOME is ignored);
+    "" (no cache) where there is no home to put it in."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.expanduser(os.path.join("~", ".cache"))
+    return os.path.join(base, "convt3d") if os.path.isabs(base) else ""
 
 
 def available() -> bool:
