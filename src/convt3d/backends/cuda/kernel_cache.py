@@ -13,6 +13,7 @@ read back or load is compiled again and replaced; a directory that cannot be wri
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -64,6 +65,7 @@ def _key(source: str, name: str, compute_capability: str) -> str:
     return hashlib.sha256("\0".join(fields).encode()).hexdigest()
 
 
+@functools.lru_cache(maxsize=1)
 def _nvrtc_version() -> str:
     """The NVRTC library's version as torch finds it (a system one may differ from torch's CUDA), or "unknown"."""
     try:
@@ -89,10 +91,12 @@ def _read(path: str):
     header, separator, binary = data[len(_MAGIC):].partition(b"\n")
     try:
         mangled_name, size = header.decode().split(" ")
-        whole = separator and int(size) == len(binary) and binary
+        size = int(size)
     except ValueError:
         return None
-    return (mangled_name, binary) if whole else None
+    if not separator or not binary or size != len(binary):
+        return None
+    return mangled_name, binary
 
 
 def _write(path: str, mangled_name: str, binary: bytes) -> None:
