@@ -444,10 +444,11 @@ def test_later_calls_go_through_the_prepared_call(monkeypatch, nan_poisoned_allo
     assert len(whole_calls) == 3
 
 
-def test_a_prepared_call_keeps_a_small_operands_buffer_per_stream_and_thread(monkeypatch):
-    """forward.at_addresses_else's call allocates the operands' buffer once per stream and thread where it holds at most
-    KEPT_OPERANDS_BYTES, and on every call where it holds more or a CUDA graph is being captured (a stand-in launch
-    records the addresses it is given; the streams and the capture are stood in for)."""
+def test_prepared_calls_keep_one_small_operands_buffer_per_stream_and_thread(monkeypatch):
+    """forward.at_addresses_else's calls share an operands' buffer per device, stream and thread, grown to the largest
+    operands asked of it, where those hold at most KEPT_OPERANDS_BYTES; they allocate one on every call where they
+    hold more or a CUDA graph is being captured (a stand-in launch records the addresses it is given; the streams
+    and the capture are stood in for)."""
     import threading
 
     from convt3d.backends.triton import forward
@@ -461,6 +462,7 @@ def test_a_prepared_call_keeps_a_small_operands_buffer_per_stream_and_thread(mon
     given, stream, capturing = [], [1], [False]
     monkeypatch.setattr(forward, "ready_stream", lambda device: stream[0])
     monkeypatch.setattr(forward, "_capturing", lambda device: capturing[0])
+    monkeypatch.setattr(forward, "_kept_operands", {})
     x = torch.rand(2, 3)
 
     def prepared(operands_size):
@@ -472,21 +474,28 @@ def test_a_prepared_call_keeps_a_small_operands_buffer_per_stream_and_thread(mon
         call(x, x, None), call(x, x, None)
         return list(given)
 
-    small = prepared(forward.KEPT_OPERANDS_BYTES // 4)
+    def kept_sizes():
+        return sorted(size for size, _, _ in forward._kept_operands.values())
+
+    quarter = forward.KEPT_OPERANDS_BYTES // 16  # (float32 elements: a sixteenth of the bytes kept at most)
+    small, larger = prepared(quarter), prepared(2 * quarter)
     first = addresses(small)
-    assert first[0] == first[1] != 0 and [t.data_ptr() for t in small.kept.values()] == first[:1]
+    assert first[0] == first[1] != 0 and kept_sizes() == [4 * quarter]
+    assert addresses(prepared(quarter // 2)) == first  # another layer with fewer operands: the same buffer
+    grown = addresses(larger)
+    assert grown[0] == grown[1] and kept_sizes() == [8 * quarter]  # more: a larger buffer in its place
+    assert addresses(small) == grown
     stream[0] = 2
-    assert addresses(small)[0] not in first  # another stream: a buffer of its own
+    assert addresses(small)[0] not in grown  # another stream: a buffer of its own
     stream[0] = 1
-    assert addresses(small) == first and len(small.kept) == 2  # and the first stream's is still kept
+    assert addresses(small) == grown and kept_sizes() == [4 * quarter, 8 * quarter]  # and the first one still kept
     thread = threading.Thread(target=lambda: addresses(small))
     thread.start()
     thread.join()
-    assert given[0] == given[1] and given[0] not in first and len(small.kept) == 3  # another thread: its own
+    assert given[0] == given[1] and given[0] not in grown and len(kept_sizes()) == 3  # another thread: its own
     capturing[0] = True
-    assert first[0] not in addresses(small) and len(small.kept) == 3  # a capture's buffers: never kept
+    assert grown[0] not in addresses(small) and len(kept_sizes()) == 3  # a capture's buffers: never kept
     capturing[0] = False
     large = prepared(forward.KEPT_OPERANDS_BYTES // 4 + 1)
-    assert 0 not in addresses(large) and large.kept is None
-    none = prepared(0)
-    assert addresses(none) == [0, 0] and none.kept is None  # no operands: no buffer
+    assert 0 not in addresses(large) and len(kept_sizes()) == 3 and max(kept_sizes()) == 8 * quarter
+    assert addresses(prepared(0)) == [0, 0]  # no operands: no buffer

@@ -781,11 +781,14 @@ def prepare(input, weight, bias, plan: Plan, precision: int, out):
                              operand_dtype)
 
 
-# The largest operands' buffer a prepared call keeps per stream and thread rather than allocating it on every call:
-# host time that the GPU waits through on small layers (larger layers' kernels outlast the host's work). On the H200
-# machine keeping it took 4.0 us less host time per forward call by the median of twelve layer and precision cases;
-# outputs bitwise the same on six of them (benchmarks/diag_launch_ways.py, sixty-sixth session).
+# The largest operands' buffer that prepared calls keep rather than allocate on every call: host time that the GPU
+# waits through on small layers (larger layers' kernels outlast the host's work). On the H200 machine keeping it took
+# 4.0 us less host time per forward call by the median of twelve layer and precision cases; outputs bitwise the same
+# on six of them (benchmarks/diag_launch_ways.py, sixty-sixth session).
 KEPT_OPERANDS_BYTES = 16 << 20
+# The kept buffers, per (device, stream, thread): one for all layers, as large as the largest operands asked of it, as
+# tensor_scaled.sync_words shares its words (a model's layers, each keeping its own, held their sum).
+_kept_operands: dict = {}
 _thread = threading.get_ident
 _stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 
@@ -805,11 +808,11 @@ def at_addresses_else(call, input, shape, operands_size: int, bounds, launch, dt
     call, which launches through tensors. Launched so, a prepared call makes no views of its operands' buffer and
     no key per launch: on the H200 machine a view took 3.3-3.6 us of host time and a launch through its BoundLaunch
     12-14 us, against 9.2-9.3 for Triton's launcher with addresses (benchmarks/diag_host_steps.py, thirty-fifth
-    session). An operands' buffer of at most KEPT_OPERANDS_BYTES is allocated once per stream and thread and kept: a
-    call's operand pass writes all of it and its main kernel reads it, on one stream, so the next call's pass (no
-    dependent launch) starts after this call's main kernel has finished reading; per thread, so that another
-    thread's pass cannot come between them. Not inside a CUDA graph capture, whose replays may run on another stream
-    beside this one's calls."""
+    session). An operands' buffer of at most KEPT_OPERANDS_BYTES is kept per device, stream and thread, for every
+    layer's prepared calls (_kept_operands): a call's operand pass writes what it uses of it and its main kernel reads
+    that, on one stream, so the next call's pass, of this layer or another (no dependent launch), starts after this
+    call's main kernel has finished reading; per thread, so that another thread's pass cannot come between them. Not
+    inside a CUDA graph capture, whose replays may run on another stream beside this one's calls."""
     torch_device, device = input.device, input.device.index
     if dtypes is None:
         dtypes = [(input.dtype,) * bound.pointers for bound in bounds]
@@ -817,7 +820,8 @@ def at_addresses_else(call, input, shape, operands_size: int, bounds, launch, dt
     if None in launches:
         return call
     operands_dtype = input.dtype if operands_dtype is None else operands_dtype
-    kept = {} if 0 < operands_size * operands_dtype.itemsize <= KEPT_OPERANDS_BYTES else None  # by stream, thread
+    operands_bytes = operands_size * operands_dtype.itemsize
+    keep = operands_bytes <= KEPT_OPERANDS_BYTES
 
     def call_at_addresses(input, weight, bias):
         stream = ready_stream(device)
@@ -825,22 +829,30 @@ def at_addresses_else(call, input, shape, operands_size: int, bounds, launch, dt
         if stream is None or (x | w | b) % 16:
             return call(input, weight, bias)
         out = input.new_empty(shape)
-        operands = None
+        operands = 0
         if operands_size:
-            capturing = _capturing(torch_device)  # (a graph's replays may run beside this stream's calls)
-            key = stream, _thread()
-            operands = None if kept is None or capturing else kept.get(key)
-            if operands is None:
-                operands = input.new_empty(operands_size, dtype=operands_dtype)  # (kept until the launches are queued)
-                if kept is not None and not capturing:
-                    if len(kept) >= 16:  # (many threads or streams come and go: start over)
-                        kept.clear()
-                    kept[key] = operands
-        launch(launches, stream, x, w, b, 0 if operands is None else operands.data_ptr(), out.data_ptr())
+            if keep and not _capturing(torch_device):  # (a graph's replays may run beside this stream's calls)
+                key = device, stream, _thread()
+                kept = _kept_operands.get(key)
+                operands = kept[1] if kept is not None and kept[0] >= operands_bytes else _keep_operands(
+                    torch_device, key, operands_bytes)
+            else:
+                buffer = input.new_empty(operands_size, dtype=operands_dtype)  # (kept until the launches are queued)
+                operands = buffer.data_ptr()
+        launch(launches, stream, x, w, b, operands, out.data_ptr())
         return out
 
-    call_at_addresses.kept = kept  # (for the tests)
     return call_at_addresses
+
+
+def _keep_operands(device: torch.device, key, size: int) -> int:
+    """The address of a new operands' buffer of size bytes, kept for key (device index, stream, thread) in place of
+    a smaller one, whose launches were queued on that stream before any that use this one."""
+    if key not in _kept_operands and len(_kept_operands) >= 16:  # (many threads or streams come and go: start over)
+        _kept_operands.clear()
+    buffer = torch.empty(size, dtype=torch.uint8, device=device)
+    _kept_operands[key] = size, buffer.data_ptr(), buffer
+    return buffer.data_ptr()
 
 
 def operand_offsets(layout, item_size: int) -> tuple[int, int, int, int]:
