@@ -126,6 +126,34 @@ def test_module_binds_its_later_calls_to_the_prepared_call(kernel_size, stride, 
 
 
 @pytest.mark.parametrize("tf32", [False, True], ids=["tf32_off", "tf32"])
+def test_two_layers_prepared_calls_share_one_operands_buffer(tf32, nan_poisoned_allocator):
+    """Two Triton layers of different sizes called in turn (as a decoder calls its layers) through their prepared
+    calls: one operands' buffer is kept for the stream and thread (forward._kept_operands), the larger layer's
+    operands growing it, and each layer's outputs on fresh inputs, written into NaN-poisoned memory, are bitwise its
+    full way's and within TF32's or float32's accuracy of float64."""
+    from convt3d.backends.triton import forward
+
+    shapes = [((16, 8, 3, 2, 1, 1), (2, 16, 5, 6, 7)), ((32, 16, 4, 2, 1, 0), (1, 32, 6, 9, 10))]
+    layers = [convt3d.convert(torch.nn.ConvTranspose3d(c_in, c_out, k, stride=s, padding=p, output_padding=op),
+                              backend="triton").cuda() for (c_in, c_out, k, s, p, op), _ in shapes]
+    rel = 2e-3 if tf32 else 1e-6  # (TF32 keeps 11 significant bits)
+    forward._kept_operands.clear()
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32), torch.no_grad():
+        for layer, (_, x_shape) in zip(layers, shapes):
+            layer(torch.rand(x_shape, device="cuda"))  # (the full way, which binds the prepared call)
+        for _ in range(3):
+            for layer, (_, x_shape) in zip(layers, shapes):
+                x = torch.rand(x_shape, device="cuda")
+                args = dict(stride=layer.stride, padding=layer.padding, output_padding=layer.output_padding)
+                out = layer(x)
+                assert torch.equal(out, convt3d.conv_transpose3d(x, layer.weight, layer.bias, backend="triton",
+                                                                 **args))
+                assert_close_rel(out, F.conv_transpose3d(x.double(), layer.weight.double(), layer.bias.double(),
+                                                         **args), rel)
+    assert len(forward._kept_operands) == 1, forward._kept_operands
+
+
+@pytest.mark.parametrize("tf32", [False, True], ids=["tf32_off", "tf32"])
 @pytest.mark.parametrize("kernel_size, padding, dilation, bias, c_out",
                          [(3, 1, 2, False, 16), (3, 1, 2, True, 16), (4, 1, 1, True, 16), (3, 1, 2, True, 64)],
                          ids=["p77_like", "p77_like_bias", "k4s2p1", "row_runs_reading_the_input"])
