@@ -178,3 +178,35 @@ def test_the_default_directory_follows_xdg(monkeypatch, tmp_path):
     assert kernel_cache.default_directory() == home_cache
     monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # (no home: not a folder named ~ in the cwd)
     assert kernel_cache.default_directory() == ""
+
+
+def test_the_cache_compiles_and_loads_as_torchs_own_compile_kernel(monkeypatch, tmp_path):
+    """With the torch installed (2.13 here, 2.11 on the GPU machine): torch.cuda._compile_kernel and the cache, on a
+    miss, make the same calls of the two steps (NVRTC's compile with the same arguments, defaults filled in, so that
+    an option torch added would show; the load of what it returned) and return the kernel the load gave: a cached
+    kernel is the one torch would have compiled."""
+    import inspect
+
+    if getattr(torch.cuda, "_compile_kernel", None) is None or not kernel_cache.available():
+        pytest.skip("this torch has no _compile_kernel or not the two steps it takes")
+    signature = inspect.signature(torch.cuda._utils._nvrtc_compile)
+    calls = []
+
+    def nvrtc_compile(*args, **kwargs):
+        arguments = signature.bind(*args, **kwargs)
+        arguments.apply_defaults()
+        calls.append(("compile", dict(arguments.arguments)))
+        return b"binary of " + arguments.arguments["kernel_name"].encode(), "mangled"
+
+    def load_module(binary, names):
+        calls.append(("load", binary, list(names)))
+        return {names[0]: ("loaded", binary)}
+
+    monkeypatch.setattr(torch.cuda._utils, "_nvrtc_compile", nvrtc_compile)
+    monkeypatch.setattr(torch.cuda._utils, "_cuda_load_module", load_module)
+    torchs = torch.cuda._compile_kernel(SOURCE, "axpy", compute_capability="90a")
+    torchs_calls = list(calls)
+    calls.clear()
+    ours = kernel_cache.compile_kernel(str(tmp_path), SOURCE, "axpy", "90a")
+    assert ours == torchs == ("loaded", b"binary of axpy")
+    assert calls == torchs_calls and [c[0] for c in calls] == ["compile", "load"], (calls, torchs_calls)
