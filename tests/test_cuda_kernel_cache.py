@@ -1,6 +1,7 @@
-"""The disk cache of the CUDA kernels of our own (backends/cuda/kernel_cache.py), on the CPU: torch's two private
-steps, NVRTC's compile and the module's load, are stood in for by fakes that record their calls (a compile returns
-fresh random bytes, NULs and newlines among them; a load returns the bytes it loaded)."""
+"""The disk cache of the CUDA kernels of our own (backends/cuda/kernel_cache.py), with no GPU needed: torch's two
+private steps, NVRTC's compile and the module's load, are stood in for by fakes that record their calls (a compile
+returns fresh random bytes, NULs and newlines among them; a load returns the bytes it loaded); the last test holds
+the cache to torch's own _compile_kernel on the torch installed (gpu_session.sh runs this file on the GPU machine's)."""
 
 import logging
 import os
