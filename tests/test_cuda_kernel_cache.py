@@ -146,6 +146,19 @@ def test_threads_compiling_one_kernel_leave_one_whole_file(steps, tmp_path):
     assert kernel_cache._read(str(tmp_path / name))[1] in {binary for *_, binary in steps.compiled}
 
 
+def test_a_load_that_gives_a_module_is_taken_as_torch_takes_it(steps, tmp_path, monkeypatch):
+    """_cuda_load_module may give a module with the kernels as attributes rather than a dict of them
+    (torch.cuda._compile_kernel takes either): the kernel is that attribute, compiled or read from the file."""
+    import types
+
+    load = steps.load_module
+    monkeypatch.setattr(torch.cuda._utils, "_cuda_load_module",
+                        lambda binary, names: types.SimpleNamespace(**load(binary, names)))
+    first = kernel_cache.compile_kernel(str(tmp_path), SOURCE, "axpy", "90a")
+    assert first == ("kernel", "axpy", steps.compiled[0][3])
+    assert kernel_cache.compile_kernel(str(tmp_path), SOURCE, "axpy", "90a") == first and len(steps.compiled) == 1
+
+
 def test_the_cuda_backend_compiles_through_the_cache_where_it_is_set(tmp_path, monkeypatch):
     """cuda._compile_kernel(): the cache in CACHE_DIR where set and torch has both steps; else torch's own
     _compile_kernel; None where torch lacks that."""

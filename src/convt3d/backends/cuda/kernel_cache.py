@@ -51,13 +51,22 @@ def compile_kernel(directory: str, source: str, name: str, compute_capability: s
     if cached is not None:
         mangled_name, binary = cached
         try:
-            return _utils._cuda_load_module(binary, [mangled_name])[mangled_name]
+            return _load(binary, mangled_name)
         except Exception as error:  # noqa: BLE001 (a damaged or foreign file: compile it again)
             logger.debug("convt3d: the cached kernel %s did not load (%s); compiling it again", path, error)
     binary, mangled_name = _utils._nvrtc_compile(source, name, compute_capability)
-    kernel = _utils._cuda_load_module(binary, [mangled_name])[mangled_name]
+    kernel = _load(binary, mangled_name)
     _write(path, mangled_name, binary)  # (only what loaded)
     return kernel
+
+
+def _load(binary: bytes, mangled_name: str):
+    """The kernel from the loaded module, as torch.cuda._compile_kernel takes it: _cuda_load_module gives a dict of
+    the kernels named, or (as torch's code allows) a module that has them as attributes."""
+    from torch.cuda import _utils
+
+    loaded = _utils._cuda_load_module(binary, [mangled_name])
+    return loaded[mangled_name] if isinstance(loaded, dict) else getattr(loaded, mangled_name)
 
 
 def _key(source: str, name: str, compute_capability: str) -> str:
