@@ -20,6 +20,7 @@ import os
 import tempfile
 
 import torch
+from torch.cuda import _utils as torch_utils  # (torch's NVRTC and module-loading helpers; importing it starts no CUDA)
 
 logger = logging.getLogger("convt3d")
 
@@ -37,15 +38,12 @@ def default_directory() -> str:
 
 def available() -> bool:
     """Whether this torch has the two steps compile_kernel takes (private API: each version may lack them)."""
-    utils = getattr(torch.cuda, "_utils", None)
-    return all(callable(getattr(utils, name, None)) for name in ("_nvrtc_compile", "_cuda_load_module"))
+    return all(callable(getattr(torch_utils, name, None)) for name in ("_nvrtc_compile", "_cuda_load_module"))
 
 
 def compile_kernel(directory: str, source: str, name: str, compute_capability: str):
     """torch.cuda._compile_kernel(source, name, compute_capability=...)'s kernel, its binary read from directory
     where an earlier compile wrote it there, else compiled by NVRTC and written there."""
-    from torch.cuda import _utils
-
     path = os.path.join(directory, _key(source, name, compute_capability) + ".bin")
     cached = _read(path)
     if cached is not None:
@@ -54,7 +52,7 @@ def compile_kernel(directory: str, source: str, name: str, compute_capability: s
             return _load(binary, mangled_name)
         except Exception as error:  # noqa: BLE001 (a damaged or foreign file: compile it again)
             logger.debug("convt3d: the cached kernel %s did not load (%s); compiling it again", path, error)
-    binary, mangled_name = _utils._nvrtc_compile(source, name, compute_capability)
+    binary, mangled_name = torch_utils._nvrtc_compile(source, name, compute_capability)
     kernel = _load(binary, mangled_name)
     _write(path, mangled_name, binary)  # (only what loaded)
     return kernel
@@ -63,9 +61,7 @@ def compile_kernel(directory: str, source: str, name: str, compute_capability: s
 def _load(binary: bytes, mangled_name: str):
     """The kernel from the loaded module, as torch.cuda._compile_kernel takes it: _cuda_load_module gives a dict of
     the kernels named, or (as torch's code allows) a module that has them as attributes."""
-    from torch.cuda import _utils
-
-    loaded = _utils._cuda_load_module(binary, [mangled_name])
+    loaded = torch_utils._cuda_load_module(binary, [mangled_name])
     return loaded[mangled_name] if isinstance(loaded, dict) else getattr(loaded, mangled_name)
 
 
@@ -78,10 +74,8 @@ def _key(source: str, name: str, compute_capability: str) -> str:
 def _nvrtc_version() -> str:
     """The NVRTC library's version as torch finds it (a system one may differ from torch's CUDA), or "unknown"."""
     try:
-        from torch.cuda import _utils
-
         major, minor = ctypes.c_int(), ctypes.c_int()
-        if _utils._get_nvrtc_library().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
+        if torch_utils._get_nvrtc_library().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
             return f"{major.value}.{minor.value}"
     except Exception:  # noqa: BLE001 (private API or no NVRTC here: the compile itself reports what fails)
         pass
