@@ -259,6 +259,23 @@ def test_an_interpreter_that_cannot_run_the_kernels_is_named_before_any_work(mon
     assert torch.equal(x, before)
 
 
+@pytest.mark.parametrize("value", ["1", "true", "On", "0", "false", ""])
+def test_interpreted_reads_triton_interpret_as_triton_jit_does(monkeypatch, value):
+    # TRITON_INTERPRET=true makes triton.jit interpret its kernels; the backend once took only "1" for it, and so
+    # sent CPU tensors away ("needs TRITON_INTERPRET=1") and would have launched interpreted kernels as compiled ones.
+    import triton
+    from triton.runtime.interpreter import InterpretedFunction
+
+    import convt3d.backends.triton as triton_backend
+
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+
+    def kernel(x_ptr):
+        pass
+
+    assert triton_backend.interpreted() is isinstance(triton.jit(kernel), InterpretedFunction)
+
+
 @pytest.mark.parametrize("allow_tf32", [True, False])
 def test_auto_tries_triton_at_float32_accuracy_where_its_tf32_result_disagrees(monkeypatch, caplog, allow_tf32):
     # cuDNN runs some layers in float32 although TF32 is allowed (grouped ones, on the H200): the TF32 result then

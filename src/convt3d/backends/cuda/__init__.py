@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from ... import environment
 from .. import cudnn_allow_tf32, driver
 from ..triton import cdiv  # (these two import no Triton)
 from ..triton.launch import _current_stream
@@ -35,21 +36,21 @@ from . import grad_weight, kernel_cache, phase_conv, row_runs
 
 logger = logging.getLogger("convt3d")
 
-ENABLED = os.environ.get("CONVT3D_CUDA_KERNELS", "1") != "0"
+ENABLED = environment.switch("CONVT3D_CUDA_KERNELS", True)
 # The phase correlation's precision with TF32 off (phase_conv.py's SPLIT): 1 (3xTF32) or 2 (3xFP16).
-SPLIT = int(os.environ.get("CONVT3D_SPLIT", "2"))
+SPLIT = environment.choice("CONVT3D_SPLIT", {"1": 1, "2": 2}, "2")
 # Its precision in TF32 mode: 3 (FP16 on operands scaled by powers of two: TF32's 11 significant bits at twice its
 # MMA rate, phase_conv.py) or 0 (TF32 itself, CONVT3D_TF32_AS_FP16=0).
-TF32_SPLIT = 0 if os.environ.get("CONVT3D_TF32_AS_FP16", "1") == "0" else 3
+TF32_SPLIT = 3 if environment.switch("CONVT3D_TF32_AS_FP16", True) else 0
 # Whether correlations of 32 input channels into blocks of 64 output channels over grids one column block wide run
 # row_runs.py's kernel (FP16 and 3xFP16) rather than phase_conv.py's; CONVT3D_ROW_RUNS=0 takes phase_conv.py's. Set
 # before a layer's first call: its launches are worked out once (tile_rows, phase_launches).
-ROW_RUNS = os.environ.get("CONVT3D_ROW_RUNS", "1") != "0"
+ROW_RUNS = environment.switch("CONVT3D_ROW_RUNS", True)
 # Whether row_runs.py's kernel, in the forward in FP16, reads its planes straight from an input whose rows are
 # contiguous rather than from the operand pass's window (row_runs.py, INPUT_DIRECT; reads_input); CONVT3D_DIRECT_INPUT=0
 # keeps the window. That kernel is compiled per input geometry (sizes and strides; not the batch): on the H200 a new
 # input shape's first call took 0.8-0.9 s.
-DIRECT_INPUT = os.environ.get("CONVT3D_DIRECT_INPUT", "1") != "0"
+DIRECT_INPUT = environment.switch("CONVT3D_DIRECT_INPUT", True)
 # Where compiled kernels are kept for later processes (kernel_cache.py): CONVT3D_CACHE_DIR, by default
 # $XDG_CACHE_HOME/convt3d or ~/.cache/convt3d; an empty CONVT3D_CACHE_DIR (or cuda.CACHE_DIR = "") keeps none.
 CACHE_DIR = os.environ.get("CONVT3D_CACHE_DIR", kernel_cache.default_directory())

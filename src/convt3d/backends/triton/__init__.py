@@ -31,8 +31,22 @@ def power_of_2_at_most(n: int) -> int:
 
 
 def interpreted() -> bool:
-    """Whether Triton kernels run in its interpreter (TRITON_INTERPRET=1: on the CPU, as CI tests them)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    """Whether Triton kernels run in its interpreter (TRITON_INTERPRET=1: on the CPU, as CI tests them), as Triton
+    itself reads the variable when triton.jit decorates a kernel: since Triton 3.4 through its knobs, which also take
+    true, on and yes; before that only "1"."""
+    knobs = _triton_knobs()
+    if knobs is None:
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return bool(knobs.runtime.interpret)
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_knobs():
+    try:
+        from triton import knobs
+    except ImportError:  # no Triton, or one before 3.4
+        return None
+    return knobs
 
 
 @functools.lru_cache(maxsize=1)

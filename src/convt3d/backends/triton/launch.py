@@ -24,11 +24,11 @@ through the kernel itself.
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 
 import torch
 
+from ... import environment
 from .. import current_cuda_device as _current_device
 from .. import driver
 from . import interpreted
@@ -45,7 +45,7 @@ MAX_KEYS = 64
 # binding). On the H200 machine every kernel of twelve layer and precision cases compiled by Triton 3.6 took it, and it
 # took 3.4 us less host time per forward call (two launches) by the median of those cases; prepared calls' outputs
 # were bitwise as through Triton's launcher on six of them (benchmarks/diag_launch_ways.py, sixty-sixth session).
-DRIVER_LAUNCH = os.environ.get("CONVT3D_DRIVER_LAUNCH", "1") != "0"
+DRIVER_LAUNCH = environment.switch("CONVT3D_DRIVER_LAUNCH", True)
 
 # The current stream of a device as Triton's own launcher gets it (torch's raw-stream call where it exists).
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -24,13 +24,13 @@ them and leaves the scale exponents for the main kernel.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 
 import torch
 import triton
 import triton.language as tl
 
+from ... import environment
 from . import TF32, cdiv, interpreted, next_power_of_2
 from .forward import (_power_of_2, _round_to_tf32, _stream_capturing, exponent_field, fp16_scale_exponent_of_field,
                       let_next_start, tap_major_tile, weight_tiles)
@@ -40,7 +40,7 @@ from .launch import Launcher, _current_stream
 FP16_TENSOR_SCALED = 4
 # TF32 mode's float32 operands as FP16 (the module docstring); CONVT3D_TF32_AS_FP16=0 keeps TF32, as it does for the
 # tiled and CUDA kernels. Set before a layer's first call, as calls are prepared per layer.
-TF32_AS_FP16 = os.environ.get("CONVT3D_TF32_AS_FP16", "1") != "0"
+TF32_AS_FP16 = environment.switch("CONVT3D_TF32_AS_FP16", True)
 # The sync words: the departures (word 0), the exponents e_x and e_w of the last launch, which its main kernel reads
 # (words 4 and 5), and from word POSTS one word per program, POSTED | x's field << 8 | w's field once it has posted;
 # all but e_x and e_w zero between launches.

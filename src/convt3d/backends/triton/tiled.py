@@ -26,12 +26,12 @@ given.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from ... import environment
 from ...plan import Plan
 from . import NATIVE, TF32, TF32X3, cdiv, interpreted, next_power_of_2, pass_lets_main_start, precision_for
 from .forward import (_channels_last, _fp16_scale_exponent, _operand_layout, _power_of_2, _round_to_tf32,
@@ -42,7 +42,7 @@ from .launch import Launcher
 
 # TF32 mode's operands as FP16 scaled by powers of two (the module docstring); set before a layer's first call, as
 # calls are prepared per layer.
-TF32_AS_FP16 = os.environ.get("CONVT3D_TF32_AS_FP16", "1") != "0"
+TF32_AS_FP16 = environment.switch("CONVT3D_TF32_AS_FP16", True)
 # This module's precision for those operands, beside forward.py's NATIVE, TF32 and TF32X3.
 FP16_SCALED = 3
 
