@@ -24,7 +24,7 @@ class FakeTorchSteps:
     def __init__(self):
         self.compiled, self.loaded, self.refuse, self.lock = [], [], set(), threading.Lock()
 
-    def nvrtc_compile(self, source, name, compute_capability):
+    def nvrtc_compile(self, source, name, compute_capability, *options):  # (torch's _compile_kernel passes 5)
         binary = bytes(random.randrange(256) for _ in range(random.randrange(100, 2000))) + b"\0\n"
         with self.lock:
             self.compiled.append((source, name, compute_capability, binary))
@@ -97,8 +97,9 @@ def test_a_damaged_file_is_compiled_again_and_replaced(damage, steps, tmp_path):
 
 def test_what_does_not_compile_or_load_is_raised_and_not_kept(steps, tmp_path, monkeypatch):
     """A compile that fails raises as torch's would (the caller falls back to cuDNN); a binary that does not load is
-    not written, so that no later process reads it."""
-    def failing(source, name, compute_capability):
+    not written, so that no later process reads it. (Each failure is met twice: the cache's steps, then torch's own
+    _compile_kernel, whose error is raised.)"""
+    def failing(*args):
         raise RuntimeError("Kernel compilation failed")
 
     monkeypatch.setattr(torch.cuda._utils, "_nvrtc_compile", failing)
@@ -112,7 +113,28 @@ def test_what_does_not_compile_or_load_is_raised_and_not_kept(steps, tmp_path, m
     monkeypatch.setattr(torch.cuda._utils, "_cuda_load_module", refusing)
     with pytest.raises(RuntimeError, match="image is invalid"):
         kernel_cache.compile_kernel(str(tmp_path), SOURCE, "axpy", "90a")
-    assert len(steps.compiled) == 1 and _files(tmp_path) == []
+    assert len(steps.compiled) == 2 and _files(tmp_path) == []
+
+
+def test_ptx_alone_from_an_older_torch_is_loaded_by_the_kernels_name_and_kept(steps, tmp_path, monkeypatch):
+    """Older torch's _nvrtc_compile returned the PTX alone (no mangled name): the kernel is loaded by the name given,
+    as that torch's _compile_kernel loaded it (our kernels are extern "C"), and kept like any other."""
+    compile_pair = steps.nvrtc_compile
+    monkeypatch.setattr(torch.cuda._utils, "_nvrtc_compile", lambda *args: compile_pair(*args)[0])
+    first = kernel_cache.compile_kernel(str(tmp_path), SOURCE, "axpy", "90a")
+    assert first == ("kernel", "axpy", steps.compiled[0][3])
+    assert kernel_cache.compile_kernel(str(tmp_path), SOURCE, "axpy", "90a") == first and len(steps.compiled) == 1
+
+
+def test_steps_that_fail_unexpectedly_leave_the_compile_to_torch(steps, tmp_path, monkeypatch, caplog):
+    """Private steps whose form changed (here a compile that returns three values) cost the cache, not the kernel:
+    torch's own _compile_kernel serves, and the reason is logged at debug level."""
+    monkeypatch.setattr(torch.cuda._utils, "_nvrtc_compile", lambda *args: (b"cubin", "axpy", "extra"))
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", lambda source, name, compute_capability=None: ("torch's", name),
+                        raising=False)
+    with caplog.at_level(logging.DEBUG, logger="convt3d"):
+        assert kernel_cache.compile_kernel(str(tmp_path), SOURCE, "axpy", "90a") == ("torch's", "axpy")
+    assert "torch.cuda._compile_kernel compiles it" in caplog.text and _files(tmp_path) == []
 
 
 def test_a_directory_that_cannot_be_written_costs_only_the_cache(steps, tmp_path, caplog):

@@ -3,7 +3,8 @@ rather than compiling it again (0.3-0.8 s a kernel on the project's 2-core CPU, 
 first call on the H200's machine), as Triton keeps its kernels.
 
 compile_kernel does what torch.cuda._compile_kernel does, in its two steps, torch.cuda._utils._nvrtc_compile (the
-source to a cubin, or to PTX on older torch) and _cuda_load_module, with the file between them. A file is named by a
+source to a cubin and its mangled name, or to PTX alone on older torch) and _cuda_load_module, with the file between
+them; where those steps fail, torch's _compile_kernel itself compiles the kernel, uncached. A file is named by a
 hash of all that decides its bytes: the source, the kernel's name, the architecture, torch's version and CUDA's,
 and NVRTC's own version. It is written under a temporary name and renamed into place, so that another thread or
 process (each rank of a data-parallel job compiles the same kernels) never reads half of one. A file that does not
@@ -43,7 +44,18 @@ def available() -> bool:
 
 def compile_kernel(directory: str, source: str, name: str, compute_capability: str):
     """torch.cuda._compile_kernel(source, name, compute_capability=...)'s kernel, its binary read from directory
-    where an earlier compile wrote it there, else compiled by NVRTC and written there."""
+    where an earlier compile wrote it there, else compiled by NVRTC and written there. Where that fails (torch's
+    private steps may change with its version) torch's own _compile_kernel compiles it, so that the cache never
+    costs a kernel; a kernel that does not compile fails there as well, and that error is raised."""
+    try:
+        return _compile_kept(directory, source, name, compute_capability)
+    except Exception as error:  # noqa: BLE001 (any failure on the way: torch's own compile decides)
+        logger.debug("convt3d: the kernel cache did not give %s (%s); torch.cuda._compile_kernel compiles it", name,
+                     error)
+    return torch.cuda._compile_kernel(source, name, compute_capability=compute_capability)
+
+
+def _compile_kept(directory: str, source: str, name: str, compute_capability: str):
     path = os.path.join(directory, _key(source, name, compute_capability) + ".bin")
     cached = _read(path)
     if cached is not None:
@@ -52,7 +64,9 @@ def compile_kernel(directory: str, source: str, name: str, compute_capability: s
             return _load(binary, mangled_name)
         except Exception as error:  # noqa: BLE001 (a damaged or foreign file: compile it again)
             logger.debug("convt3d: the cached kernel %s did not load (%s); compiling it again", path, error)
-    binary, mangled_name = torch_utils._nvrtc_compile(source, name, compute_capability)
+    compiled = torch_utils._nvrtc_compile(source, name, compute_capability)
+    # (binary, mangled name); before that torch returned the PTX alone, loaded by the name as given (extern "C").
+    binary, mangled_name = compiled if isinstance(compiled, tuple) else (compiled, name)
     kernel = _load(binary, mangled_name)
     _write(path, mangled_name, binary)  # (only what loaded)
     return kernel
