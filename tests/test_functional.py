@@ -94,6 +94,7 @@ BAD_INPUTS = [
     (lambda x, w, b: dict(bias=3.0), TypeError, "bias must be a torch.Tensor"),
     (lambda x, w, b: dict(input=x.to(torch.int64), weight=w.to(torch.int64), bias=None), TypeError, "floating-point"),
     (lambda x, w, b: dict(input=torch.randn(1, 4, 0, 3, 3)), ValueError, "spatial size"),
+    (lambda x, w, b: dict(input=x[:, :0], weight=w[:0]), ValueError, "input must have at least one channel"),
     (lambda x, w, b: dict(padding=4), ValueError, "output size"),
     (lambda x, w, b: dict(backend="cudnn"), ValueError, "backend"),
 ]
@@ -185,6 +186,21 @@ def test_validation_cache_still_rejects_bad_arguments():
             convt3d.conv_transpose3d(x, w, stride=stride, groups=groups)
     with pytest.raises(TypeError, match="weight dtype"):
         convt3d.conv_transpose3d(x, w.double(), stride=(1, 1, 1))
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_integer_like_arguments_are_taken_as_pytorch_takes_them(backend):
+    """numpy integers and 0-d integer tensors for stride, padding, output_padding, groups and dilation, as
+    F.conv_transpose3d takes them; a 0-d tensor changed in place between calls changes the next call, as it does
+    PyTorch's (the validation caches must not keep the old value)."""
+    np = pytest.importorskip("numpy")
+    x, w, b = torch.randn(2, 4, 3, 4, 3), torch.randn(4, 3, 2, 3, 2), torch.randn(6)
+    stride = torch.tensor(2)
+    args = (stride, (np.int64(1), 0, torch.tensor(1)), np.int32(1), np.int64(2), (1, np.int64(2), 1))
+    for new_stride in (2, 2, 3):
+        stride.fill_(new_stride)
+        expected = F.conv_transpose3d(x.double(), w.double(), b.double(), *args)
+        assert_close_rel(convt3d.conv_transpose3d(x, w, b, *args, backend=backend), expected, 1e-5)
 
 
 def test_auto_skips_a_backend_whose_result_disagrees_with_eager(monkeypatch, caplog):

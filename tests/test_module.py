@@ -20,6 +20,24 @@ def test_same_parameters_and_state_dict_as_pytorch():
     ref.load_state_dict(ours.state_dict())
 
 
+def test_numpy_integer_arguments_work_as_in_pytorchs_layer():
+    """nn.ConvTranspose3d keeps numpy integers given to it (a config read through numpy, say); so do convt3d's
+    layers, and a converted model, and their calls give PyTorch's layer's result."""
+    np = pytest.importorskip("numpy")
+    kwargs = dict(stride=np.int64(2), padding=(np.int64(1), 0, 1), output_padding=np.int32(1), groups=np.int64(2),
+                  dilation=(1, np.int64(2), 1))
+    torch.manual_seed(0)
+    ref = nn.ConvTranspose3d(4, 6, np.int64(3), **kwargs).double()
+    ours = convt3d.ConvTranspose3d(4, 6, np.int64(3), **kwargs).double()
+    ours.load_state_dict(ref.state_dict())
+    converted = convt3d.convert(nn.Sequential(nn.ConvTranspose3d(4, 6, np.int64(3), **kwargs).double()))
+    converted.load_state_dict(nn.Sequential(ref).state_dict())
+    for _ in range(2):  # the first call and the bound forward's
+        x = torch.randn(2, 4, 3, 4, 5, dtype=torch.float64)
+        assert_close_rel(ours(x), ref(x), 1e-12)
+        assert_close_rel(converted(x), ref(x), 1e-12)
+
+
 @pytest.mark.parametrize("output_size", [[8, 8, 10], [2, 4, 6, 7, 9]])
 def test_forward_with_output_size(output_size):
     ref = nn.ConvTranspose3d(6, 4, 3, stride=(3, 2, 2)).double()

@@ -93,6 +93,7 @@ def test_stride_one_is_a_single_full_phase():
         (dict(dilation="2"), TypeError, "dilation"),
         (dict(stride=(1, 1.5, 1)), TypeError, "stride"),
         (dict(padding=5), ValueError, "output size"),
+        (dict(groups=True), TypeError, "groups"),
     ],
 )
 def test_bad_parameters_are_named(kwargs, error, text):
@@ -105,6 +106,25 @@ def test_triple_accepts_ints_and_tuples():
     assert triple([1, 2, 3], "x") == (1, 2, 3)
     with pytest.raises(TypeError, match="x"):
         triple(True, "x")
+
+
+def test_triple_and_groups_take_what_pytorch_takes_for_an_int():
+    """PyTorch's convolutions take anything with __index__ for an int (numpy's integers, a 0-d integer tensor: see
+    test_functional; nn.ConvTranspose3d keeps numpy integers given to it): the plan holds them as Python ints."""
+    np = pytest.importorskip("numpy")
+
+    class Index:
+        def __index__(self):
+            return 3
+
+    for value, expected in [(np.int64(2), (2, 2, 2)), (Index(), (3, 3, 3)), ((np.int32(1), Index(), 2), (1, 3, 2))]:
+        result = triple(value, "x")
+        assert result == expected and all(type(v) is int for v in result)
+    for value in [np.float64(2.0), np.array([2, 2, 2]), (1, True, 1), (1, 2.0, 1)]:
+        with pytest.raises(TypeError, match="x must be an int or a tuple of 3 ints"):
+            triple(value, "x")
+    plan = make_plan((1, 4, 3, 3, 3), (4, 1, 3, 3, 3), stride=np.int64(2), groups=np.int64(2))
+    assert plan.stride == (2, 2, 2) and plan.groups == 2 and type(plan.groups) is int
 
 
 def test_output_padding_for_size():

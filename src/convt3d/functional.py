@@ -11,7 +11,7 @@ import torch
 
 from .backends import cudnn_allow_tf32, torch_phase
 from .ops import apply, cached_plan
-from .plan import Plan, make_plan, triple
+from .plan import Plan, make_plan, single_int, triple
 
 logger = logging.getLogger("convt3d")
 
@@ -62,15 +62,22 @@ def validate(input, weight, bias, stride, padding, output_padding, groups, dilat
         hit = _validated.get(key) if key is not None else None
         if hit is not None:
             plan, unbatched = hit
-            if seen_key is not None:
+            if seen_key is not None and _plain_ints(args):
                 _remember(_seen, seen_key, (plan, unbatched, args))
             return (input.unsqueeze(0) if unbatched else input), plan, unbatched
     batched, plan, unbatched = _validate(input, weight, bias, stride, padding, output_padding, groups, dilation)
     if key is not None:
         _remember(_validated, key, (plan, unbatched))
-        if seen_key is not None:
+        if seen_key is not None and _plain_ints(args):
             _remember(_seen, seen_key, (plan, unbatched, args))
     return batched, plan, unbatched
+
+
+def _plain_ints(args) -> bool:
+    """Whether every argument is an int or a tuple of ints, whose values the same objects keep: _seen's identity
+    check holds for them, not for what PyTorch also takes for ints (a 0-d tensor or numpy array changes in place;
+    _validated's key, their repr, shows their values)."""
+    return all(type(a) is int or (type(a) is tuple and all(type(v) is int for v in a)) for a in args)
 
 
 def _remember(cache: dict, key, value) -> None:
@@ -102,7 +109,8 @@ def _validate(input, weight, bias, stride, padding, output_padding, groups, dila
     # The cache is for eager calls; torch.compile traces the plain function (it ignores lru_cache wrappers).
     build_plan = make_plan if torch.compiler.is_compiling() else cached_plan
     plan = build_plan(tuple(batched.shape), tuple(weight.shape), triple(stride, "stride"), triple(padding, "padding"),
-                      triple(output_padding, "output_padding"), groups, triple(dilation, "dilation"))
+                      triple(output_padding, "output_padding"), single_int(groups, "groups"),
+                      triple(dilation, "dilation"))
     if bias is not None:
         if bias.dtype != input.dtype:
             raise TypeError(f"bias dtype {bias.dtype} must match input dtype {input.dtype}")

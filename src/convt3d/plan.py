@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 from dataclasses import dataclass
 from typing import Sequence, Union
 
@@ -27,18 +28,37 @@ _AXES = ("depth", "height", "width")
 
 
 def triple(value: IntOrTriple, name: str) -> tuple[int, int, int]:
-    """Normalise an int or a length-3 sequence of ints to a 3-tuple, naming `name` on error."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int or a tuple of 3 ints, got {value!r}")
-    if isinstance(value, int):
-        return (value, value, value)
+    """Normalise an int or a length-3 sequence of ints to a 3-tuple of Python ints, naming `name` on error. An int
+    is anything PyTorch's convolutions take for one, through __index__ (numpy's integers, a one-element integer
+    tensor), but a bool."""
     if isinstance(value, (tuple, list)):
         if len(value) != 3:
             raise ValueError(f"{name} must be an int or a tuple of 3 ints, got {len(value)} values: {tuple(value)!r}")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise TypeError(f"{name} must be an int or a tuple of 3 ints, got {tuple(value)!r}")
-        return tuple(value)  # type: ignore[return-value]
-    raise TypeError(f"{name} must be an int or a tuple of 3 ints, got {type(value).__name__}")
+        try:
+            return tuple(integer(v) for v in value)  # type: ignore[return-value]
+        except TypeError:
+            raise TypeError(f"{name} must be an int or a tuple of 3 ints, got {tuple(value)!r}") from None
+    try:
+        single = integer(value)
+    except TypeError:
+        shown = repr(value) if isinstance(value, bool) else type(value).__name__
+        raise TypeError(f"{name} must be an int or a tuple of 3 ints, got {shown}") from None
+    return (single, single, single)
+
+
+def single_int(value, name: str) -> int:
+    """value as a Python int (as integer), naming `name` on error."""
+    try:
+        return integer(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+
+
+def integer(value) -> int:
+    """value as a Python int where PyTorch takes it for one (operator.index), a bool aside; else TypeError."""
+    if isinstance(value, bool):
+        raise TypeError(f"a bool is not taken for an int: {value!r}")
+    return value if type(value) is int else operator.index(value)
 
 
 @dataclass(frozen=True)
@@ -224,8 +244,7 @@ def make_plan(
     padding = triple(padding, "padding")
     output_padding = triple(output_padding, "output_padding")
     dilation = triple(dilation, "dilation")
-    if isinstance(groups, bool) or not isinstance(groups, int):
-        raise TypeError(f"groups must be an int, got {type(groups).__name__}")
+    groups = single_int(groups, "groups")
     if len(input_shape) != 5:
         raise ValueError(f"input must have shape (N, C, D, H, W), got {tuple(input_shape)}")
     if len(weight_shape) != 5:
@@ -250,6 +269,8 @@ def make_plan(
         raise ValueError(f"groups must be >= 1, got {groups}")
     if any(k < 1 for k in kernel):
         raise ValueError(f"weight's kernel size must be >= 1 along every axis, got {tuple(kernel)}")
+    if in_channels < 1:
+        raise ValueError(f"input must have at least one channel, got shape {tuple(input_shape)}")
     if in_channels % groups != 0:
         raise ValueError(f"groups={groups} must divide the input channels {in_channels}")
     if w_in != in_channels:
