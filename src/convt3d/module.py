@@ -33,6 +33,9 @@ class ConvTranspose3d(nn.ConvTranspose3d):
     __jit_ignored_attributes__ = ["backend", "_bound_forwards", "_bound_config"]
 
     def forward(self, input: torch.Tensor, output_size: Optional[list[int]] = None) -> torch.Tensor:
+        """As nn.ConvTranspose3d's: input (N, C_in, D, H, W) or unbatched (C_in, D, H, W); output_size, the output's
+        spatial size (optionally with N and C in front), picks the output_padding that gives it. Computed by
+        convt3d.conv_transpose3d with this layer's backend attribute."""
         if torch.jit.is_scripting():
             return self._scripted_forward(input, output_size)
         return self._eager_forward(input, output_size)
