@@ -46,7 +46,7 @@ def _triton_knobs():
         from triton import knobs
     except ImportError:  # no Triton, or one before 3.4
         return None
-    return knobs
+    return knobs if hasattr(getattr(knobs, "runtime", None), "interpret") else None
 
 
 @functools.lru_cache(maxsize=1)
