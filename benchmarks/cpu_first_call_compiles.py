@@ -2,8 +2,8 @@
 take for each here (the project's 2-core CPU, sm_90a): those the check compiled before the seventieth session
 (cuda.phase_conv_unsupported: phase_conv.py's kernel without a bias, at one phase's tile rows) and those the call
 launches, which the check now compiles itself (cuda.phases.forward_kernels_unsupported). No GPU here: the kernels'
-sources are recorded by a stand-in for cuda._Kernel on a pretended sm_90 device, then compiled on the CPU as
-tests/test_cuda_compile.py compiles them (NVRTC from nvidia-cuda-nvrtc-cu12, ptxas from Triton's wheel). The input is
+sources are recorded by a stand-in for cuda._Kernel on a pretended sm_90 device, then compiled on the CPU in two
+steps timed apart (NVRTC to PTX by tests/test_cuda_compile.py's compile_to_ptx, then Triton's ptxas). The input is
 taken as a GPU's would be (its rows contiguous: in FP16 the correlation reads it itself), with a bias or without.
 
     PYTHONPATH=src:tests python3 benchmarks/cpu_first_call_compiles.py

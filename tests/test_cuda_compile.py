@@ -1,10 +1,12 @@
 """The CUDA kernels (backends/cuda: the phase correlation and the weight gradient) compile for Hopper (sm_90a) without
-spilling registers, through NVRTC and ptxas on the CPU.
+spilling registers, through NVRTC on the CPU, as torch.cuda._compile_kernel compiles them on the GPU machine.
 
 On a machine without an sm_90 GPU the library never compiles them, and the tests that run them need the GPU; a
 mistake in their C++ (or a change that makes ptxas spill the accumulators to local memory, which costs far more
 than it saves) would show only there. NVRTC comes from the nvidia-cuda-nvrtc-cu12 wheel (`pip install
-nvidia-cuda-nvrtc-cu12`, about 200 MB; the tests skip without it) and ptxas from Triton's wheel. The configurations are
+nvidia-cuda-nvrtc-cu12`, about 200 MB) or from CUDA 13's (nvidia/cu13, which torch's CUDA 13 builds install); the
+tests skip without either. Each kernel is compiled straight to SASS with the options torch's _nvrtc_compile passes
+(sm_90a, as cuda._Kernel asks, and torch's NVRTC flags), its ptxas report read from NVRTC's log. The configurations are
 the ones config() and grad_weight_config() choose for the layers of test_cuda_phases.py, problem 77 and the sweep's
 float32 layers, in TF32, 3xTF32 and 3xFP16 (with 3 x 3 taps a plane, its split in shared memory; with fewer, in
 registers), with and without a bias, and the correlation's fewer rows that tile_rows picks on small grids (without a
@@ -15,13 +17,14 @@ chooses; CONVT3D_FULL_TESTS=1 compiles every tap count and the fewer rows too.
 
 import ctypes
 import glob
+import importlib
 import math
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from convt3d.backends import cuda
 from convt3d.backends.cuda import grad_weight, phase_conv, row_runs
@@ -32,12 +35,22 @@ from test_cuda_phases import LAYERS
 
 
 def _nvrtc():
-    try:
-        import nvidia.cuda_nvrtc as package
-    except ImportError:
-        return None
-    libraries = sorted(glob.glob(os.path.join(list(package.__path__)[0], "lib", "libnvrtc.so*")))
-    return ctypes.CDLL(libraries[0]) if libraries else None
+    """libnvrtc from the CUDA 12 wheel (nvidia.cuda_nvrtc) or CUDA 13's (nvidia.cu13), the one of torch's CUDA major
+    first, with its builtins library loaded beforehand (NVRTC 13 does not find it beside itself)."""
+    places = [("nvidia.cuda_nvrtc", "12"), ("nvidia.cu13", "13")]
+    places.sort(key=lambda place: place[1] != str(torch.version.cuda).split(".")[0])
+    for module, _ in places:
+        try:
+            package = importlib.import_module(module)
+        except ImportError:
+            continue
+        folder = os.path.join(list(package.__path__)[0], "lib")
+        libraries = sorted(glob.glob(os.path.join(folder, "libnvrtc.so*")))
+        if libraries:
+            for builtins in sorted(glob.glob(os.path.join(folder, "libnvrtc-builtins.so*"))):
+                ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+            return ctypes.CDLL(libraries[0])
+    return None
 
 
 def _ptxas():
@@ -50,11 +63,37 @@ def _ptxas():
 
 
 NVRTC, PTXAS = _nvrtc(), _ptxas()
-pytestmark = pytest.mark.skipif(NVRTC is None or PTXAS is None,
-                                reason="needs NVRTC (pip install nvidia-cuda-nvrtc-cu12) and Triton's ptxas")
+pytestmark = pytest.mark.skipif(NVRTC is None, reason="needs NVRTC (pip install nvidia-cuda-nvrtc-cu12)")
+
+
+def _torch_options() -> list:
+    """What torch's _nvrtc_compile adds to the architecture: its NVCC flags that NVRTC takes (no half operators or
+    conversions, as for PyTorch's own CUDA code)."""
+    flags = getattr(torch.cuda._utils, "_get_gpu_rtc_compatible_flags", None)
+    if flags is not None:
+        return list(flags())
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
+
+    return [flag for flag in COMMON_NVCC_FLAGS if flag != "--expt-relaxed-constexpr"]
+
+
+def ptxas_report(source: str) -> str:
+    """NVRTC's log of the source compiled straight to SASS for sm_90a with torch's options and ptxas's -v."""
+    program = ctypes.c_void_p()
+    assert NVRTC.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"kernel.cu", 0, None, None) == 0
+    options = [b"--gpu-architecture=sm_90a", b"--ptxas-options=-v", *(flag.encode() for flag in _torch_options())]
+    status = NVRTC.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
+    size = ctypes.c_size_t()
+    NVRTC.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    NVRTC.nvrtcGetProgramLog(program, log)
+    NVRTC.nvrtcDestroyProgram(ctypes.byref(program))
+    assert status == 0, f"NVRTC failed:\n{log.value.decode()}"
+    return log.value.decode()
 
 
 def compile_to_ptx(source: str) -> str:
+    """NVRTC's PTX for compute_90a (benchmarks/cpu_first_call_compiles.py times it and Triton's ptxas apart)."""
     program = ctypes.c_void_p()
     assert NVRTC.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"kernel.cu", 0, None, None) == 0
     options = [b"--gpu-architecture=compute_90a", b"--std=c++17"]
@@ -71,14 +110,9 @@ def compile_to_ptx(source: str) -> str:
     return ptx.value.decode()
 
 
-def registers_and_spills(source: str, tmp_path: Path) -> tuple[int, int]:
+def registers_and_spills(source: str) -> tuple[int, int]:
     """(registers per thread, bytes spilled) as ptxas -v reports them for sm_90a."""
-    ptx = tmp_path / "kernel.ptx"
-    ptx.write_text(compile_to_ptx(source))
-    result = subprocess.run([str(PTXAS), "-arch=sm_90a", "-v", str(ptx), "-o", str(tmp_path / "kernel.cubin")],
-                            capture_output=True, text=True)
-    report = result.stdout + result.stderr
-    assert result.returncode == 0, report
+    report = ptxas_report(source)
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
     spilled = sum(int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", report))
     return registers, spilled
@@ -128,7 +162,7 @@ MOST_TAPS = _most_taps(FORWARD)
 
 @pytest.mark.parametrize("c_in, c_out, taps, dilation", FORWARD)
 @pytest.mark.parametrize("split", [0, 1, 2, 3], ids=["tf32", "3xtf32", "3xfp16", "fp16"])
-def test_phase_correlation_compiles_without_spills(c_in, c_out, taps, dilation, split, tmp_path):
+def test_phase_correlation_compiles_without_spills(c_in, c_out, taps, dilation, split):
     run_in_sample(taps == MOST_TAPS[_sample_key(c_in, c_out, taps, dilation)])
     chosen = cuda.config(c_in, c_out, taps, dilation, split)
     if chosen is None:
@@ -136,12 +170,12 @@ def test_phase_correlation_compiles_without_spills(c_in, c_out, taps, dilation, 
     rows, cob, _, unit = chosen
     for has_bias in (False, True):
         source = phase_conv.source(c_in, c_out, cob, taps, dilation, rows, has_bias, split, unit)
-        registers, spilled = registers_and_spills(source, tmp_path)
+        registers, spilled = registers_and_spills(source)
         assert spilled == 0, (registers, spilled)
     while rows > 2 and FULL_TESTS:  # the fewer rows of tile_rows on small grids (smaller accumulators)
         rows //= 2
         registers, spilled = registers_and_spills(
-            phase_conv.source(c_in, c_out, cob, taps, dilation, rows, False, split, unit), tmp_path)
+            phase_conv.source(c_in, c_out, cob, taps, dilation, rows, False, split, unit))
         assert spilled == 0, (rows, registers, spilled)
 
 
@@ -155,7 +189,7 @@ P77_INPUT = ((16, 32, 32), (-1, -1, -1), (32 * 16 * 32 * 32, 16 * 32 * 32, 32 * 
 @pytest.mark.parametrize("c_in, c_out, taps, dilation", ROW_RUNS)
 @pytest.mark.parametrize("split", [2, 3], ids=["3xfp16", "fp16"])
 @pytest.mark.parametrize("input_geometry", [None, P77_INPUT], ids=["window", "input"])
-def test_row_runs_correlation_compiles_without_spills(c_in, c_out, taps, dilation, split, input_geometry, tmp_path):
+def test_row_runs_correlation_compiles_without_spills(c_in, c_out, taps, dilation, split, input_geometry):
     """row_runs.py's kernel on the correlations it serves (32 input channels, blocks of 64 output channels), reading
     the window or the input itself, at its narrowest window (32 columns and the taps' reach) and its widest (the most
     its N allows), with and without a bias: no spills, and registers that leave room for its programs per
@@ -169,17 +203,17 @@ def test_row_runs_correlation_compiles_without_spills(c_in, c_out, taps, dilatio
         if too_wide or row_runs.shared_bytes(taps, dilation, columns, split) > cuda.MAX_SHARED_BYTES // 2 - 1024:
             continue  # (cuda._row_runs_kernel leaves these to phase_conv.py's kernel)
         source = row_runs.source(c_out, taps, dilation, columns, has_bias, split, input_geometry)
-        registers, spilled = registers_and_spills(source, tmp_path)
+        registers, spilled = registers_and_spills(source)
         assert spilled == 0, (columns, registers, spilled)
         assert registers * row_runs.THREADS * row_runs.programs_per_multiprocessor(split, columns) <= 65536, registers
 
 
 @pytest.mark.parametrize("c_in, c_out, taps, dilation", WEIGHT)
-def test_weight_gradient_compiles_without_spills(c_in, c_out, taps, dilation, tmp_path):
+def test_weight_gradient_compiles_without_spills(c_in, c_out, taps, dilation):
     chosen = cuda.grad_weight_config(c_in, c_out, taps, dilation)
     if chosen is None:
         pytest.skip("the input's row rings do not fit in shared memory: the kernel does not serve it")
     cob, per_program, _, planes, _ = chosen
     source = grad_weight.source(c_in, c_out, cob, taps, dilation, per_program, planes)
-    registers, spilled = registers_and_spills(source, tmp_path)
+    registers, spilled = registers_and_spills(source)
     assert spilled == 0, (registers, spilled)
