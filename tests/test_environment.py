@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
     ("1", True), ("true", True), ("On", True), ("YES", True), (" 1 ", True),
     ("0", False), ("false", False), ("OFF", False), ("no", False),
 ])
-def test_switch_takes_tritons_spellings_in_any_case(monkeypatch, value, expected):
+def test_switch_takes_on_and_off_in_any_case(monkeypatch, value, expected):
     monkeypatch.setenv("CONVT3D_TEST_SWITCH", value)
     assert environment.switch("CONVT3D_TEST_SWITCH", not expected) is expected
 

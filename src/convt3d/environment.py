@@ -1,8 +1,8 @@
 """convt3d's settings from environment variables, read once where each module is imported.
 
-A switch (CONVT3D_CUDA_KERNELS=0, say) takes the spellings that Triton's own switches take, in any case: 1, true, on,
-yes for on and 0, false, off, no for off; unset or empty leaves the default. Anything else is an error that names the
-variable: a misspelt "flase" must not leave a kernel on that the user meant to turn off.
+A switch (CONVT3D_CUDA_KERNELS=0, say) takes 1, true, on or yes for on and 0, false, off or no for off, in any case;
+unset or empty leaves the default. Anything else is an error that names the variable: a misspelt "flase" must not
+leave a kernel on that the user meant to turn off.
 """
 
 from __future__ import annotations
