@@ -615,63 +615,81 @@ def test_forward_falls_back_when_a_kernel_does_not_compile(fake_kernels, caplog,
     assert "phase_conv did not compile" in caplog.text
 
 
-def test_forward_check_compiles_several_kernels_at_once(monkeypatch):
+@pytest.mark.parametrize("cache", ["kept on disk", "no cache"])
+def test_forward_check_compiles_several_kernels_at_once(monkeypatch, tmp_path, cache):
     """A layer whose forward launches several kernels (a k3 s2 layer's eight phases, one tap shape each): the check
-    compiles them in threads at the same time (cuda.compiled_together), each once, and the _Kernels the launches take
-    are those; where a compile in a thread fails, that kernel's _Kernel compiles it again itself. (A stand-in for
-    torch's _compile_kernel, on a pretended sm_90 device: each compile waits 0.2 s, in one of eight threads.)"""
+    compiles them with NVRTC in threads at the same time (cuda.compiled_together), each once, loads each on the
+    calling thread (a worker thread has no CUDA context current: on the H200 loads there failed), and the _Kernels
+    the launches take are those; where a compile in a thread fails, that kernel's _Kernel compiles it again itself.
+    With the disk cache, a second process's check compiles none. (Stand-ins for torch's two steps, NVRTC's compile
+    and the module's load, on a pretended sm_90 device: each compile waits 0.2 s, in one of eight threads.)"""
     import contextlib
     import threading
     import time
 
-    compiles, failing = [], set()
+    compiles, loads, failing = [], [], set()
 
     class Compiled:
-        def __init__(self, source, name):
-            self.func, self.name = len(compiles), name
+        def __init__(self, binary):
+            self.func, self.binary = len(loads), binary
 
         def set_shared_memory_config(self, shared_bytes):
             pass
 
-    def compile_kernel(source, name, compute_capability):
+    def nvrtc_compile(source, name, compute_capability, *options):
         compiles.append((threading.get_ident(), name))
         time.sleep(0.2)
         if threading.get_ident() != threading.main_thread().ident and name in failing:
             raise RuntimeError("failed in a thread")
-        return Compiled(source, name)
+        return f"{len(compiles)} {source}".encode(), name
 
+    def load_module(binary, names):
+        loads.append(threading.get_ident())
+        return {names[0]: Compiled(binary)}
+
+    monkeypatch.setattr(torch.cuda._utils, "_nvrtc_compile", nvrtc_compile, raising=False)
+    monkeypatch.setattr(torch.cuda._utils, "_cuda_load_module", load_module, raising=False)
+    monkeypatch.setattr(torch.cuda, "_compile_kernel", lambda source, name, compute_capability: load_module(
+        nvrtc_compile(source, name, compute_capability)[0], [name])[name], raising=False)  # (its two steps)
+    monkeypatch.setattr(cuda, "CACHE_DIR", str(tmp_path) if cache == "kept on disk" else "")
     monkeypatch.setattr(cuda, "_capability", lambda index: cuda.ARCHITECTURE)
-    monkeypatch.setattr(cuda, "_compile_kernel", lambda: compile_kernel)
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(cuda.os, "cpu_count", lambda: 8)  # (the threads wait, they do not compute)
     caches = (cuda._kernel, cuda._row_runs_kernel, cuda_phases._kernels_unsupported)
     x, w, b, plan, _ = _layer(*LAYERS[1], seed=random.randrange(2**31))  # 32 -> 16, k3 s2 p1 op1: eight launches
     phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
+    main = threading.main_thread().ident
     try:
-        for fail in (set(), {"phase_conv"}):
-            for cache in caches:
-                cache.cache_clear()
-            compiles.clear(), cuda._compiled.clear(), failing.clear(), failing.update(fail)
+        for fail, anew in ((set(), False), ({"phase_conv"}, False), (set(), True)):
+            for kept in caches:
+                kept.cache_clear()
+            compiles.clear(), loads.clear(), cuda._compiled.clear(), failing.clear(), failing.update(fail)
+            if anew and cache == "no cache":
+                continue
+            if not anew:  # (anew: a later process, the files of the run before on disk)
+                for file in tmp_path.iterdir():
+                    file.unlink()
             start = time.perf_counter()
             with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
                 assert cuda_phases.forward_kernels_unsupported(x, b, plan, phase_list) is None
             seconds = time.perf_counter() - start
             _, extent, launches = cuda_phases._forward_geometry(plan, phase_list, cuda_phases._split(True))
             assert len(launches) == 8 and len(cuda._compiled) == 8 and not cuda._precompiled  # (all taken)
-            main = threading.main_thread().ident
             in_threads = [name for thread, name in compiles if thread != main]
             on_main = [name for thread, name in compiles if thread == main]
-            assert len(in_threads) == 8 and len(on_main) == (8 if fail else 0), (fail, compiles)
-            if not fail:
+            assert len(in_threads) == (0 if anew else 8) and len(on_main) == (8 if fail else 0), (fail, compiles)
+            assert len(loads) == 8 and set(loads) == {main}, loads
+            if not fail and not anew:
                 assert seconds < 8 * 0.2 / 2, seconds  # (one after the other: 1.6 s)
             kernels = {id(cuda.correlation_kernel(0, (plan.batch, *extent, 32), 16, cuda_phases._split(True), True,
                                                   grid, counts, dilation, len(members)))
                        for counts, dilation, grid, members in launches}
-            assert len(kernels) == 8 and len(compiles) == 8 + len(on_main)  # (the same kernels, none compiled again)
+            assert len(kernels) == 8 and len(compiles) == len(in_threads) + len(on_main)  # (none compiled again)
+            assert len(list(tmp_path.iterdir())) == (8 if cache == "kept on disk" else 0)
     finally:
-        for cache in caches:
-            cache.cache_clear()
+        for kept in caches:
+            kept.cache_clear()
         cuda._compiled.clear()
         cuda._precompiled.clear()
 

@@ -384,20 +384,22 @@ def test_problem_77_phase_backend_writes_every_element(tf32, nan_poisoned_alloca
 
 
 @pytest.mark.parametrize("tf32", [True, False], ids=["fp16", "3xfp16"])
-def test_a_k3s2_layers_first_call_compiles_its_kernels_in_threads(tf32, nan_poisoned_allocator, monkeypatch):
+def test_a_k3s2_layers_first_call_compiles_its_kernels_in_threads(tf32, nan_poisoned_allocator, monkeypatch,
+                                                                  tmp_path):
     """A k3 s2 layer's first call by the phase path (64 -> 32 channels, eight phases, one kernel each): the check
-    compiles the eight kernels in worker threads (cuda.compiled_together), none on the calling thread, and the kernels
-    loaded there write the output, within TF32's or float32's accuracy of float64."""
+    compiles the eight kernels with NVRTC in worker threads (cuda.compiled_together), none on the calling thread, which
+    loads them, and those kernels write the output, within TF32's or float32's accuracy of float64. (An empty disk
+    cache: kernels kept there are not compiled.)"""
     import threading
 
     from convt3d.backends import torch_phase
 
-    compile_kernel = cuda._compile_kernel()
+    nvrtc_compile = torch.cuda._utils._nvrtc_compile
     compiles = []  # (on the calling thread, kernel name)
 
-    def recorded(source, name, **kwargs):
+    def recorded(source, name, *args, **kwargs):
         compiles.append((threading.get_ident() == threading.main_thread().ident, name))
-        return compile_kernel(source, name, **kwargs)
+        return nvrtc_compile(source, name, *args, **kwargs)
 
     def forget_kernels():  # (so that the layer's kernels are compiled anew)
         for cache in (cuda._kernel, cuda._row_runs_kernel, cuda.tile_rows, cuda.phase_launches,
@@ -407,7 +409,8 @@ def test_a_k3s2_layers_first_call_compiles_its_kernels_in_threads(tf32, nan_pois
         cuda._compiled.clear()
         torch_phase._prepared.clear()
 
-    monkeypatch.setattr(cuda, "_compile_kernel", lambda: recorded)
+    monkeypatch.setattr(torch.cuda._utils, "_nvrtc_compile", recorded)
+    monkeypatch.setattr(cuda, "CACHE_DIR", str(tmp_path))
     x = torch.randn(2, 64, 4, 8, 12, device="cuda")
     w = torch.randn(64, 32, 3, 3, 3, device="cuda") * 0.05
     b = torch.randn(32, device="cuda")

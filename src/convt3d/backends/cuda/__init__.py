@@ -267,26 +267,28 @@ _compiled: set = set()
 
 @contextlib.contextmanager
 def compiled_together(device_index: int, specs):
-    """Compiles the kernels of specs (_Kernel's arguments) not compiled yet at the same time, a thread each up to the
-    CPU's cores, for the _Kernels made inside the with block: a k3 s2 layer's forward launches eight, one a phase,
-    and NVRTC compiles them side by side (on the project's 2-core CPU in 0.70 s against 1.38 one after the other in
-    FP16, 0.92 against 1.72 in 3xFP16, the same cubins: benchmarks/cpu_first_call_compiles.py). A kernel that fails
-    here is left to its _Kernel, which compiles it again and reports the failure as before (logged at debug level
-    here); what the block does not take is dropped at its end."""
-    wanted = {(source, name) for source, name, _, _ in specs if (device_index, source, name) not in _compiled}
-
-    def compile_one(source_and_name):
-        with torch.cuda.device(device_index):
-            return _compile_kernel()(*source_and_name, compute_capability="90a")
-
-    if len(wanted) > 1:
+    """Compiles the kernels of specs (_Kernel's arguments) not compiled or kept on disk yet at the same time, for the
+    _Kernels made inside the with block: a k3 s2 layer's forward launches eight, one a phase. NVRTC compiles them side
+    by side, a thread each up to the CPU's cores (on the project's 2-core CPU in 0.70 s against 1.38 one after the
+    other in FP16, 0.92 against 1.72 in 3xFP16, the same cubins: benchmarks/cpu_first_call_compiles.py), and each is
+    loaded here, on the calling thread: a worker thread has no CUDA context current, and loads there failed on the
+    H200 (seventy-second session), so that each kernel was compiled again on this thread. Needs torch's two steps
+    (kernel_cache.available); the loaded kernels are kept in CACHE_DIR as _Kernel's compiles keep them. A kernel that
+    fails here is left to its _Kernel, which compiles it again and reports the failure as before (logged at debug
+    level here); what the block does not take is dropped at its end."""
+    wanted = {(source, name) for source, name, _, _ in specs if (device_index, source, name) not in _compiled
+              and not kernel_cache.cached(CACHE_DIR, source, name, "90a")}
+    if len(wanted) > 1 and kernel_cache.available():
         with ThreadPoolExecutor(min(len(wanted), os.cpu_count() or 1)) as pool:
-            futures = {pool.submit(compile_one, item): item for item in wanted}
-        for future, (source, name) in futures.items():
-            try:
-                _precompiled[(device_index, source, name)] = future.result()
-            except Exception as error:  # noqa: BLE001 (its _Kernel compiles it again and reports what fails)
-                logger.debug("convt3d: compiling %s beside others failed (%s)", name, error)
+            futures = {pool.submit(kernel_cache.compile_binary, source, name, "90a"): (source, name)
+                       for source, name in wanted}
+        with torch.cuda.device(device_index):
+            for future, (source, name) in futures.items():
+                try:
+                    _precompiled[(device_index, source, name)] = kernel_cache.load_binary(
+                        CACHE_DIR, source, name, "90a", *future.result())
+                except Exception as error:  # noqa: BLE001 (its _Kernel compiles it again and reports what fails)
+                    logger.debug("convt3d: compiling %s beside others failed (%s)", name, error)
     try:
         yield
     finally:

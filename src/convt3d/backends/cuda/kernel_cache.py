@@ -56,7 +56,7 @@ def compile_kernel(directory: str, source: str, name: str, compute_capability: s
 
 
 def _compile_kept(directory: str, source: str, name: str, compute_capability: str):
-    path = os.path.join(directory, _key(source, name, compute_capability) + ".bin")
+    path = _path(directory, source, name, compute_capability)
     cached = _read(path)
     if cached is not None:
         mangled_name, binary = cached
@@ -64,12 +64,29 @@ def _compile_kept(directory: str, source: str, name: str, compute_capability: st
             return _load(binary, mangled_name)
         except Exception as error:  # noqa: BLE001 (a damaged or foreign file: compile it again)
             logger.debug("convt3d: the cached kernel %s did not load (%s); compiling it again", path, error)
+    return load_binary(directory, source, name, compute_capability, *compile_binary(source, name, compute_capability))
+
+
+def compile_binary(source: str, name: str, compute_capability: str) -> tuple[bytes, str]:
+    """NVRTC's binary of the kernel and its mangled name, torch's first step: work for the CPU alone, which needs no
+    CUDA context, so that threads can run it side by side (cuda.compiled_together)."""
     compiled = torch_utils._nvrtc_compile(source, name, compute_capability)
     # (binary, mangled name); before that torch returned the PTX alone, loaded by the name as given (extern "C").
-    binary, mangled_name = compiled if isinstance(compiled, tuple) else (compiled, name)
+    return compiled if isinstance(compiled, tuple) else (compiled, name)
+
+
+def load_binary(directory: str, source: str, name: str, compute_capability: str, binary: bytes, mangled_name: str):
+    """The kernel of a binary that compile_binary made, loaded on the calling thread (it needs the device's context
+    current), and kept in directory where one is set (only what loaded)."""
     kernel = _load(binary, mangled_name)
-    _write(path, mangled_name, binary)  # (only what loaded)
+    if directory:
+        _write(_path(directory, source, name, compute_capability), mangled_name, binary)
     return kernel
+
+
+def cached(directory: str, source: str, name: str, compute_capability: str) -> bool:
+    """Whether directory holds a whole file of the kernel (whether it loads is seen when it is loaded)."""
+    return bool(directory) and _read(_path(directory, source, name, compute_capability)) is not None
 
 
 def _load(binary: bytes, mangled_name: str):
@@ -77,6 +94,10 @@ def _load(binary: bytes, mangled_name: str):
     the kernels named, or (as torch's code allows) a module that has them as attributes."""
     loaded = torch_utils._cuda_load_module(binary, [mangled_name])
     return loaded[mangled_name] if isinstance(loaded, dict) else getattr(loaded, mangled_name)
+
+
+def _path(directory: str, source: str, name: str, compute_capability: str) -> str:
+    return os.path.join(directory, _key(source, name, compute_capability) + ".bin")
 
 
 def _key(source: str, name: str, compute_capability: str) -> str:
