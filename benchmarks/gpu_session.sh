@@ -17,9 +17,11 @@ for step in $steps; do
     host) python3 benchmarks/diag_host.py 2>&1 | tee "$OUT/host.log" ;;
     auto) python3 benchmarks/diag_auto.py batch1_small_k3s2 wide_256to128_k3s2 unet3d_k2s2_deep 2>&1 | tee "$OUT/auto.log" ;;
     # (-n 4: about 230 s on the H200 in the sixty-ninth session; pytest-xdist is installed there)
-    tests) PYTHONPATH=$PWD/src:$PWD/tests python3 -m pytest -p no:warnings -n 4 -rs tests/test_gpu.py \
+    # (the whole log kept: its last 40 lines alone once left two failures unnamed)
+    tests) PYTHONPATH=$PWD/src:$PWD/tests python3 -m pytest -p no:warnings -n 4 -rfs tests/test_gpu.py \
                tests/test_triton_backward.py tests/test_cuda_kernel_cache.py tests/test_environment.py \
-               2>&1 | tail -40 | tee "$OUT/pytest.log" ;;
+               > "$OUT/pytest.log" 2>&1
+           tail -40 "$OUT/pytest.log" ;;
     bench) python3 -m convt3d bench --json "$OUT/p77.json" --plot "$OUT/p77.png" 2>&1 | tee "$OUT/bench.log" ;;
     backward) python3 -m convt3d bench --backward --no-compile --json "$OUT/p77_backward.json" 2>&1 | tee "$OUT/backward.log" ;;
     sweep) python3 -m convt3d bench --sweep --no-compile --iters 30 --json "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" ;;
