@@ -85,8 +85,9 @@ def load_binary(directory: str, source: str, name: str, compute_capability: str,
 
 
 def cached(directory: str, source: str, name: str, compute_capability: str) -> bool:
-    """Whether directory holds a whole file of the kernel (whether it loads is seen when it is loaded)."""
-    return bool(directory) and _read(_path(directory, source, name, compute_capability)) is not None
+    """Whether directory holds the kernel's file (files appear whole: _write renames them into place). Not read here:
+    its load reads it, and one that is damaged is compiled again there."""
+    return bool(directory) and os.path.isfile(_path(directory, source, name, compute_capability))
 
 
 def _load(binary: bytes, mangled_name: str):
