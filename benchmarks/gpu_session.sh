@@ -63,5 +63,8 @@ for step in $steps; do
                   'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio',smsp__issue_active.avg.pct_of_peak_sustained_active \
                   python3 benchmarks/profile_layer.py kernelbench_l1_77_dilated torch $mode 2>&1 | tee "$OUT/stalls$mode.log"
             done ;;
+    # Problem 77's correlation copying the next input plane into shared memory during the MMAs (seventy-third
+    # session).
+    prefetch) python3 benchmarks/diag_plane_prefetch.py --iters 100 --rounds 3 2>&1 | tee "$OUT/prefetch.log" ;;
   esac
 done

@@ -109,9 +109,11 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     // A tap's weight rows: (C_OUT, 64 halves) each, 32 hi then 32 lo (window._weight_halves).
     #define W_TAP(tap) ((long long)(((td0 + ((tap) / (KH * KW)) * tds) * KHF + th0 + ((tap) / KW % KH) * ths) * KWF \
                                     + tw0 + ((tap) % KW) * tws) * C_OUT * 32)
-    // Depth tap kd's weights: each row's first ROW bytes (FP16: the hi halves).
+    // Depth tap kd's weights: each row's first ROW bytes (FP16: the hi halves). Three taps an iteration: one a loop
+    // step, each tap's copies waited for the step before to free its address registers (Nsight Compute, seventy-
+    // third session); fully unrolled, ptxas spilled.
     auto copy_weights = [&](int kd) {
-        #pragma unroll 1
+        #pragma unroll 3
         for (int tap = 0; tap < KH * KW; tap++) {
             const float* src = w_block + W_TAP(kd * KH * KW + tap);
             #pragma unroll
@@ -141,10 +143,14 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         for (int k = 0; k < NP / 2; k++) d[k] += partial[PARTIALS ? k : 0] * partial_inverse;
     };
     if (SPLIT == 3) {
+        // Every depth tap's block maxima in one round of loads, lanes over (depth tap, row, column block).
         float amax = 0.f;
-        for (int kd = 0; kd < KD; kd++)
-            amax = fmaxf(amax, plane_max(block_max, first_row + (long long)kd * DD * XH, HH, 0, max_blocks,
-                                         max_blocks, lane));
+        for (int e = lane; e < KD * HH * max_blocks; e += 32) {
+            const int kd = e / (HH * max_blocks), r = e % (HH * max_blocks);
+            amax = fmaxf(amax, block_max[(first_row + (long long)kd * DD * XH + r / max_blocks) * max_blocks
+                                         + r % max_blocks]);
+        }
+        for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
         a_scale = pow2_scale(amax, a_inverse);
     }
     const unsigned weights_addr = smem_addr(weights), plane_addr = smem_addr((float*)plane);
