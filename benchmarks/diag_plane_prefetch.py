@@ -21,7 +21,9 @@ problem 77) leaves three programs a multiprocessor (76 KB each); both forms are 
 What it found (seventy-third session, benchmarks/RESULTS.md; measured as PLANE_COPY in row_runs.py's own source, whose
 SASS these patches reproduce instruction for instruction): slower. The forward took 0.2844-0.2857 ms by the minima
 with the plane copy against 0.2604-0.2645 with the loads into registers (means 0.2881-0.3083 against 0.2679-0.3014),
-every output bitwise the same; the driver gave every form three programs a multiprocessor. Not kept.
+every output bitwise the same; the driver gave every form three programs a multiprocessor. Not kept. (Measured before
+diag_row_runs_latency.py's patches went into row_runs.py, later in the same session; the patches here now apply over
+them.)
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms alternating each
 round; each form's output, NaN-poisoned before its first call, checked against the register form's (bitwise), float64

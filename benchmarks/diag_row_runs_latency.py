@@ -50,6 +50,7 @@ WRITE_TILE_BY_TWO = ("""    #pragma unroll 1
     for (int job = warp;""", """    #pragma unroll 2
     for (int job = warp;""")
 
+
 def undone(patch):
     """The patch taken back out: (new, old)."""
     return patch[1], patch[0]

@@ -109,9 +109,9 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     // A tap's weight rows: (C_OUT, 64 halves) each, 32 hi then 32 lo (window._weight_halves).
     #define W_TAP(tap) ((long long)(((td0 + ((tap) / (KH * KW)) * tds) * KHF + th0 + ((tap) / KW % KH) * ths) * KWF \
                                     + tw0 + ((tap) % KW) * tws) * C_OUT * 32)
-    // Depth tap kd's weights: each row's first ROW bytes (FP16: the hi halves). Three taps an iteration: one a loop
-    // step, each tap's copies waited for the step before to free its address registers (Nsight Compute, seventy-
-    // third session); fully unrolled, ptxas spilled.
+    // Depth tap kd's weights: each row's first ROW bytes (FP16: the hi halves). Three taps a loop step: with one,
+    // each step's copies waited for the step before to free its address registers (Nsight Compute, seventy-third
+    // session); fully unrolled, ptxas spilled.
     auto copy_weights = [&](int kd) {
         #pragma unroll 3
         for (int tap = 0; tap < KH * KW; tap++) {
