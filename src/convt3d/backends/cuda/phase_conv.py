@@ -176,6 +176,22 @@ __device__ __forceinline__ float plane_max(const float* block_max, long long fir
     for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
     return amax;
 }
+
+// plane_max over planes window planes plane_step rows apart (FP16's one scale for every plane a program reads), in one
+// round of loads, lanes over (plane, row, column block): plane by plane, each round waited for its loads (row_runs.py
+// on problem 77, seventy-third session).
+__device__ __forceinline__ float planes_max(const float* block_max, long long first_row, int planes,
+                                            long long plane_step, int rows, int first_block, int blocks,
+                                            int max_blocks, int lane) {
+    float amax = 0.f;
+    for (int e = lane; e < planes * rows * blocks; e += 32) {
+        const int plane = e / (rows * blocks), r = e % (rows * blocks);
+        amax = fmaxf(amax, block_max[(first_row + plane * plane_step + r / blocks) * max_blocks + first_block
+                                     + r % blocks]);
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+    return amax;
+}
 """
 
 SOURCE = r"""
@@ -357,11 +373,8 @@ phase_conv(const float* __restrict__ x, const float* __restrict__ w, const float
     // FP16: one scale for every plane the program reads, so that its MMAs add into the sums directly (a scale per
     // plane would need 3xFP16's partial sums).
     if (SPLIT == 3) {
-        float amax = 0.f;
-        for (int kd = 0; kd < KD; kd++)
-            amax = fmaxf(amax, plane_max(block_max, first_row + (long long)kd * DD * XH, HH, first_block, blocks,
-                                         max_blocks, lane));
-        a_scale = pow2_scale(amax, a_inverse);
+        a_scale = pow2_scale(planes_max(block_max, first_row, KD, (long long)DD * XH, HH, first_block, blocks,
+                                        max_blocks, lane), a_inverse);
     }
 
     #pragma unroll 1

@@ -143,15 +143,8 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         for (int k = 0; k < NP / 2; k++) d[k] += partial[PARTIALS ? k : 0] * partial_inverse;
     };
     if (SPLIT == 3) {
-        // Every depth tap's block maxima in one round of loads, lanes over (depth tap, row, column block).
-        float amax = 0.f;
-        for (int e = lane; e < KD * HH * max_blocks; e += 32) {
-            const int kd = e / (HH * max_blocks), r = e % (HH * max_blocks);
-            amax = fmaxf(amax, block_max[(first_row + (long long)kd * DD * XH + r / max_blocks) * max_blocks
-                                         + r % max_blocks]);
-        }
-        for (int offset = 16; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-        a_scale = pow2_scale(amax, a_inverse);
+        a_scale = pow2_scale(planes_max(block_max, first_row, KD, (long long)DD * XH, HH, 0, max_blocks, max_blocks,
+                                        lane), a_inverse);
     }
     const unsigned weights_addr = smem_addr(weights), plane_addr = smem_addr((float*)plane);
 
