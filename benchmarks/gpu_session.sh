@@ -66,5 +66,8 @@ for step in $steps; do
     # Problem 77's correlation copying the next input plane into shared memory during the MMAs (seventy-third
     # session).
     prefetch) python3 benchmarks/diag_plane_prefetch.py --iters 100 --rounds 3 2>&1 | tee "$OUT/prefetch.log" ;;
+    # Problem 77's forward with no fill: each correlation program zeroes the output around its own lattice tile while
+    # the tensor cores run its MMAs (prepared in the seventy-fourth session, not run: no machine was lent).
+    region_fill) python3 benchmarks/diag_region_fill.py --iters 100 --rounds 2 2>&1 | tee "$OUT/region_fill.log" ;;
   esac
 done
