@@ -8,18 +8,18 @@ Why: the library's forward is out.zero_() (571 MB, 0.124 ms), the operand pass (
 lattice (about 0.12), which moves about 313 MB through DRAM (seventy-third session): it reads back from DRAM the
 lattice's half-written sectors, whose zeros zero_() wrote long before. Running the fill beside the correlation gained
 nothing (three correlation programs of 168 registers a thread take 64,512 of a multiprocessor's 65,536 registers,
-leaving a fill's programs none). diag_sample_fill.py's programs filled
-a share of their sample and then waited for the sample's other programs before writing their lattice (0.12-0.18 ms
-slower than the library). Here nobody waits on another program: the output is cut into one region per program, the one
-around its lattice tile (problem 77's lattice lies at odd depths, rows and columns): planes 2 qd and 2 qd + 1 (with
-plane 32 for qd 15), rows 2 qh0 to 2 qh0 + 7 (with row 64 for the last row block), every column, the program's 64
-channels; 266 KB a program, every output element in exactly one region. The region is zeroed in KD parts, a channel's
-plane (contiguous rows) a warp, 16-byte stores where aligned; part kd is stored right after depth tap kd's MMAs are
-issued ("interleaved"), or every part once the last depth tap's MMAs are issued ("at the end"). The lattice plane's
-segments come last, so that the zeros of the lattice's sectors may still be in the L2 when write_tile's half-sector
-stores come; the barriers before write_tile order its stores after every thread's zeros. The forward is then the operand
-pass and this correlation: if the fill runs at the DRAM's rate in the correlation's shadow, about 605 MB move instead of
-about 880.
+leaving a fill's programs none). diag_sample_fill.py's programs filled a share of their sample and then waited for the
+sample's other programs before writing their lattice (0.12-0.18 ms slower than the library). Here nobody waits on
+another program: the output is cut into one region per program, the one around its lattice tile (problem 77's lattice
+lies at odd depths, rows and columns): planes 2 qd and 2 qd + 1 (with plane 32 for qd 15), rows 2 qh0 to 2 qh0 + 7 (with
+row 64 for the last row block), every column, the program's 64 channels; 266 KB a program, every output element in
+exactly one region. The region is zeroed in KD parts, a channel's plane (contiguous rows) a warp, 16-byte stores where
+aligned; part kd is stored right after depth tap kd's MMAs are issued ("interleaved"; "zeros off the lattice streamed":
+those of the planes without lattice points by evict-first stores, so that the L2 keeps the lattice plane's), or every
+part once the last depth tap's MMAs are issued ("at the end"). The lattice plane's segments come last, so that the zeros
+of the lattice's sectors may still be in the L2 when write_tile's half-sector stores come; the barriers before
+write_tile order its stores after every thread's zeros. The forward is then the operand pass and this correlation: if
+the fill runs at the DRAM's rate in the correlation's shadow, about 605 MB move instead of about 880.
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the library's forward and the
 forms taking turns per round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every
@@ -33,14 +33,22 @@ import functools
 # Before row_runs.py's source: a warp's zeros over a contiguous run of floats (16-byte stores between a head and a
 # tail of single floats).
 ZERO_RUN = r"""
-__device__ __forceinline__ void zero_run(float* p, int count, int lane) {
+// streaming: as evict-first stores (st.global.cs), for zeros nobody writes again.
+__device__ __forceinline__ void zero_run(float* p, int count, int lane, bool streaming) {
     const int head = min((int)((16 - ((unsigned long long)p & 15)) & 15) >> 2, count);
-    if (lane < head) p[lane] = 0.f;
+    const int quad_count = (count - head) >> 2, tail = (count - head) & 3;
     float4* quads = (float4*)(p + head);
-    const int quad_count = (count - head) >> 2;
-    for (int i = lane; i < quad_count; i += 32) quads[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    const int tail = (count - head) & 3;
-    if (lane < tail) p[head + 4 * quad_count + lane] = 0.f;
+    float* last = p + head + 4 * quad_count;
+    const float4 zeros = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (streaming) {
+        if (lane < head) __stcs(p + lane, 0.f);
+        for (int i = lane; i < quad_count; i += 32) __stcs(quads + i, zeros);
+        if (lane < tail) __stcs(last + lane, 0.f);
+    } else {
+        if (lane < head) p[lane] = 0.f;
+        for (int i = lane; i < quad_count; i += 32) quads[i] = zeros;
+        if (lane < tail) last[lane] = 0.f;
+    }
 }
 """
 BEFORE_LOOP = "    const unsigned weights_addr = smem_addr(weights), plane_addr = smem_addr((float*)plane);\n"
@@ -58,7 +66,7 @@ REGION = r"""    // The region around this program's lattice tile (problem 77: t
             const int other = s / COB, c = s % COB;
             const int d = other == 0 ? 2 * qd : other < other_planes ? 2 * QD + other - 1 : 2 * qd + 1;
             zero_run(out + n * syn + (long long)(ob * COB + c) * syc + d * plane_floats + row0 * row_floats,
-                     region_rows * OUT_W, lane);
+                     region_rows * OUT_W, lane, STREAMED_ZEROS && other < other_planes);
         }
     };
 """
@@ -71,17 +79,25 @@ LOOP_END_FILLED = r"""        asm volatile("wgmma.commit_group.sync.aligned;\n" 
     if (FILL_AT_END)
         for (int part = 0; part < KD; part++) fill_part(part);
 """
-FORMS = {"interleaved": False, "at the end": True}
+# The forms: (every part at the end, the planes without lattice points zeroed by evict-first stores).
+FORMS = {"interleaved": (False, False), "interleaved, zeros off the lattice streamed": (False, True),
+         "at the end": (True, False)}
 
 
 @functools.lru_cache(maxsize=None)
-def region_fill_row_runs(output_sizes, at_end: bool):
+def region_fill_row_runs(output_sizes, at_end: bool, streamed: bool):
     """A builder for use_row_runs: row_runs.py's kernel zeroing its region (each configuration compiled once)."""
     from p77_correlation import patched_row_runs
-    od, oh, ow = output_sizes
-    head = f"#define OUT_D {od}\n#define OUT_H {oh}\n#define OUT_W {ow}\n#define FILL_AT_END {int(at_end)}\n" + ZERO_RUN
-    build = patched_row_runs((BEFORE_LOOP, BEFORE_LOOP + REGION), (LOOP_END, LOOP_END_FILLED), head=head)
+    build = patched_row_runs((BEFORE_LOOP, BEFORE_LOOP + REGION), (LOOP_END, LOOP_END_FILLED),
+                             head=head(output_sizes, at_end, streamed))
     return functools.lru_cache(maxsize=None)(build)
+
+
+def head(output_sizes, at_end: bool, streamed: bool) -> str:
+    """What goes before row_runs.py's source: the output's sizes, the form's switches and zero_run."""
+    od, oh, ow = output_sizes
+    return (f"#define OUT_D {od}\n#define OUT_H {oh}\n#define OUT_W {ow}\n#define FILL_AT_END {int(at_end)}\n"
+            f"#define STREAMED_ZEROS {int(streamed)}\n" + ZERO_RUN)
 
 
 def registers() -> None:
@@ -89,13 +105,13 @@ def registers() -> None:
     from convt3d.backends.cuda import row_runs
     from test_cuda_compile import P77_INPUT, registers_and_spills
     for split, geometry, mode in ((3, P77_INPUT, "FP16, input"), (2, None, "3xFP16, window")):
-        for form, at_end in FORMS.items():
+        for form, switches in FORMS.items():
             text = row_runs.source(64, (3, 3, 3), (1, 1, 1), 34, False, split, geometry)
             for old, new in ((BEFORE_LOOP, BEFORE_LOOP + REGION), (LOOP_END, LOOP_END_FILLED)):
                 assert text.count(old) == 1, old
                 text = text.replace(old, new)
-            head = f"#define OUT_D 33\n#define OUT_H 65\n#define OUT_W 65\n#define FILL_AT_END {int(at_end)}\n"
-            print(f"{mode}, {form}: (registers, spilled bytes) {registers_and_spills(head + ZERO_RUN + text)}")
+            print(f"{mode}, {form}: (registers, spilled bytes) "
+                  f"{registers_and_spills(head((33, 65, 65), *switches) + text)}")
 
 
 def main():
@@ -124,9 +140,9 @@ def main():
         assert geometry["out_offset"] == out_strides[2] + out_strides[3] + 1
         assert geometry["grid"][1] % cuda.row_runs.ROWS == 0 and geometry["grid"][2] <= 32
 
-        def fused(at_end: bool):
+        def fused(switches):
             """The forward with each program zeroing its region: the operand pass and the correlation."""
-            use_row_runs(region_fill_row_runs(output_sizes, at_end), direct_input=split == 3)
+            use_row_runs(region_fill_row_runs(output_sizes, *switches), direct_input=split == 3)
             direct = cuda_phases._direct_input(x, plan, phase_list, split, False)
 
             def forward():
@@ -142,8 +158,8 @@ def main():
             library, _ = library_forward(x, w)
             timings.row(mode, f"library forward (round {round_ + 1})", library,
                         checked(library, expected, reference, eager) if round_ == 0 else "")
-            for form, at_end in FORMS.items():
-                forward = fused(at_end)
+            for form, switches in FORMS.items():
+                forward = fused(switches)
                 timings.row(mode, f"region fill, {form} (round {round_ + 1})", forward,
                             checked(forward, expected, reference, eager))
     library_forward(x, w)  # (the library's kernel again)
