@@ -15,18 +15,23 @@ thread, no barrier, no shared memory. A warp's store then covers 8 channels x 4 
 each written) where write_tile's covers 32 columns of one channel (8 sectors, half of each). The same arithmetic, so
 the output must be bitwise the library's.
 
+What it found (seventy-fourth session, benchmarks/RESULTS.md): far slower. Problem 77's forward took 0.4322-0.4329 ms
+against 0.2633-0.2661 in FP16, 0.4846-0.4874 against 0.3479-0.3538 in 3xFP16 (means), every output bitwise the
+library's. Not kept.
+
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms alternating each
 round, in TF32 mode (FP16, reading the input) and with TF32 off (3xFP16, reading the window); each form's output,
 NaN-poisoned before its first call, checked against the library's (bitwise), float64 and eager (KernelBench's check).
 """
 
-import argparse
+from p77_correlation import (LIBRARY_ROW_RUNS_KERNEL, Timings, alternate_forms, arguments, modes, patched_row_runs,
+                             problem_77)
 
 STAGED = """    __syncthreads();  // shared memory free: the tile goes there
 """
 STAGED_END = """    write_tile<ROWS, COB, THREADS>(staged, OCS, XW, y_tile, syc, syh, qh0, QH, lane < QW, warp, lane);
 """
-DIRECT = """    // d[4 j + e]: output channel 16 warp + g + 8 (e / 2) of the block, position 8 j + 2 t + e % 2, stored as it is.
+DIRECT = """    // d[4 j + e]: channel 16 warp + g + 8 (e / 2) of the block, position 8 j + 2 t + e % 2, stored as is.
     #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int o = 16 * warp + g + 8 * hf;
@@ -72,35 +77,17 @@ def registers() -> None:
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--iters", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--registers", action="store_true", help="only ptxas's report, on a CPU with NVRTC")
-    args = parser.parse_args()
-    if args.registers:
-        return registers()
-    import convt3d
-    from convt3d.backends import cuda
+    args = arguments(3, registers)
     from convt3d.backends.cuda import row_runs
-    from diag_overlap import checked
-    from p77_correlation import LIBRARY_ROW_RUNS_KERNEL, P77, Timings, modes, patched_row_runs, problem_77, \
-        use_row_runs
 
     x, w, _, _ = problem_77()
-    old, new = direct_store_patch(row_runs.source(64, (3, 3, 3), (1, 1, 1), 34, False, 3))
-    forms = (("library (staged, write_tile)", LIBRARY_ROW_RUNS_KERNEL), ("direct stores", patched_row_runs((old, new))))
-    forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
+    direct_stores = patched_row_runs(direct_store_patch(row_runs.source(64, (3, 3, 3), (1, 1, 1), 34, False, 3)))
     timings = Timings(args.iters)
     for mode, split, reference, eager in modes(x, w):
         direct_input = split == 3  # as the library reads them (cuda.reads_input)
-        use_row_runs(forms[0][1], direct_input=direct_input)
-        expected = forward()
-        for round_ in range(args.rounds):
-            for name, builder in forms:
-                use_row_runs(builder, direct_input=direct_input)
-                check = checked(forward, expected, reference, eager) if round_ == 0 else ""
-                timings.row(mode, f"{name} (round {round_ + 1})", forward, check)
-    use_row_runs(direct_input=cuda.DIRECT_INPUT)
+        forms = (("library (staged, write_tile)", LIBRARY_ROW_RUNS_KERNEL, direct_input),
+                 ("direct stores", direct_stores, direct_input))
+        alternate_forms(x, w, forms, timings, mode, args.rounds, reference, eager)
     print(timings.table())
 
 

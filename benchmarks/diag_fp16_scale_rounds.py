@@ -8,10 +8,14 @@ plane (each round waiting for its loads) took part of a 2% gain (seventy-third s
 serves the other layers' correlations, read them plane by plane. The maxima are the same either way, so each layer's
 output must be bitwise the same.
 
+What it found (seventy-fourth session, benchmarks/RESULTS.md): the one round kept. k3s1p1 and batch1_small_k3s2 took
+0.0014-0.0020 ms less by the minima in every round (k3s1p1 0.0554-0.0555 ms against 0.0568-0.0569 by the means), the
+others moved within their noise; every output bitwise the same.
+
 Rows, per layer: bench.protocol.time_cuda's mean and minimum in ms of the phase path's forward (backend="torch", L2
-flushed before each call), the forms alternating each round; each form's output checked against the first's
-(bitwise; the allocator's free memory NaN-filled before its first call) and float64; and how many of phase_conv.py's kernels the layer's forward built (0: it runs none, and the
-forms are the same code).
+flushed before each call), the forms alternating each round; each form's output checked against the first's (bitwise;
+the allocator's free memory NaN-filled before its first call) and float64; and how many of phase_conv.py's kernels the
+layer's forward built (0: it runs none, and the forms are the same code).
 """
 
 import argparse

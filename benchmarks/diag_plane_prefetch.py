@@ -30,10 +30,11 @@ round; each form's output, NaN-poisoned before its first call, checked against t
 and eager (KernelBench's check). Then the programs a multiprocessor holds per form (the driver's occupancy calculator).
 """
 
-import argparse
 import functools
 
 from convt3d.backends.cuda import row_runs
+from p77_correlation import (Timings, alternate_forms, arguments, modes, patched_row_runs, patched_row_runs_source,
+                             problem_77)
 
 # The plane copy as patches of row_runs.py's source (measured so, as PLANE_COPY in the library's own source, in the
 # seventy-third session; reverted there).
@@ -111,16 +112,9 @@ def shared_bytes(taps, dilation, window_columns: int, split: int, plane_copy: bo
                4 * 64 * (row_runs.positions(window_columns) + 4))
 
 
-def patched_source(plane_copy: bool, patches=(), c_out=64, taps=(3, 3, 3), dilation=(1, 1, 1), window_columns=34,
-                   has_bias=False, split=3, input_geometry=None) -> str:
-    """row_runs.source with the plane copy's patches (plane_copy) and each (old, new) of patches replaced (an error
-    where old is missing: row_runs.py changed under the patch)."""
-    text = row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, input_geometry)
-    for old, new in (*(PLANE_COPY if plane_copy else ()), *patches):
-        if text.count(old) != 1:
-            raise RuntimeError(f"row_runs.py's source changed: a patch no longer matches {old[:60]!r}")
-        text = text.replace(old, new)
-    return text
+def form_patches(plane_copy: bool, patches=()) -> tuple:
+    """A form's patches of row_runs.py's source: the plane copy's (plane_copy), then patches."""
+    return (*(PLANE_COPY if plane_copy else ()), *patches)
 
 
 # (name, plane copy, patches)
@@ -133,61 +127,35 @@ FORMS = (
 
 
 def builder(plane_copy: bool, patches):
-    """cuda._row_runs_kernel's stand-in for a form (its signature), kept per arguments."""
-    import torch
-    from convt3d.backends import cuda
-
-    @functools.lru_cache(maxsize=None)
-    def build(device_index, c_out, taps, dilation, window_columns, has_bias, split, input_geometry=None):
-        text = patched_source(plane_copy, patches, c_out, taps, dilation, window_columns, has_bias, split,
-                              input_geometry)
-        with torch.cuda.device(device_index):
-            return cuda._Kernel(text, "phase_conv_rows", shared_bytes(taps, dilation, window_columns, split,
-                                                                      plane_copy), row_runs.THREADS)
-    return build
+    """cuda._row_runs_kernel's stand-in for a form (its signature)."""
+    return patched_row_runs(*form_patches(plane_copy, patches), exactly_once=True,
+                            shared_bytes=functools.partial(shared_bytes, plane_copy=plane_copy))
 
 
 def registers() -> None:
     """ptxas's registers and spills per form for problem 77 (NVRTC on this machine, tests/test_cuda_compile.py's)."""
     from test_cuda_compile import P77_INPUT, registers_and_spills
     for name, plane_copy, patches in FORMS:
-        text = patched_source(plane_copy, patches, input_geometry=P77_INPUT)
+        text = patched_row_runs_source(form_patches(plane_copy, patches), input_geometry=P77_INPUT, exactly_once=True)
         print(f"{name}: (registers, spilled bytes) {registers_and_spills(text)}, shared bytes "
               f"{shared_bytes((3, 3, 3), (1, 1, 1), 34, 3, plane_copy)}")
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--iters", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--registers", action="store_true", help="only ptxas's report, on a CPU with NVRTC")
-    args = parser.parse_args()
-    if args.registers:
-        return registers()
+    args = arguments(3, registers)
     import torch
-    import convt3d
-    from convt3d.backends import cuda
-    from diag_overlap import checked
     from diag_programs_per_sm import occupancy
-    from p77_correlation import P77, Timings, modes, problem_77, use_row_runs
 
     x, w, _, _ = problem_77()
     builders = {name: builder(plane_copy, patches) for name, plane_copy, patches in FORMS}
-    forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
     timings = Timings(args.iters)
     mode, _, reference, eager = next(modes(x, w))  # FP16 (TF32 allowed)
-    use_row_runs(builders[FORMS[0][0]], direct_input=True)
-    expected = forward()
-    for round_ in range(args.rounds):
-        for name, _, _ in FORMS:
-            use_row_runs(builders[name], direct_input=True)
-            check = checked(forward, expected, reference, eager) if round_ == 0 else ""
-            timings.row(mode, f"{name} (round {round_ + 1})", forward, check)
+    alternate_forms(x, w, [(name, builders[name], True) for name, _, _ in FORMS], timings, mode, args.rounds,
+                    reference, eager)
     for name, _, _ in FORMS:
         kernel = builders[name](torch.cuda.current_device(), 64, (3, 3, 3), (1, 1, 1), 34, False, 3,
                                 ((16, 32, 32), (-1, -1, -1), tuple(x.stride()[:4])))
         print(f"{name}: {occupancy(kernel)} programs a multiprocessor")
-    use_row_runs(direct_input=cuda.DIRECT_INPUT)
     print(timings.table())
 
 

@@ -25,12 +25,10 @@ import functools
 
 import torch
 
-import convt3d
-from convt3d.backends import cuda, driver
-from diag_overlap import checked, prefer_shared
-from p77_correlation import LIBRARY_ROW_RUNS_KERNEL, Timings, modes, patched_row_runs, problem_77, use_row_runs
+from convt3d.backends import driver
+from diag_overlap import prefer_shared
+from p77_correlation import LIBRARY_ROW_RUNS_KERNEL, Timings, alternate_forms, modes, patched_row_runs, problem_77
 
-P77 = dict(stride=2, padding=1, dilation=2)
 FOUR = ("#define MIN_BLOCKS 3\n", "#define MIN_BLOCKS 4\n")
 ONE_UNIT = (("base += 2 * THREADS", "base += THREADS"), ("float v[2][16];", "float v[1][16];"),
             ("float4 v[2][4];", "float4 v[1][4];"), ("for (int h = 0; h < 2; h++)", "for (int h = 0; h < 1; h++)"))
@@ -78,21 +76,14 @@ def main():
     args = parser.parse_args()
     x, w, _, _ = problem_77()
     builders = {name: builder(patches, carveout) for name, _, patches, carveout in FORMS}
-    forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
     timings = Timings(args.iters)
     mode, _, reference, eager = next(modes(x, w))  # FP16 (TF32 allowed)
-    use_row_runs(direct_input=True)
-    expected = forward()
-    for round_ in range(args.rounds):
-        for name, direct_input, _, _ in FORMS:
-            use_row_runs(builders[name], direct_input=direct_input)
-            check = checked(forward, expected, reference, eager) if round_ == 0 else ""
-            timings.row(mode, f"{name} (round {round_ + 1})", forward, check)
+    alternate_forms(x, w, [(name, builders[name], direct_input) for name, direct_input, _, _ in FORMS], timings, mode,
+                    args.rounds, reference, eager)
     for name, direct_input, patches, carveout in FORMS:  # (each builder called as the forwards called it)
         kernel = builders[name](torch.cuda.current_device(), 64, (3, 3, 3), (1, 1, 1), 34, False, 3,
                                 ((16, 32, 32), (-1, -1, -1), tuple(x.stride()[:4])) if direct_input else None)
         print(f"{name}: {occupancy(kernel)} programs a multiprocessor")
-    use_row_runs(direct_input=cuda.DIRECT_INPUT)
     print(timings.table())
 
 

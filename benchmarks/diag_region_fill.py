@@ -27,8 +27,10 @@ output, NaN-poisoned before its first call, is compared with the library's (bitw
 (KernelBench's check).
 """
 
-import argparse
 import functools
+
+from p77_correlation import (Timings, arguments, correlation_geometry, library_forward, modes, patched_row_runs,
+                             patched_row_runs_source, problem_77, use_row_runs)
 
 # Before row_runs.py's source: a warp's zeros over a contiguous run of floats (16-byte stores between a head and a
 # tail of single floats).
@@ -52,10 +54,10 @@ __device__ __forceinline__ void zero_run(float* p, int count, int lane, bool str
 }
 """
 BEFORE_LOOP = "    const unsigned weights_addr = smem_addr(weights), plane_addr = smem_addr((float*)plane);\n"
-REGION = r"""    // The region around this program's lattice tile (problem 77: the lattice at odd depths, rows and columns,
-    // strides 2): planes 2 qd and 2 qd + 1 (and those past the lattice's last, by its last qd), rows 2 qh0 on to
-    // 2 (qh0 + ROWS) (to the last, by the last row block), every column, the block's channels. Segment s: channel
-    // s % COB of plane s / COB of the region's planes without lattice points, then of the lattice plane (2 qd + 1).
+REGION = r"""    // The region around this program's lattice tile (problem 77: the lattice at odd depths, rows and
+    // columns, strides 2): planes 2 qd and 2 qd + 1 (and those past the lattice's last, by its last qd), rows
+    // 2 qh0 on to 2 (qh0 + ROWS) (to the last, by the last row block), every column, the block's channels. Segment
+    // s: channel s % COB of plane s / COB of the region's planes without lattice points, then of the lattice plane.
     float* const out = y - phase[9];
     const long long plane_floats = syd / 2, row_floats = syh / 2;
     const int row0 = 2 * qh0, region_rows = (qh0 + ROWS >= QH ? OUT_H : 2 * (qh0 + ROWS)) - row0;
@@ -79,6 +81,7 @@ LOOP_END_FILLED = r"""        asm volatile("wgmma.commit_group.sync.aligned;\n" 
     if (FILL_AT_END)
         for (int part = 0; part < KD; part++) fill_part(part);
 """
+PATCHES = ((BEFORE_LOOP, BEFORE_LOOP + REGION), (LOOP_END, LOOP_END_FILLED))
 # The forms: (every part at the end, the planes without lattice points zeroed by evict-first stores).
 FORMS = {"interleaved": (False, False), "interleaved, zeros off the lattice streamed": (False, True),
          "at the end": (True, False)}
@@ -87,10 +90,7 @@ FORMS = {"interleaved": (False, False), "interleaved, zeros off the lattice stre
 @functools.lru_cache(maxsize=None)
 def region_fill_row_runs(output_sizes, at_end: bool, streamed: bool):
     """A builder for use_row_runs: row_runs.py's kernel zeroing its region (each configuration compiled once)."""
-    from p77_correlation import patched_row_runs
-    build = patched_row_runs((BEFORE_LOOP, BEFORE_LOOP + REGION), (LOOP_END, LOOP_END_FILLED),
-                             head=head(output_sizes, at_end, streamed))
-    return functools.lru_cache(maxsize=None)(build)
+    return patched_row_runs(*PATCHES, head=head(output_sizes, at_end, streamed), exactly_once=True)
 
 
 def head(output_sizes, at_end: bool, streamed: bool) -> str:
@@ -102,32 +102,21 @@ def head(output_sizes, at_end: bool, streamed: bool) -> str:
 
 def registers() -> None:
     """ptxas's registers and spills per form and precision for problem 77 (NVRTC on this machine)."""
-    from convt3d.backends.cuda import row_runs
     from test_cuda_compile import P77_INPUT, registers_and_spills
     for split, geometry, mode in ((3, P77_INPUT, "FP16, input"), (2, None, "3xFP16, window")):
         for form, switches in FORMS.items():
-            text = row_runs.source(64, (3, 3, 3), (1, 1, 1), 34, False, split, geometry)
-            for old, new in ((BEFORE_LOOP, BEFORE_LOOP + REGION), (LOOP_END, LOOP_END_FILLED)):
-                assert text.count(old) == 1, old
-                text = text.replace(old, new)
-            print(f"{mode}, {form}: (registers, spilled bytes) "
-                  f"{registers_and_spills(head((33, 65, 65), *switches) + text)}")
+            text = patched_row_runs_source(PATCHES, split=split, input_geometry=geometry,
+                                           head=head((33, 65, 65), *switches), exactly_once=True)
+            print(f"{mode}, {form}: (registers, spilled bytes) {registers_and_spills(text)}")
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--iters", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--registers", action="store_true", help="only ptxas's report, on a CPU with NVRTC")
-    args = parser.parse_args()
-    if args.registers:
-        return registers()
+    args = arguments(2, registers)
     import torch
     from convt3d.backends import cuda
     from convt3d.backends.cuda import phases as cuda_phases
     from convt3d.backends.triton.window import correlation_operands
     from diag_overlap import checked
-    from p77_correlation import Timings, correlation_geometry, library_forward, modes, problem_77, use_row_runs
 
     x, w, plan, phase_list = problem_77()
     out_strides = torch.empty(plan.output_shape, device="meta").stride()

@@ -1,8 +1,12 @@
 """What the diagnostic scripts that time the library's CUDA correlation on problem 77 share (diag_turned,
 diag_side_fill, diag_fill_flags): the problem's tensors, plan and phase, its precision modes with their reference
 outputs, the correlation's geometry in a precision, row_runs.py's kernel with their changes patched into its source
-and switching to it, and the rows of timings they print. GPU only.
+and switching to it, forms of it timed in turns, and the rows of timings they print. GPU only (but
+patched_row_runs_source).
 """
+
+import argparse
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -64,21 +68,66 @@ def use_row_runs(builder=LIBRARY_ROW_RUNS_KERNEL, enabled: bool = True, direct_i
     torch_phase._prepared.clear()
 
 
-def patched_row_runs(*patches, head: str = "", has_bias=None):
-    """A builder for use_row_runs: row_runs.py's kernel compiled as the library compiles it, its source with each (old,
-    new) of patches replaced (an error where old is missing: row_runs.py changed under the patch), head put before
-    it, and compiled with or without a bias as has_bias says where given (else as the launch asks)."""
+def patched_row_runs(*patches, head: str = "", has_bias=None, exactly_once: bool = False, shared_bytes=None):
+    """A builder for use_row_runs: row_runs.py's kernel compiled as the library compiles it, its source as
+    patched_row_runs_source gives it, and compiled with or without a bias as has_bias says where given (else as the
+    launch asks), with shared_bytes(taps, dilation, window_columns, split) of shared memory where given (else
+    row_runs.shared_bytes'). Each configuration is compiled once."""
+    @functools.lru_cache(maxsize=None)
     def build(device_index, c_out, taps, dilation, window_columns, launch_has_bias, split, input_geometry=None):
-        text = row_runs.source(c_out, taps, dilation, window_columns,
-                               launch_has_bias if has_bias is None else has_bias, split, input_geometry)
-        for old, new in patches:
-            if old not in text:
-                raise RuntimeError(f"row_runs.py's source changed: a diagnostic patch no longer matches {old[:60]!r}")
-            text = text.replace(old, new)
+        text = patched_row_runs_source(patches, c_out, taps, dilation, window_columns,
+                                       launch_has_bias if has_bias is None else has_bias, split, input_geometry,
+                                       head=head, exactly_once=exactly_once)
         with torch.cuda.device(device_index):
-            return cuda._Kernel(head + text, "phase_conv_rows",
-                                row_runs.shared_bytes(taps, dilation, window_columns, split), row_runs.THREADS)
+            return cuda._Kernel(text, "phase_conv_rows",
+                                (shared_bytes or row_runs.shared_bytes)(taps, dilation, window_columns, split),
+                                row_runs.THREADS)
     return build
+
+
+def patched_row_runs_source(patches, c_out=64, taps=(3, 3, 3), dilation=(1, 1, 1), window_columns=34, has_bias=False,
+                            split=3, input_geometry=None, head: str = "", exactly_once: bool = False) -> str:
+    """row_runs.source (problem 77's by default) with each (old, new) of patches replaced, and head put before it: an
+    error where old is missing (row_runs.py changed under the patch) or, with exactly_once, where it is there more
+    than once."""
+    text = row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, input_geometry)
+    for old, new in patches:
+        if text.count(old) == 0 or (exactly_once and text.count(old) != 1):
+            raise RuntimeError(f"row_runs.py's source changed: a diagnostic patch no longer matches {old[:60]!r}")
+        text = text.replace(old, new)
+    return head + text
+
+
+def arguments(rounds: int, registers=None) -> argparse.Namespace:
+    """The command line of a diagnostic that times forms in turns: --iters, --rounds and, where it has registers (a
+    function printing ptxas's report of its forms), --registers, which runs that alone (on a CPU with NVRTC)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    if registers is not None:
+        parser.add_argument("--registers", action="store_true", help="only ptxas's report, on a CPU with NVRTC")
+    args = parser.parse_args()
+    if registers is not None and args.registers:
+        registers()
+        raise SystemExit(0)
+    return args
+
+
+def alternate_forms(x, w, forms, timings, mode: str, rounds: int, reference, eager) -> None:
+    """Problem 77's forward on x and w (the library's, backend="torch") with row_runs.py's kernel from each (name,
+    builder, direct_input) of forms in turn, rounds times, as timings' rows: each form's output checked in the first
+    round against the first form's (bitwise), float64 and eager (diag_overlap.checked); the library's kernel again
+    after."""
+    from diag_overlap import checked
+    forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
+    use_row_runs(forms[0][1], direct_input=forms[0][2])
+    expected = forward()
+    for round_ in range(rounds):
+        for name, builder, direct_input in forms:
+            use_row_runs(builder, direct_input=direct_input)
+            check = checked(forward, expected, reference, eager) if round_ == 0 else ""
+            timings.row(mode, f"{name} (round {round_ + 1})", forward, check)
+    use_row_runs(direct_input=LIBRARY_DIRECT_INPUT)
 
 
 def correlation_geometry(plan, phase_list, split: int, out_strides):
