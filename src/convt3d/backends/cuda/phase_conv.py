@@ -137,7 +137,7 @@ __device__ __forceinline__ void write_tile(const float* staged, int ocs, int row
 """
 
 # What both phase correlations (this one and row_runs.py's) use to scale and split the window in FP16: the splits,
-# the power-of-two scales and the largest magnitude of a window plane.
+# the power-of-two scales and the largest magnitude of a window plane (or of several).
 FP16_HELPERS = r"""
 // FP16 (SPLIT 3): x and y times scale as a pair of halves (x in the low half), rounding to nearest.
 __device__ __forceinline__ unsigned to_half2(float x, float y, float scale) {
@@ -178,8 +178,9 @@ __device__ __forceinline__ float plane_max(const float* block_max, long long fir
 }
 
 // plane_max over planes window planes plane_step rows apart (FP16's one scale for every plane a program reads), in one
-// round of loads, lanes over (plane, row, column block): plane by plane, each round waited for its loads (row_runs.py
-// on problem 77, seventy-third session).
+// round of loads, lanes over (plane, row, column block). Read plane by plane, each round waited for its loads: on the
+// H200 row_runs.py's problem 77 and phase_conv.py's k3s1p1 took about 1% and 2.5% longer (seventy-third and
+// seventy-fourth sessions, benchmarks/diag_row_runs_latency.py and diag_fp16_scale_rounds.py).
 __device__ __forceinline__ float planes_max(const float* block_max, long long first_row, int planes,
                                             long long plane_step, int rows, int first_block, int blocks,
                                             int max_blocks, int lane) {
