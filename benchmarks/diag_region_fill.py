@@ -21,6 +21,10 @@ of the lattice's sectors may still be in the L2 when write_tile's half-sector st
 write_tile order its stores after every thread's zeros. The forward is then the operand pass and this correlation: if
 the fill runs at the DRAM's rate in the correlation's shadow, about 605 MB move instead of about 880.
 
+With --profile, each mode runs the library's forward and then each form's once, untimed: under Nsight Compute
+(gpu_session.sh's region_fill_ncu step) the correlations' DRAM bytes and times, launches 1 (the library's) and 2-4
+(the forms) of each mode.
+
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the library's forward and the
 forms taking turns per round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every
 output, NaN-poisoned before its first call, is compared with the library's (bitwise), float64 and F.conv_transpose3d
@@ -111,7 +115,7 @@ def registers() -> None:
 
 
 def main():
-    args = arguments(2, registers)
+    args = arguments(2, registers, profile=True)
     import torch
     from convt3d.backends import cuda
     from convt3d.backends.cuda import phases as cuda_phases
@@ -143,6 +147,11 @@ def main():
                 return y
             return forward
 
+        if args.profile:  # (the library's correlation ran above, in library_forward)
+            for switches in FORMS.values():
+                fused(switches)()
+            torch.cuda.synchronize()
+            continue
         for round_ in range(args.rounds):
             library, _ = library_forward(x, w)
             timings.row(mode, f"library forward (round {round_ + 1})", library,
@@ -150,7 +159,7 @@ def main():
             for form, switches in FORMS.items():
                 forward = fused(switches)
                 timings.row(mode, f"region fill, {form} (round {round_ + 1})", forward,
-                            checked(forward, expected, reference, eager))
+                            checked(forward, expected, reference, eager) if round_ == 0 else "")
     library_forward(x, w)  # (the library's kernel again)
     print(timings.table())
 

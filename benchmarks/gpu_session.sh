@@ -69,5 +69,8 @@ for step in $steps; do
     # Problem 77's forward with no fill: each correlation program zeroes the output around its own lattice tile while
     # the tensor cores run its MMAs (prepared in the seventy-fourth session, not run: no machine was lent).
     region_fill) python3 benchmarks/diag_region_fill.py --iters 100 --rounds 2 2>&1 | tee "$OUT/region_fill.log" ;;
+    region_fill_ncu) ncu --clock-control none -k regex:phase_conv_rows --metrics \
+                         dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
+                         python3 benchmarks/diag_region_fill.py --profile 2>&1 | tee "$OUT/region_fill_ncu.log" ;;
   esac
 done

@@ -98,14 +98,17 @@ def patched_row_runs_source(patches, c_out=64, taps=(3, 3, 3), dilation=(1, 1, 1
     return head + text
 
 
-def arguments(rounds: int, registers=None) -> argparse.Namespace:
-    """The command line of a diagnostic that times forms in turns: --iters, --rounds and, where it has registers (a
-    function printing ptxas's report of its forms), --registers, which runs that alone (on a CPU with NVRTC)."""
+def arguments(rounds: int, registers=None, profile: bool = False) -> argparse.Namespace:
+    """The command line of a diagnostic that times forms in turns: --iters, --rounds, where it has registers (a
+    function printing ptxas's report of its forms) --registers, which runs that alone (on a CPU with NVRTC), and where
+    profile --profile (each form once, untimed, for Nsight Compute)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=rounds)
     if registers is not None:
         parser.add_argument("--registers", action="store_true", help="only ptxas's report, on a CPU with NVRTC")
+    if profile:
+        parser.add_argument("--profile", action="store_true", help="each form once, untimed (for Nsight Compute)")
     args = parser.parse_args()
     if registers is not None and args.registers:
         registers()
