@@ -66,8 +66,10 @@ for step in $steps; do
     # Problem 77's correlation copying the next input plane into shared memory during the MMAs (seventy-third
     # session).
     prefetch) python3 benchmarks/diag_plane_prefetch.py --iters 100 --rounds 3 2>&1 | tee "$OUT/prefetch.log" ;;
-    # Problem 77's forward with no fill: each correlation program zeroes the output around its own lattice tile while
-    # the tensor cores run its MMAs (prepared in the seventy-fourth session, not run: no machine was lent).
+    # Problem 77's forward with no fill: each correlation program fills the output around its own lattice tile while
+    # the tensor cores run its MMAs (cuda.REGION_FILL, off by default, and two variants of it; prepared in the
+    # seventy-fourth session, not run: no machine was lent). Before turning it on: the tests step with
+    # CONVT3D_REGION_FILL=1 too.
     region_fill) python3 benchmarks/diag_region_fill.py --iters 100 --rounds 2 2>&1 | tee "$OUT/region_fill.log" ;;
     region_fill_ncu) ncu --clock-control none -k regex:phase_conv_rows --metrics \
                          dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \

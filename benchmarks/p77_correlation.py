@@ -74,10 +74,11 @@ def patched_row_runs(*patches, head: str = "", has_bias=None, exactly_once: bool
     launch asks), with shared_bytes(taps, dilation, window_columns, split) of shared memory where given (else
     row_runs.shared_bytes'). Each configuration is compiled once."""
     @functools.lru_cache(maxsize=None)
-    def build(device_index, c_out, taps, dilation, window_columns, launch_has_bias, split, input_geometry=None):
+    def build(device_index, c_out, taps, dilation, window_columns, launch_has_bias, split, input_geometry=None,
+              region=None):
         text = patched_row_runs_source(patches, c_out, taps, dilation, window_columns,
                                        launch_has_bias if has_bias is None else has_bias, split, input_geometry,
-                                       head=head, exactly_once=exactly_once)
+                                       region, head=head, exactly_once=exactly_once)
         with torch.cuda.device(device_index):
             return cuda._Kernel(text, "phase_conv_rows",
                                 (shared_bytes or row_runs.shared_bytes)(taps, dilation, window_columns, split),
@@ -86,11 +87,12 @@ def patched_row_runs(*patches, head: str = "", has_bias=None, exactly_once: bool
 
 
 def patched_row_runs_source(patches, c_out=64, taps=(3, 3, 3), dilation=(1, 1, 1), window_columns=34, has_bias=False,
-                            split=3, input_geometry=None, head: str = "", exactly_once: bool = False) -> str:
+                            split=3, input_geometry=None, region=None, head: str = "",
+                            exactly_once: bool = False) -> str:
     """row_runs.source (problem 77's by default) with each (old, new) of patches replaced, and head put before it: an
     error where old is missing (row_runs.py changed under the patch) or, with exactly_once, where it is there more
     than once."""
-    text = row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, input_geometry)
+    text = row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, input_geometry, region)
     for old, new in patches:
         if text.count(old) == 0 or (exactly_once and text.count(old) != 1):
             raise RuntimeError(f"row_runs.py's source changed: a diagnostic patch no longer matches {old[:60]!r}")

@@ -184,16 +184,19 @@ ROW_RUNS = [case for case in FORWARD if case[0] == 32 and case[1] % 64 == 0]
 # Problem 77's input (N, 32, 16, 32, 32), contiguous, for the kernel that reads it itself: its sizes, the window's start
 # in it, its strides.
 P77_INPUT = ((16, 32, 32), (-1, -1, -1), (32 * 16 * 32 * 32, 16 * 32 * 32, 32 * 32, 32))
+P77_REGION = ((33, 65, 65), (2, 2), 1)  # (row_runs.source's region: cuda.phases.region_fill's for problem 77)
 
 
 @pytest.mark.parametrize("c_in, c_out, taps, dilation", ROW_RUNS)
 @pytest.mark.parametrize("split", [2, 3], ids=["3xfp16", "fp16"])
 @pytest.mark.parametrize("input_geometry", [None, P77_INPUT], ids=["window", "input"])
-def test_row_runs_correlation_compiles_without_spills(c_in, c_out, taps, dilation, split, input_geometry):
+@pytest.mark.parametrize("region", [None, P77_REGION], ids=["lattice", "region_fill"])
+def test_row_runs_correlation_compiles_without_spills(c_in, c_out, taps, dilation, split, input_geometry, region):
     """row_runs.py's kernel on the correlations it serves (32 input channels, blocks of 64 output channels), reading
-    the window or the input itself, at its narrowest window (32 columns and the taps' reach) and its widest (the most
-    its N allows), with and without a bias: no spills, and registers that leave room for its programs per
-    multiprocessor. By default (run_in_sample) the most taps of each channel pair and dilation."""
+    the window or the input itself, writing the lattice alone or filling the rest of the output too (REGION_FILL), at
+    its narrowest window (32 columns and the taps' reach) and its widest (the most its N allows), with and without a
+    bias: no spills, and registers that leave room for its programs per multiprocessor. By default (run_in_sample)
+    the most taps of each channel pair and dilation."""
     run_in_sample(taps == max((case[2] for case in ROW_RUNS if case[:2] == (c_in, c_out) and case[3] == dilation),
                               key=math.prod))
     reach = (taps[2] - 1) * dilation[2]
@@ -202,7 +205,7 @@ def test_row_runs_correlation_compiles_without_spills(c_in, c_out, taps, dilatio
         too_wide = columns < 32 + reach or row_runs.positions(columns) > row_runs.MAX_POSITIONS[split]
         if too_wide or row_runs.shared_bytes(taps, dilation, columns, split) > cuda.MAX_SHARED_BYTES // 2 - 1024:
             continue  # (cuda._row_runs_kernel leaves these to phase_conv.py's kernel)
-        source = row_runs.source(c_out, taps, dilation, columns, has_bias, split, input_geometry)
+        source = row_runs.source(c_out, taps, dilation, columns, has_bias, split, input_geometry, region)
         registers, spilled = registers_and_spills(source)
         assert spilled == 0, (columns, registers, spilled)
         assert registers * row_runs.THREADS * row_runs.programs_per_multiprocessor(split, columns) <= 65536, registers

@@ -51,15 +51,16 @@ def emulated_correlate(window, weight_taps, bias, out, out_offset, out_strides, 
 
 
 def emulated_correlate_phases(window, weight_taps, bias, out, out_strides, grid, taps, dilation, phases, scales=None,
-                              split=None, direct=None):
+                              split=None, direct=None, region=None):
     """What the kernel computes (phase_conv.py) for each phase of a launch (cuda.correlate_phases), in float64; it also
     checks that every read of every whole tile lies inside the window, as the kernel assumes (its tile rows chosen
     for all the launch's phases). 3xTF32 (weight_taps' hi and lo parts): the window's values split as the kernel
     splits them, and the three products it adds. 3xFP16 (float16 weight_taps): the same with the window scaled by the
     power of two of its largest magnitude (the kernel takes each plane's from the block maxima, which are checked
     here) and the result by the weight's inverse scales; FP16 (split 3, 3xFP16's operands) the same with the hi parts
-    alone. (Without an sm_90 GPU no correlation reads the input itself: direct is None.)"""
-    assert direct is None and 1 <= len(phases) and all(len(phase) == 10 for phase in phases)
+    alone. (Without an sm_90 GPU no correlation reads the input itself: direct is None; nor fills the output itself,
+    cuda.REGION_FILL being off: region is None.)"""
+    assert direct is None and region is None and 1 <= len(phases) and all(len(phase) == 10 for phase in phases)
     n, c_in = window.shape[0], window.shape[4]
     if split is None:
         split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
@@ -493,6 +494,41 @@ def test_row_runs_kernel_takes_32_channels_into_blocks_of_64_in_fp16(monkeypatch
     assert not cuda._row_runs_layer(32, 64, 3, (16, 32, 32))
 
 
+def _only_phases(input_shape, weight_shape, stride, padding, dilation, output_padding=0):
+    """(plan, the phases some tap reaches) of a layer."""
+    triple = lambda v: (v,) * 3
+    plan = make_plan(input_shape, weight_shape, triple(stride), triple(padding), triple(output_padding), 1,
+                     triple(dilation))
+    return plan, tuple(phases for _, phases in _regions(plan, True) if phases is not None)
+
+
+def test_region_fill_serves_a_layers_only_phase_on_row_runs_kernel(monkeypatch):
+    """Where the correlation fills the rest of the output itself (cuda.REGION_FILL, off by default): problem 77's
+    geometry, one phase on row_runs.py's kernel, into a contiguous output, in both precisions: the output's sizes,
+    the lattice's steps along D and H and its first plane (its phase's, at 1 with padding 1 and at 0 with padding 0).
+    None into a channels_last_3d output (rows not contiguous), for a layer of several phases (k3 s2), where
+    phase_conv.py's kernel serves (64 input channels), or with the switch off."""
+    plan, phases = _only_phases((2, 32, 16, 32, 32), (32, 64, 3, 3, 3), 2, 1, 2)
+    strides = torch.empty(plan.output_shape, device="meta").stride()
+    assert cuda.REGION_FILL is False
+    assert cuda_phases.region_fill(plan, phases, strides) is None
+    monkeypatch.setattr(cuda, "REGION_FILL", True)
+    for tf32 in (True, False):
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+            assert cuda_phases.region_fill(plan, phases, strides) == ((33, 65, 65), (2, 2), 1)
+    # (Unpadded, the lattice takes the even positions: 32 of its columns where the input has 30.)
+    unpadded, unpadded_phases = _only_phases((2, 32, 16, 30, 30), (32, 64, 3, 3, 3), 2, 0, 2)
+    unpadded_strides = torch.empty(unpadded.output_shape, device="meta").stride()
+    assert cuda_phases.region_fill(unpadded, unpadded_phases, unpadded_strides) == ((35, 63, 63), (2, 2), 0)
+    channels_last = torch.empty(plan.output_shape, device="meta").to(memory_format=torch.channels_last_3d).stride()
+    assert cuda_phases.region_fill(plan, phases, channels_last) is None
+    k3s2, k3s2_phases = _only_phases((2, 32, 8, 16, 16), (32, 64, 3, 3, 3), 2, 1, 1, output_padding=1)
+    assert len(k3s2_phases) == 8
+    assert cuda_phases.region_fill(k3s2, k3s2_phases, torch.empty(k3s2.output_shape, device="meta").stride()) is None
+    wide, wide_phases = _only_phases((2, 64, 16, 32, 32), (64, 64, 3, 3, 3), 2, 1, 2)
+    assert cuda_phases.region_fill(wide, wide_phases, torch.empty(wide.output_shape, device="meta").stride()) is None
+
+
 def test_only_the_weight_gradient_needs_tf32(monkeypatch):
     """With TF32 off the phase correlation serves (in 3xTF32) and the weight gradient does not; checked on a
     pretended sm_90 device up to the first check that needs one."""
@@ -590,7 +626,7 @@ def test_forward_check_compiles_the_kernel_that_reads_the_input(fake_kernels):
 
 def test_forward_falls_back_when_a_kernel_does_not_compile(fake_kernels, caplog, monkeypatch):
     """A kernel that does not compile: row_runs.py's gives way to phase_conv.py's; phase_conv.py's to cuDNN, which
-    the phase path then takes (torch_phase._cuda_phases: None), with the reason at debug level. (The input, on the
+    the phase path then takes (torch_phase._cuda_phases: no phases), with the reason at debug level. (The input, on the
     CPU, is checked as if on the pretended GPU.)"""
     import logging
 
@@ -611,7 +647,8 @@ def test_forward_falls_back_when_a_kernel_does_not_compile(fake_kernels, caplog,
         fake_kernels.fail = ("phase_conv_rows", "phase_conv")
         _log_once.cache_clear()
         with caplog.at_level(logging.DEBUG, logger="convt3d"):
-            assert _cuda_phases(x, b, plan, regions) is None
+            out = torch.empty(plan.output_shape)
+            assert _cuda_phases(x, b, plan, regions, out, True) == (None, None)
     assert "phase_conv did not compile" in caplog.text
 
 

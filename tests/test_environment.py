@@ -50,8 +50,8 @@ def test_choice_maps_values_and_refuses_others(monkeypatch):
 def _import_settings(**variables):
     """The settings that the backends read at import, in a fresh process with these environment variables."""
     code = ("from convt3d.backends import cuda; from convt3d.backends.triton import launch, tensor_scaled, tiled; "
-            "print(cuda.ENABLED, cuda.SPLIT, cuda.TF32_SPLIT, cuda.ROW_RUNS, cuda.DIRECT_INPUT, launch.DRIVER_LAUNCH, "
-            "tensor_scaled.TF32_AS_FP16, tiled.TF32_AS_FP16)")
+            "print(cuda.ENABLED, cuda.SPLIT, cuda.TF32_SPLIT, cuda.ROW_RUNS, cuda.DIRECT_INPUT, cuda.REGION_FILL, "
+            "launch.DRIVER_LAUNCH, tensor_scaled.TF32_AS_FP16, tiled.TF32_AS_FP16)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVT3D_")}
     env.update(variables, PYTHONPATH=f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -60,12 +60,14 @@ def _import_settings(**variables):
 def test_backends_read_their_settings_through_environment():
     result = _import_settings()
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "2", "3", "True", "True", "True", "True", "True"]
-    # Each turned off in another spelling than "0", which before this module only "0" turned off.
+    assert result.stdout.split() == ["True", "2", "3", "True", "True", "False", "True", "True", "True"]
+    # Each turned off in another spelling than "0", which before this module only "0" turned off (the one off by
+    # default turned on).
     result = _import_settings(CONVT3D_CUDA_KERNELS="off", CONVT3D_SPLIT="1", CONVT3D_TF32_AS_FP16="false",
-                              CONVT3D_ROW_RUNS="no", CONVT3D_DIRECT_INPUT="False", CONVT3D_DRIVER_LAUNCH="OFF")
+                              CONVT3D_ROW_RUNS="no", CONVT3D_DIRECT_INPUT="False", CONVT3D_REGION_FILL="Yes",
+                              CONVT3D_DRIVER_LAUNCH="OFF")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["False", "1", "0", "False", "False", "False", "False", "False"]
+    assert result.stdout.split() == ["False", "1", "0", "False", "False", "True", "False", "False", "False"]
 
 
 def test_a_misspelt_setting_fails_at_import_naming_the_variable():

@@ -241,17 +241,18 @@ def by_phases(input, weight, bias, plan: Plan) -> torch.Tensor:
     # correlation writing its lattice rows whole, zeros between (0.343 against 0.310; sixty-third session,
     # diag_fill_chunks.py and diag_full_rows.py).
     fill_all = FILL_WHOLE_OUTPUT[out.device.type] and _has_empty_region(plan)
-    if fill_all:
-        _fill(out, bias)
     regions = _regions(plan, fill_all)
-    cuda_phases = _cuda_phases(input, bias, plan, regions) if input.is_cuda else None
+    cuda_phases, region = _cuda_phases(input, bias, plan, regions, out, fill_all) if input.is_cuda else (None, None)
+    if fill_all and region is None:  # (with a region, the correlation's kernel fills the output itself)
+        _fill(out, bias)
     if cuda_phases is not None:
-        _cuda_module().write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry)
+        _cuda_module().write_phases(input, weight, bias, plan, cuda_phases, out, _lattice_geometry, region)
         key = _prepared_key(input, bias, plan)
         if key not in _prepared and contiguous_operands(input, weight, bias) and len(cuda_phases) == len(regions):
             if len(_prepared) >= 256:  # many layers: start over rather than grow without bound
                 _prepared.clear()
-            _prepared[key] = _prepare(input, weight, bias, plan, cuda_phases, out, fill_all)
+            _prepared[key] = _prepare(input, weight, bias, plan, cuda_phases, out, fill_all and region is None,
+                                      region)
     for index, phases in regions:
         if phases is None:
             _fill(out[index], bias)
@@ -271,11 +272,12 @@ _prepared: dict = {}
 
 
 def _prepared_key(input, bias, plan: Plan):
-    # The settings that pick the kernels (cuda.ENABLED, cuda.SPLIT, cuda.TF32_SPLIT, cuda.DIRECT_INPUT) are part of
-    # the key, so that a change to them reaches the next call as it did before calls were prepared.
+    # The settings that pick the kernels (cuda.ENABLED, cuda.SPLIT, cuda.TF32_SPLIT, cuda.DIRECT_INPUT,
+    # cuda.REGION_FILL) are part of the key, so that a change to them reaches the next call as it did before calls
+    # were prepared.
     cuda = _cuda_module().cuda
     return (plan, input.dtype, input.device, cudnn_allow_tf32(), bias is not None, cuda.ENABLED, cuda.SPLIT,
-            cuda.TF32_SPLIT, cuda.DIRECT_INPUT)
+            cuda.TF32_SPLIT, cuda.DIRECT_INPUT, cuda.REGION_FILL)
 
 
 def prepared_call(input, weight, bias, plan: Plan):
@@ -284,11 +286,12 @@ def prepared_call(input, weight, bias, plan: Plan):
     return _prepared.get(_prepared_key(input, bias, plan)) if contiguous_operands(input, weight, bias) else None
 
 
-def _prepare(input, weight, bias, plan: Plan, phase_list, out, fill_all: bool):
+def _prepare(input, weight, bias, plan: Plan, phase_list, out, fill_all: bool, region):
     """conv_transpose3d(input, weight, bias, plan) for later calls with operands laid out as these (contiguous), or
-    None where the CUDA module has no prepared write (cuda.phases.prepare_write). A call whose addresses are not
-    16-byte aligned, or made while another device is current, takes the full way (by_phases)."""
-    write = _cuda_module().prepare_write(input, weight, bias, plan, phase_list, out, _lattice_geometry)
+    None where the CUDA module has no prepared write (cuda.phases.prepare_write); fill_all: whether the call fills
+    the output first; region: by_phases'. A call whose addresses are not 16-byte aligned, or made while another
+    device is current, takes the full way (by_phases)."""
+    write = _cuda_module().prepare_write(input, weight, bias, plan, phase_list, out, _lattice_geometry, region)
     if write is None:
         return None
     from .triton.launch import ready_stream
@@ -309,20 +312,22 @@ def _prepare(input, weight, bias, plan: Plan, phase_list, out, fill_all: bool):
     return call
 
 
-def _cuda_phases(input, bias, plan: Plan, regions):
-    """The phases of regions, where the CUDA phase correlation (backends/cuda) serves them all and its kernels for
-    this input and bias compile, else None (cuDNN): on
+def _cuda_phases(input, bias, plan: Plan, regions, out, fill_all: bool):
+    """(the phases of regions, the region that the correlation fills itself or None: cuda.phases.region_fill's where
+    the output would be filled first, fill_all), where the CUDA phase correlation (backends/cuda) serves them all and
+    its kernels for this input and bias compile, else (None, None) (cuDNN): on
     the H200 problem 77's forward took 0.340-0.342 ms with it against 0.441 with cuDNN, whose result is then copied
     into the output's lattice (twelfth session); with TF32 off (3xTF32) 0.593 against 0.935 (benchmarks/RESULTS.md,
     fourteenth session)."""
     phase_list = tuple(phases for _, phases in regions if phases is not None)
     module = _cuda_module()
-    reason = (module.forward_unsupported(plan, phase_list, input.device, input.dtype, cudnn_allow_tf32())
-              or module.forward_kernels_unsupported(input, bias, plan, phase_list))
+    reason = module.forward_unsupported(plan, phase_list, input.device, input.dtype, cudnn_allow_tf32())
+    region = module.region_fill(plan, phase_list, out.stride()) if fill_all and reason is None else None
+    reason = reason or module.forward_kernels_unsupported(input, bias, plan, phase_list, region)
     if reason is not None:
         _log_once("forward", plan, reason)
-        return None
-    return phase_list
+        return None, None
+    return phase_list, region
 
 
 @functools.lru_cache(maxsize=1)

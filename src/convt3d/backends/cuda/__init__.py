@@ -14,7 +14,9 @@ value lies within 2^29 of the largest its tile reads); CONVT3D_TF32_AS_FP16=0 (o
 itself. With TF32 off it splits its operands in FP16 parts (3xFP16); CONVT3D_SPLIT=1 (or cuda.SPLIT = 1) takes TF32
 parts instead (3xTF32, twice the MMAs). CONVT3D_ROW_RUNS=0 (or cuda.ROW_RUNS = False) keeps phase_conv.py's kernel
 where row_runs.py's would serve; CONVT3D_DIRECT_INPUT=0 (or cuda.DIRECT_INPUT = False) has row_runs.py's forward read
-the operand pass's window rather than the input itself.
+the operand pass's window rather than the input itself. CONVT3D_REGION_FILL=1 (or cuda.REGION_FILL = True) has
+row_runs.py's kernel fill the output around a layer's only phase itself rather than after a fill of the whole output
+(off: not measured yet).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ ROW_RUNS = environment.switch("CONVT3D_ROW_RUNS", True)
 # keeps the window. That kernel is compiled per input geometry (sizes and strides; not the batch): on the H200 a new
 # input shape's first call took 0.8-0.9 s.
 DIRECT_INPUT = environment.switch("CONVT3D_DIRECT_INPUT", True)
+# Whether row_runs.py's kernel, where it computes a layer's only phase (problem 77), fills the rest of the output itself
+# (row_runs.py, REGION_FILL; phases.region_fill says where) rather than after a fill of the whole output: off until
+# measured on the GPU (benchmarks/diag_region_fill.py measures the same kernel).
+REGION_FILL = environment.switch("CONVT3D_REGION_FILL", False)
 # Where compiled kernels are kept for later processes (kernel_cache.py): CONVT3D_CACHE_DIR, by default
 # $XDG_CACHE_HOME/convt3d or ~/.cache/convt3d; an empty CONVT3D_CACHE_DIR (or cuda.CACHE_DIR = "") keeps none.
 CACHE_DIR = os.environ.get("CONVT3D_CACHE_DIR", kernel_cache.default_directory())
@@ -193,11 +199,12 @@ def _row_runs_layer(c_in: int, c_out: int, split: int, grid) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _row_runs_kernel(device_index: int, c_out: int, taps, dilation, window_columns: int, has_bias: bool,
-                     split: int, input_geometry=None):
+                     split: int, input_geometry=None, region=None):
     """row_runs.py's kernel for a layer that _row_runs_layer admits (reading the input itself, of input_geometry,
-    where given: row_runs.source's), or None where its N (ROWS rows of the window) or its shared memory (two programs
-    a multiprocessor) would not fit, or where it does not compile (logged)."""
-    spec = _row_runs_spec(c_out, taps, dilation, window_columns, has_bias, split, input_geometry)
+    where given, and filling the output's region, where given: row_runs.source's), or None where its N (ROWS rows of
+    the window) or its shared memory (two programs a multiprocessor) would not fit, or where it does not compile
+    (logged)."""
+    spec = _row_runs_spec(c_out, taps, dilation, window_columns, has_bias, split, input_geometry, region)
     if spec is None:
         return None
     try:
@@ -209,14 +216,14 @@ def _row_runs_kernel(device_index: int, c_out: int, taps, dilation, window_colum
 
 
 def _row_runs_spec(c_out: int, taps, dilation, window_columns: int, has_bias: bool, split: int,
-                   input_geometry=None):
+                   input_geometry=None, region=None):
     """_Kernel's arguments for _row_runs_kernel, or None where the kernel does not fit."""
     if row_runs.positions(window_columns) > row_runs.MAX_POSITIONS[split]:
         return None
     shared = row_runs.shared_bytes(taps, dilation, window_columns, split)
     if shared > MAX_SHARED_BYTES // 2 - 1024:
         return None
-    return (row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, input_geometry),
+    return (row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, input_geometry, region),
             "phase_conv_rows", shared, row_runs.THREADS)
 
 
@@ -334,18 +341,19 @@ def correlate(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.
 
 
 def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out: torch.Tensor, out_strides, grid,
-                     taps, dilation, phases, scales=None, split=None, direct=None) -> None:
+                     taps, dilation, phases, scales=None, split=None, direct=None, region=None) -> None:
     """correlate for several correlations of the same grid, tap counts and dilation (phases of one layer), each
     (window offsets, first taps, tap steps: three each, then its element offset in out): one launch per
     phase_conv.MAX_PHASES of them. Their window extent: window_extent's with batch N x len(phases). direct (where
-    reads_input allows it): (the window's shape, phase_launches' input_geometry), and window is the input itself."""
+    reads_input allows it): (the window's shape, phase_launches' input_geometry), and window is the input itself.
+    region (phases.region_fill's, for the layer's only phase): row_runs.py's kernel fills the rest of out too."""
     if split is None:
         split = 2 if weight_taps.dtype == torch.float16 else int(weight_taps.dim() == 6)
     window_shape, input_geometry = direct if direct is not None else (tuple(window.shape), None)
     launches = phase_launches(window.device.index or 0, window_shape, tuple(weight_taps.shape[-4:-1]), split,
                               bias is not None, tuple(out_strides), tuple(grid), tuple(taps), tuple(dilation),
                               tuple(phases), (scales[1], scales[0].shape[-1]) if split >= 2 else None,
-                              input_geometry)
+                              input_geometry, region)
     if split >= 2:
         block_max, _, w_inverse = scales
         scale_pointers = (block_max.data_ptr(), w_inverse.data_ptr())
@@ -361,20 +369,20 @@ def correlate_phases(window: torch.Tensor, weight_taps: torch.Tensor, bias, out:
 
 @functools.lru_cache(maxsize=256)
 def phase_launches(device: int, window_shape, weight_taps_shape, split: int, has_bias: bool, out_strides, grid,
-                   taps, dilation, phases, scale_blocks, input_geometry=None) -> tuple:
+                   taps, dilation, phases, scale_blocks, input_geometry=None, region=None) -> tuple:
     """correlate_phases' launches, (kernel, programs, ints, longs, table) each, once per layer: window_shape (N, XD,
     XH, XW, C_in); weight_taps_shape (kH, kW, C_out) of the whole kernel's taps; scale_blocks (the block maxima's
     columns per block, their blocks per row) under 3xFP16 and FP16 (split 2, 3), else None. Each is launched with
     the pointers (window, weight taps, their lo part (3xTF32), bias, block maxima, the weight's inverse scales, out),
     0 for those not read. input_geometry (where reads_input allows it): the input's spatial sizes, the window's start
     in it and its strides (N, C, D, H: its rows contiguous), for row_runs.py's kernel reading the input itself (the
-    same arguments); then the pointers' first is the input's."""
+    same arguments); then the pointers' first is the input's. region: correlate_phases'."""
     n, xd, xh, xw, c_in = window_shape
     kh, kw, c_out = weight_taps_shape
     cob = config(c_in, c_out, taps, dilation, split)[1]
     rows = tile_rows(c_in, c_out, taps, dilation, split, n * len(phases), grid)
     kernel = correlation_kernel(device, window_shape, c_out, split, has_bias, grid, taps, dilation, len(phases),
-                                input_geometry)
+                                input_geometry, region)
     qd, qh, qw = grid
     qh_blocks, qw_blocks = cdiv(qh, rows), cdiv(qw, TILE_COLUMNS)
     programs = _programs(n, grid, rows, c_out, cob)
@@ -390,29 +398,32 @@ def phase_launches(device: int, window_shape, weight_taps_shape, split: int, has
 
 
 def correlation_kernel(device: int, window_shape, c_out: int, split: int, has_bias: bool, grid, taps, dilation,
-                       phases: int, input_geometry=None) -> _Kernel:
+                       phases: int, input_geometry=None, region=None) -> _Kernel:
     """The kernel that phase_launches launches for a correlation of so many phases over the window of window_shape
     (N, XD, XH, XW, C_in), or over the input of input_geometry itself: row_runs.py's where it serves (the same
     programs and arguments: its rows, cob 64, one column block), else phase_conv.py's. Compiled at its first use;
-    raises where phase_conv.py's kernel does not compile, or where input_geometry is given and row_runs.py's does not
-    serve (reads_input says where it does)."""
+    raises where phase_conv.py's kernel does not compile, or where input_geometry or region is given and row_runs.py's
+    does not serve (reads_input and phases.region_fill say where it does)."""
     n, _, _, window_columns, c_in = window_shape
     if _row_runs_layer(c_in, c_out, split, grid):
-        kernel = _row_runs_kernel(device, c_out, taps, dilation, window_columns, has_bias, split, input_geometry)
+        kernel = _row_runs_kernel(device, c_out, taps, dilation, window_columns, has_bias, split, input_geometry,
+                                  region)
         if kernel is not None:
             return kernel
     if input_geometry is not None:
         raise RuntimeError("convt3d: the correlation cannot read the input itself here (see cuda.reads_input)")
+    if region is not None:
+        raise RuntimeError("convt3d: the correlation cannot fill the output here (see phases.region_fill)")
     return _kernel(device, c_in, c_out, taps, dilation, has_bias, split,
                    tile_rows(c_in, c_out, taps, dilation, split, n * phases, grid))
 
 
 def correlation_spec(window_shape, c_out: int, split: int, has_bias: bool, grid, taps, dilation, phases: int,
-                     input_geometry=None):
+                     input_geometry=None, region=None):
     """_Kernel's arguments for the kernel that correlation_kernel builds where it compiles (for compiled_together)."""
     n, _, _, window_columns, c_in = window_shape
     if _row_runs_layer(c_in, c_out, split, grid):
-        spec = _row_runs_spec(c_out, taps, dilation, window_columns, has_bias, split, input_geometry)
+        spec = _row_runs_spec(c_out, taps, dilation, window_columns, has_bias, split, input_geometry, region)
         if spec is not None:
             return spec
     return _phase_conv_spec(c_in, c_out, taps, dilation, has_bias, split,
@@ -420,15 +431,15 @@ def correlation_spec(window_shape, c_out: int, split: int, has_bias: bool, grid,
 
 
 def reads_input(device: int, c_in: int, c_out: int, taps, dilation, window_columns: int, has_bias: bool, split: int,
-                grid, input_geometry) -> bool:
-    """Whether a correlation may read an input of input_geometry itself (phase_launches'): row_runs.py's kernel
-    serves it (INPUT_DIRECT), in FP16 (split 3). In 3xFP16 it was slower than reading the window: problem 77's
-    forward took 0.354-0.360 ms against 0.350-0.354 on the H200, where FP16's took 0.272-0.273 against 0.290
-    (benchmarks/diag_direct_input.py, sixty-eighth session). The caller checks DIRECT_INPUT and that the input's rows
-    are contiguous."""
+                grid, input_geometry, region=None) -> bool:
+    """Whether a correlation may read an input of input_geometry itself (phase_launches'; filling region, where given):
+    row_runs.py's kernel serves it (INPUT_DIRECT), in FP16 (split 3). In 3xFP16 it was slower than reading the window:
+    problem 77's forward took 0.354-0.360 ms against 0.350-0.354 on the H200, where FP16's took 0.272-0.273 against
+    0.290 (benchmarks/diag_direct_input.py, sixty-eighth session). The caller checks DIRECT_INPUT and that the input's
+    rows are contiguous."""
     return (split == 3 and _row_runs_layer(c_in, c_out, split, grid)
             and _row_runs_kernel(device, c_out, tuple(taps), tuple(dilation), window_columns, has_bias, split,
-                                 input_geometry) is not None)
+                                 input_geometry, region) is not None)
 
 
 @functools.lru_cache(maxsize=256)

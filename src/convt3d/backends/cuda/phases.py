@@ -55,26 +55,26 @@ def forward_unsupported(plan: Plan, phase_list: tuple, device: torch.device, dty
     return None
 
 
-def forward_kernels_unsupported(input: torch.Tensor, bias, plan: Plan, phase_list: tuple) -> str | None:
-    """After forward_unsupported: None when the kernels that write_phases launches for this input and bias (or none)
-    compile, else why not. They are compiled here, once per layer, input geometry and bias or not, so that a failure
-    falls back to cuDNN; the call then finds them compiled. (Before the seventieth session the check compiled
-    phase_conv.py's kernel for every layer, also where row_runs.py's served: on problem 77, NVRTC and ptxas on the
-    project's 2-core CPU took 0.45-0.51 s for it in TF32 mode and 0.90-0.92 with TF32 off, beside 0.34-0.39 and
-    0.79-0.83 for the kernel the call launches; benchmarks/cpu_first_call_compiles.py.)"""
+def forward_kernels_unsupported(input: torch.Tensor, bias, plan: Plan, phase_list: tuple, region=None) -> str | None:
+    """After forward_unsupported: None when the kernels that write_phases launches for this input and bias (or none) and
+    region (region_fill's, or none) compile, else why not. They are compiled here, once per layer, input geometry and
+    bias or not, so that a failure falls back to cuDNN; the call then finds them compiled. (Before the seventieth
+    session the check compiled phase_conv.py's kernel for every layer, also where row_runs.py's served: on problem 77,
+    NVRTC and ptxas on the project's 2-core CPU took 0.45-0.51 s for it in TF32 mode and 0.90-0.92 with TF32 off, beside
+    0.34-0.39 and 0.79-0.83 for the kernel the call launches; benchmarks/cpu_first_call_compiles.py.)"""
     split = _split(cudnn_allow_tf32())
-    direct = _direct_input(input, plan, phase_list, split, bias is not None)
+    direct = _direct_input(input, plan, phase_list, split, bias is not None, region)
     return _kernels_unsupported(plan, phase_list, split, input.device.index or 0, bias is not None,
-                                None if direct is None else direct[1])
+                                None if direct is None else direct[1], region)
 
 
 @functools.lru_cache(maxsize=256)
 def _kernels_unsupported(plan: Plan, phase_list: tuple, split: int, device: int, has_bias: bool,
-                         input_geometry) -> str | None:
+                         input_geometry, region=None) -> str | None:
     _, extent, launches = _forward_geometry(plan, phase_list, split)
     window_shape = (plan.batch, *extent, plan.in_channels)
-    kernels = [(window_shape, plan.out_channels, split, has_bias, grid, counts, dilation, len(members), input_geometry)
-               for counts, dilation, grid, members in launches]
+    kernels = [(window_shape, plan.out_channels, split, has_bias, grid, counts, dilation, len(members), input_geometry,
+                region) for counts, dilation, grid, members in launches]
     try:
         with compiled_together(device, [correlation_spec(*kernel) for kernel in kernels]):  # (a k3 s2 layer's eight)
             for kernel in kernels:
@@ -109,30 +109,51 @@ def _forward_geometry(plan: Plan, phase_list: tuple, split: int):
 
 
 def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, phase_list: tuple, out: torch.Tensor,
-                 lattice_geometry) -> None:
+                 lattice_geometry, region=None) -> None:
     """Every phase of phase_list into its lattice of out (lattice_geometry(plan, phases, out.stride()) gives its
-    element offset, shape and strides), bias added; split (_split) where torch.backends.cudnn.allow_tf32 is off."""
+    element offset, shape and strides), bias added; split (_split) where torch.backends.cudnn.allow_tf32 is off.
+    region (region_fill's): the rest of out filled with the bias (or zero) by the same kernel."""
     split = _split(cudnn_allow_tf32())
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()  # the correlation reads bias[c] at c elements from its start
     start, extent, launches = _forward_launches(plan, phase_list, split, out.stride(), lattice_geometry)
-    direct = _direct_input(input, plan, phase_list, split, bias is not None)
+    direct = _direct_input(input, plan, phase_list, split, bias is not None, region)
     window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
                                                        grad_input_orientation=False, split=split,
                                                        window=direct is None)
     source = window if direct is None else input
     for counts, dilation, grid, strides, fields in launches:
         correlate_phases(source, weight_taps, bias, out, strides, grid, counts, dilation, fields, scales, split,
-                         direct=direct)
+                         direct=direct, region=region)
 
 
-def _direct_input(input: torch.Tensor, plan: Plan, phase_list: tuple, split: int, has_bias: bool):
+def region_fill(plan: Plan, phase_list: tuple, out_strides) -> tuple | None:
+    """row_runs.source's region for a forward whose correlation may fill the rest of an output of out_strides itself
+    (cuda.REGION_FILL on): the layer's only phase (phase_list's one) on row_runs.py's kernel, into an output whose
+    planes and rows are contiguous; else None (the caller fills the output first)."""
+    if not cuda.REGION_FILL or len(phase_list) != 1:
+        return None
+    return _region(plan, phase_list, _split(cudnn_allow_tf32()), tuple(out_strides))
+
+
+@functools.lru_cache(maxsize=256)
+def _region(plan: Plan, phase_list: tuple, split: int, out_strides) -> tuple | None:
+    (phases,) = phase_list
+    _, _, ((_, _, grid, _),) = _forward_geometry(plan, phase_list, split)
+    out_d, out_h, out_w = plan.output_shape[2:]
+    if not cuda._row_runs_layer(plan.in_channels, plan.out_channels, split, grid) or \
+            out_strides[2:] != (out_h * out_w, out_w, 1):
+        return None
+    return (out_d, out_h, out_w), (plan.axes[0].stride, plan.axes[1].stride), phases[0].out_start
+
+
+def _direct_input(input: torch.Tensor, plan: Plan, phase_list: tuple, split: int, has_bias: bool, region=None):
     """correlate_phases' direct for the forward's correlations where every one may read the input itself
     (cuda.reads_input; cuda.DIRECT_INPUT on, the input's rows contiguous), else None."""
     if not (cuda.DIRECT_INPUT and input.is_cuda and input.stride(4) == 1):
         return None
     direct = input_direct(input, plan, phase_list, split)
-    if not _reads_input(plan, phase_list, split, input.device.index or 0, has_bias, direct[1]):
+    if not _reads_input(plan, phase_list, split, input.device.index or 0, has_bias, direct[1], region):
         return None
     return direct
 
@@ -145,24 +166,26 @@ def input_direct(input: torch.Tensor, plan: Plan, phase_list: tuple, split: int)
 
 
 @functools.lru_cache(maxsize=256)
-def _reads_input(plan: Plan, phase_list: tuple, split: int, device: int, has_bias: bool, input_geometry) -> bool:
+def _reads_input(plan: Plan, phase_list: tuple, split: int, device: int, has_bias: bool, input_geometry,
+                 region=None) -> bool:
     """Whether every correlation of the forward may read an input of input_geometry itself (cuda.reads_input)."""
     _, extent, launches = _forward_geometry(plan, phase_list, split)
     return all(reads_input(device, plan.in_channels, plan.out_channels, counts, dilation, extent[2], has_bias, split,
-                           grid, input_geometry) for counts, dilation, grid, _ in launches)
+                           grid, input_geometry, region) for counts, dilation, grid, _ in launches)
 
 
 def prepare_write(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, phase_list: tuple, out: torch.Tensor,
-                  lattice_geometry):
+                  lattice_geometry, region=None):
     """write_phases for later calls of this layer in this precision mode with input, weight, bias (or none) and out
     laid out as these are, for a prepared call: a function (stream, input, weight, bias (0: none) and out addresses)
     that allocates the operands and launches the operand pass and the correlations there, with the launch arguments
-    computed here, once. None where the operand pass has no launch at addresses (operands_at_addresses). The caller
-    checks that every address is 16-byte aligned, the device current (launch.ready_stream) and the tensors as these."""
+    computed here, once; region: write_phases'. None where the operand pass has no launch at addresses
+    (operands_at_addresses). The caller checks that every address is 16-byte aligned, the device current
+    (launch.ready_stream) and the tensors as these."""
     split = _split(cudnn_allow_tf32())
     device = input.device.index or 0
     start, extent, launches = _forward_launches(plan, phase_list, split, out.stride(), lattice_geometry)
-    direct = _direct_input(input, plan, phase_list, split, bias is not None)
+    direct = _direct_input(input, plan, phase_list, split, bias is not None, region)
     operands = operands_at_addresses(device, input.shape, input.stride(), start, extent, weight, split,
                                      window=direct is None)
     if operands is None:
@@ -174,7 +197,7 @@ def prepare_write(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, p
     correlations = [launch for counts, dilation, grid, strides, fields in launches
                     for launch in phase_launches(device, window_shape, (kh, kw, plan.out_channels), split,
                                                  bias is not None, strides, grid, counts, dilation, fields,
-                                                 scale_blocks, input_geometry)]
+                                                 scale_blocks, input_geometry, region)]
     device_of_buffer = input.device
 
     def write(stream, input, weight, bias, out):

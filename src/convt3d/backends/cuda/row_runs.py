@@ -79,6 +79,19 @@ __device__ __forceinline__ void wgmma_ss(float* d, unsigned long long desc_a, un
 }
 """
 
+# REGION_FILL's helper: a warp's value over a contiguous run of floats, 16-byte stores between a head and a tail of
+# single floats.
+REGION_HELPERS = r"""
+__device__ __forceinline__ void fill_run(float* p, int count, float value, int lane) {
+    const int head = min((int)((16 - ((unsigned long long)p & 15)) & 15) >> 2, count);
+    const int quads = (count - head) >> 2, tail = (count - head) & 3;
+    float4* at = (float4*)(p + head);
+    if (lane < head) p[lane] = value;
+    for (int i = lane; i < quads; i += 32) at[i] = make_float4(value, value, value, value);
+    if (lane < tail) p[head + 4 * quads + lane] = value;
+}
+"""
+
 SOURCE = r"""
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,
@@ -147,6 +160,28 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
                                         lane), a_inverse);
     }
     const unsigned weights_addr = smem_addr(weights), plane_addr = smem_addr((float*)plane);
+#if REGION_FILL
+    // The output around this program's lattice tile, filled with the bias (or zero) in KD parts, part kd while the
+    // tensor cores run depth tap kd's MMAs: planes STRIDE_D qd on to STRIDE_D (qd + 1) (to the last, by the last qd),
+    // rows STRIDE_H qh0 on to STRIDE_H (qh0 + ROWS) (to the last, by the last row block), every column, the block's
+    // channels; every output element lies in one program's region, and the layer's only phase is this one. Segment
+    // s: channel s % COB of the region's plane s / COB, the planes without lattice points first, the lattice plane
+    // last, so that write_tile's stores may find its sectors in the L2; the barriers before write_tile order them
+    // after every thread's fill.
+    float* const out = y - phase[9];
+    const long long plane_floats = syd / STRIDE_D, row_floats = syh / STRIDE_H;
+    const int row0 = STRIDE_H * qh0, region_rows = (qh0 + ROWS >= QH ? OUT_H : STRIDE_H * (qh0 + ROWS)) - row0;
+    const int region_planes = (qd == QD - 1 ? OUT_D : STRIDE_D * (qd + 1)) - STRIDE_D * qd;
+    const int segments = COB * region_planes;
+    auto fill_part = [&](int part) {
+        for (int s = segments * part / KD + warp; s < segments * (part + 1) / KD; s += THREADS / 32) {
+            const int k = s / COB, c = s % COB;
+            const int d = STRIDE_D * qd + (k == region_planes - 1 ? LATTICE_D : k + (k >= LATTICE_D));
+            fill_run(out + n * syn + (long long)(ob * COB + c) * syc + d * plane_floats + row0 * row_floats,
+                     region_rows * OUT_W, HAS_BIAS ? bias[ob * COB + c] : 0.f, lane);
+        }
+    };
+#endif
 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
@@ -262,6 +297,9 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
             }
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#if REGION_FILL
+        fill_part(kd);
+#endif
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     if (PARTIALS) add_partial();  // the last partial
@@ -328,20 +366,30 @@ def programs_per_multiprocessor(split: int, window_columns: int) -> int:
 
 
 def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, split: int,
-           input_geometry=None) -> str:
+           input_geometry=None, region=None) -> str:
     """The kernel's source for one configuration: 32 input channels, c_out a multiple of 64, split 2 (3xFP16) or 3
     (FP16), a window window_columns (XW) wide, read from the window or, given input_geometry (the input's spatial
     sizes, the window's start in it, its strides N, C, D, H in elements: its rows contiguous), from the input itself;
-    sizes as macros, so that every loop unrolls and the input's offsets fold into its loads (INPUT_DIRECT above)."""
+    sizes as macros, so that every loop unrolls and the input's offsets fold into its loads (INPUT_DIRECT above).
+    region (REGION_FILL), where given: ((D, H, W) of an output whose planes and rows are contiguous, the lattice's
+    steps along D and H, its first plane), for a launch of the layer's only phase that fills the output itself."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     input_defines = input_macros(input_geometry) if input_geometry is not None else {}
+    region_defines = region_macros(region) if region is not None else {}
     defines = dict(C_IN=32, C_OUT=c_out, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, XW=window_columns, ROWS=ROWS,
                    HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
-                   **input_defines, PROMOTE=PROMOTE, THREADS=THREADS,
-                   MIN_BLOCKS=programs_per_multiprocessor(split, window_columns),
+                   **input_defines, REGION_FILL=int(region is not None), **region_defines, PROMOTE=PROMOTE,
+                   THREADS=THREADS, MIN_BLOCKS=programs_per_multiprocessor(split, window_columns),
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
-    return head + COPY_HELPERS + FP16_HELPERS + TILE_HELPERS + PHASE_HELPERS + mma_helpers(window_columns) + SOURCE
+    return (head + COPY_HELPERS + FP16_HELPERS + TILE_HELPERS + PHASE_HELPERS + REGION_HELPERS
+            + mma_helpers(window_columns) + SOURCE)
+
+
+def region_macros(region) -> dict:
+    """REGION_FILL's macros: the output's sizes, the lattice's steps along D and H and its first plane."""
+    (out_d, out_h, out_w), (stride_d, stride_h), lattice_d = region
+    return dict(OUT_D=out_d, OUT_H=out_h, OUT_W=out_w, STRIDE_D=stride_d, STRIDE_H=stride_h, LATTICE_D=lattice_d)
 
 
 def input_macros(input_geometry) -> dict:
