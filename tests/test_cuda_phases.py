@@ -541,18 +541,18 @@ def test_only_the_weight_gradient_needs_tf32(monkeypatch):
 
 
 class FakeKernels:
-    """cuda._Kernel on a pretended sm_90 GPU (no GPU here): each kernel built is recorded by its name, and so is each
-    launch; names in fail raise as a failed compile does."""
+    """cuda._Kernel on a pretended sm_90 GPU (no GPU here): each kernel built is recorded by its name and source, and
+    so is each launch; names in fail, and sources that hold a text of fail_sources, raise as a failed compile does."""
 
     def __init__(self, fail=()):
-        self.built, self.launched, self.fail = [], [], fail
+        self.built, self.launched, self.fail, self.fail_sources = [], [], fail, ()
         fake = self
 
         class Kernel:
             def __init__(self, source, name, shared_bytes, threads):
-                if name in fake.fail:
+                if name in fake.fail or any(text in source for text in fake.fail_sources):
                     raise RuntimeError(f"{name} did not compile")
-                self.name = name
+                self.name, self.source = name, source
                 fake.built.append(self)
 
             def launch(self, grid, pointers, ints, longs, stream, table=()):
@@ -650,6 +650,31 @@ def test_forward_falls_back_when_a_kernel_does_not_compile(fake_kernels, caplog,
             out = torch.empty(plan.output_shape)
             assert _cuda_phases(x, b, plan, regions, out, True) == (None, None)
     assert "phase_conv did not compile" in caplog.text
+
+
+def test_region_fill_compiles_its_kernel_or_leaves_the_fill_to_the_forward(fake_kernels, monkeypatch):
+    """With cuda.REGION_FILL on, a layer whose only phase runs on row_runs.py's kernel (problem 77's geometry) gets
+    the region (torch_phase._cuda_phases), and the check compiles that kernel with it (REGION_FILL 1) alone; where
+    that kernel does not compile, the kernel without it, and the forward fills the output first as by default (not
+    cuDNN). (The input, on the CPU, is checked as if on the pretended GPU.)"""
+    from convt3d.backends.torch_phase import _cuda_phases
+
+    monkeypatch.setattr(cuda, "REGION_FILL", True)
+    on_gpu = cuda_phases.forward_unsupported
+    monkeypatch.setattr(cuda_phases, "forward_unsupported",
+                        lambda plan, phases, device, *args: on_gpu(plan, phases, torch.device("cuda", 0), *args))
+    x, w, b, plan, _ = _layer(*LAYERS[7], seed=random.randrange(2**31))
+    regions = _regions(plan, True)
+    out = torch.empty(plan.output_shape)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
+        phase_list, region = _cuda_phases(x, b, plan, regions, out, True)
+        assert len(phase_list) == 1 and region == (plan.output_shape[2:], (2, 2), 1)
+        assert [kernel.source.count("#define REGION_FILL 1\n") for kernel in fake_kernels.built] == [1]
+        cuda_phases._kernels_unsupported.cache_clear()
+        cuda._row_runs_kernel.cache_clear()
+        fake_kernels.fail_sources = ("#define REGION_FILL 1\n",)
+        assert _cuda_phases(x, b, plan, regions, out, True) == (phase_list, None)
+        assert [kernel.source.count("#define REGION_FILL 0\n") for kernel in fake_kernels.built[1:]] == [1]
 
 
 @pytest.mark.parametrize("cache", ["kept on disk", "no cache"])
