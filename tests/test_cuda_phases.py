@@ -510,7 +510,7 @@ def test_region_fill_serves_a_layers_only_phase_on_row_runs_kernel(monkeypatch):
     phase_conv.py's kernel serves (64 input channels), or with the switch off."""
     plan, phases = _only_phases((2, 32, 16, 32, 32), (32, 64, 3, 3, 3), 2, 1, 2)
     strides = torch.empty(plan.output_shape, device="meta").stride()
-    assert cuda.REGION_FILL is False
+    monkeypatch.setattr(cuda, "REGION_FILL", False)
     assert cuda_phases.region_fill(plan, phases, strides) is None
     monkeypatch.setattr(cuda, "REGION_FILL", True)
     for tf32 in (True, False):
