@@ -20,17 +20,19 @@ write_tile's half-sector stores come. If the fill runs at the DRAM's rate in the
 moves about 605 MB instead of about 880.
 
 Forms, each the library's forward (backend="torch"): the library's default (zero_(), the pass, the correlation);
-REGION_FILL on; and two patches of REGION_FILL's code: the planes without lattice points filled by evict-first stores
-("streamed", so that the L2 keeps the lattice plane's zeros), and every part once the last depth tap's MMAs are issued
-("at the end").
+REGION_FILL on; and three patches of REGION_FILL's code: the planes without lattice points filled by evict-first stores
+("streamed", so that the L2 keeps the lattice plane's zeros), every part once the last depth tap's MMAs are issued
+("at the end"), and the planes without lattice points stored by bulk copies of zeros from shared memory ("bulk
+copies", seventy-fifth session: the tensor memory accelerator's stores instead of the warps').
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
 round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
 before its first call, is compared with the default's (bitwise), float64 and F.conv_transpose3d (KernelBench's check).
 With --profile, each mode runs each form's forward once, untimed: under Nsight Compute (gpu_session.sh's
-region_fill_ncu step) the correlations' DRAM bytes and times, four launches a mode in the forms' order.
+region_fill_ncu step) the correlations' DRAM bytes and times, five launches a mode in the forms' order.
 """
 
+from convt3d.backends.cuda import row_runs
 from p77_correlation import (LIBRARY_DIRECT_INPUT, LIBRARY_ROW_RUNS_KERNEL, P77, Timings, arguments, modes,
                              patched_row_runs, patched_row_runs_source, problem_77, use_row_runs)
 
@@ -63,22 +65,83 @@ AT_THE_END = ("""#if REGION_FILL
     for (int part = 0; part < KD; part++) fill_part(part);
 #endif
 """)
-# (name, REGION_FILL, patches of row_runs.py's source)
+# The planes without lattice points stored by the tensor memory accelerator instead of the warps (without a bias):
+# each channel's run by one bulk copy from a run of zeros in shared memory (its unaligned ends by the lanes), so that
+# its stores neither take the warps' issue slots nor queue in front of the next plane's loads. The lattice plane keeps
+# the warps' stores, which the barriers order before write_tile's; the last bulk copies are waited for (their reads of
+# shared memory) before the program ends.
+BULK_RUN = r"""
+#define ZERO_AT (((KH * KW * W_TAP_FLOATS + PLANE_POS * (ROW / 4) > COB * OCS ? \
+                   KH * KW * W_TAP_FLOATS + PLANE_POS * (ROW / 4) : COB * OCS) + 3) / 4 * 4)
+#define ZERO_FLOATS (STRIDE_H * (ROWS + 1) * OUT_W)
+__device__ __forceinline__ void fill_run_bulk(float* p, int count, unsigned zeros_addr, int lane) {
+    const int head = min((int)((16 - ((unsigned long long)p & 15)) & 15) >> 2, count);
+    const int body = (count - head) & ~3, tail = count - head - body;
+    if (lane < head) p[lane] = 0.f;
+    if (lane == 0 && body > 0)
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+                     :: "l"(p + head), "r"(zeros_addr), "r"(4 * body) : "memory");
+    if (lane < tail) p[head + body + lane] = 0.f;
+}
+"""
+BULK = (
+    ("""    for (int e = HH * XW * (ROW / 4) + tid; e < PLANE_POS * (ROW / 4); e += THREADS) plane[e] = 0u;
+""", """    for (int e = HH * XW * (ROW / 4) + tid; e < PLANE_POS * (ROW / 4); e += THREADS) plane[e] = 0u;
+#if REGION_FILL
+    float* const zeros = (float*)smem4 + ZERO_AT;  // (made visible to the bulk copies by the fence before the MMAs)
+    for (int e = tid; e < ZERO_FLOATS; e += THREADS) zeros[e] = 0.f;
+    const unsigned zeros_addr = smem_addr(zeros);
+#endif
+"""),
+    (FILL_CALL + """        }
+    };
+""", """            float* const at = out + n * syn + (long long)(ob * COB + c) * syc + d * plane_floats
+                              + row0 * row_floats;
+            if (HAS_BIAS || k == region_planes - 1)
+                fill_run(at, region_rows * OUT_W, HAS_BIAS ? bias[ob * COB + c] : 0.f, lane);
+            else
+                fill_run_bulk(at, region_rows * OUT_W, zeros_addr, lane);
+        }
+        if (lane == 0) asm volatile("cp.async.bulk.commit_group;\\n" ::: "memory");
+    };
+"""),
+    ("""    write_tile<ROWS, COB, THREADS>(staged, OCS, XW, y_tile, syc, syh, qh0, QH, lane < QW, warp, lane);
+}
+""", """    write_tile<ROWS, COB, THREADS>(staged, OCS, XW, y_tile, syc, syh, qh0, QH, lane < QW, warp, lane);
+#if REGION_FILL
+    if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\\n" ::: "memory");
+#endif
+}
+"""),
+)
+# (name, REGION_FILL, patches of row_runs.py's source); the bulk form last, the one most likely to fault.
 FORMS = (
     ("default: zero_(), pass, correlation", False, ()),
     ("REGION_FILL", True, ()),
     ("REGION_FILL, streamed", True, (STREAMED,)),
     ("REGION_FILL at the end", True, (AT_THE_END,)),
+    ("REGION_FILL, bulk copies", True, BULK),
 )
 P77_REGION = ((33, 65, 65), (2, 2), 1)
+
+
+def head(patches) -> str:
+    """What a form's patches put before row_runs.py's source."""
+    return STREAMED_RUN if STREAMED in patches else BULK_RUN if patches == BULK else ""
+
+
+def bulk_shared_bytes(taps, dilation, window_columns, split) -> int:
+    """row_runs.shared_bytes and the bulk form's run of zeros after it (ZERO_AT, ZERO_FLOATS on problem 77)."""
+    (_, _, out_w), (_, stride_h), _ = P77_REGION
+    return row_runs.shared_bytes(taps, dilation, window_columns, split) + 16 + 4 * stride_h * (row_runs.ROWS + 1) * out_w
 
 
 def builder(patches):
     """cuda._row_runs_kernel's stand-in for a form: the library's own where it patches nothing."""
     if not patches:
         return LIBRARY_ROW_RUNS_KERNEL
-    head = STREAMED_RUN if STREAMED in patches else ""
-    return patched_row_runs(*patches, head=head, exactly_once=True)
+    return patched_row_runs(*patches, head=head(patches), exactly_once=True,
+                            shared_bytes=bulk_shared_bytes if patches == BULK else None)
 
 
 def registers() -> None:
@@ -88,7 +151,7 @@ def registers() -> None:
         for name, region_fill, patches in FORMS:
             text = patched_row_runs_source(patches, split=split, input_geometry=geometry,
                                            region=P77_REGION if region_fill else None,
-                                           head=STREAMED_RUN if STREAMED in patches else "", exactly_once=True)
+                                           head=head(patches), exactly_once=True)
             print(f"{mode}, {name}: (registers, spilled bytes) {registers_and_spills(text)}")
 
 
