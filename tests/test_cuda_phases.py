@@ -6,6 +6,7 @@ kernel, the Triton operand pass (in the interpreter), the windows' starts and ex
 orders and lattice strides. test_gpu.py runs the kernel itself against PyTorch on the H200.
 """
 
+import logging
 import random
 
 import pytest
@@ -628,8 +629,6 @@ def test_forward_falls_back_when_a_kernel_does_not_compile(fake_kernels, caplog,
     """A kernel that does not compile: row_runs.py's gives way to phase_conv.py's; phase_conv.py's to cuDNN, which
     the phase path then takes (torch_phase._cuda_phases: no phases), with the reason at debug level. (The input, on the
     CPU, is checked as if on the pretended GPU.)"""
-    import logging
-
     from convt3d.backends.torch_phase import _cuda_phases, _log_once
 
     on_gpu = cuda_phases.forward_unsupported
@@ -652,12 +651,12 @@ def test_forward_falls_back_when_a_kernel_does_not_compile(fake_kernels, caplog,
     assert "phase_conv did not compile" in caplog.text
 
 
-def test_region_fill_compiles_its_kernel_or_leaves_the_fill_to_the_forward(fake_kernels, monkeypatch):
+def test_region_fill_compiles_its_kernel_or_leaves_the_fill_to_the_forward(fake_kernels, caplog, monkeypatch):
     """With cuda.REGION_FILL on, a layer whose only phase runs on row_runs.py's kernel (problem 77's geometry) gets
     the region (torch_phase._cuda_phases), and the check compiles that kernel with it (REGION_FILL 1) alone; where
     that kernel does not compile, the kernel without it, and the forward fills the output first as by default (not
-    cuDNN). (The input, on the CPU, is checked as if on the pretended GPU.)"""
-    from convt3d.backends.torch_phase import _cuda_phases
+    cuDNN), saying so at debug level. (The input, on the CPU, is checked as if on the pretended GPU.)"""
+    from convt3d.backends.torch_phase import _cuda_phases, _log_once
 
     monkeypatch.setattr(cuda, "REGION_FILL", True)
     on_gpu = cuda_phases.forward_unsupported
@@ -673,8 +672,11 @@ def test_region_fill_compiles_its_kernel_or_leaves_the_fill_to_the_forward(fake_
         cuda_phases._kernels_unsupported.cache_clear()
         cuda._row_runs_kernel.cache_clear()
         fake_kernels.fail_sources = ("#define REGION_FILL 1\n",)
-        assert _cuda_phases(x, b, plan, regions, out, True) == (phase_list, None)
+        _log_once.cache_clear()
+        with caplog.at_level(logging.DEBUG, logger="convt3d"):
+            assert _cuda_phases(x, b, plan, regions, out, True) == (phase_list, None)
         assert [kernel.source.count("#define REGION_FILL 0\n") for kernel in fake_kernels.built[1:]] == [1]
+    assert "the output's fill (REGION_FILL)" in caplog.text and "a fill before the correlation" in caplog.text
 
 
 @pytest.mark.parametrize("cache", ["kept on disk", "no cache"])

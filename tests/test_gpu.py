@@ -533,7 +533,8 @@ def test_region_fill_writes_what_the_fill_and_the_correlation_write(tf32, bias, 
     zero) rather than after a fill of the whole output. Into NaN-poisoned memory, its output is bitwise the default's,
     in the first call (by_phases) and in a prepared call after it alike, on problem 77's geometry at batch 2 and on
     sizes whose last depth, row block and column block are partial (an input of 5 x 7 x 9: a lattice of 5 x 7 x 9
-    in an output of 11 x 15 x 19)."""
+    in an output of 11 x 15 x 19). The whole output's fill (torch_phase._fill) runs in each default call and in no
+    call with the switch on, so that a region kernel that did not compile (the forward then fills first) fails here."""
     from convt3d.backends import torch_phase
 
     x = torch.rand(*input_shape, device="cuda")
@@ -541,13 +542,17 @@ def test_region_fill_writes_what_the_fill_and_the_correlation_write(tf32, bias, 
     b = torch.randn(64, device="cuda") if bias else None
     plan = make_plan(input_shape, tuple(w.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
     phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
-    outputs = {}
+    outputs, fills = {}, []
+    fill = torch_phase._fill
+    monkeypatch.setattr(torch_phase, "_fill", lambda out, bias: (fills.append(out.shape), fill(out, bias)))
     try:
         with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
             for region_fill in (False, True):
                 monkeypatch.setattr(cuda, "REGION_FILL", region_fill)
                 torch_phase._prepared.clear()
+                fills.clear()
                 outputs[region_fill] = [convt3d.conv_transpose3d(x, w, b, backend="torch", **P77) for _ in range(2)]
+                assert fills == ([] if region_fill else [outputs[False][0].shape] * 2)
             region = cuda_phases.region_fill(plan, phase_list, outputs[True][0].stride())
     finally:
         torch_phase._prepared.clear()  # (no later test gets this one's prepared calls)

@@ -324,9 +324,11 @@ def _cuda_phases(input, bias, plan: Plan, regions, out, fill_all: bool):
     reason = module.forward_unsupported(plan, phase_list, input.device, input.dtype, cudnn_allow_tf32())
     region = module.region_fill(plan, phase_list, out.stride()) if fill_all and reason is None else None
     if region is not None:
-        if module.forward_kernels_unsupported(input, bias, plan, phase_list, region) is None:
+        region_reason = module.forward_kernels_unsupported(input, bias, plan, phase_list, region)
+        if region_reason is None:
             return phase_list, region
-        region = None  # (its kernel did not compile: the fill first, as without it)
+        _log_once("the output's fill (REGION_FILL)", plan, region_reason, "a fill before the correlation")
+        region = None
     reason = reason or module.forward_kernels_unsupported(input, bias, plan, phase_list)
     if reason is not None:
         _log_once("forward", plan, reason)
