@@ -27,7 +27,8 @@ copies", seventy-fifth session: the tensor memory accelerator's stores instead o
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
 round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
-before its first call, is compared with the default's (bitwise), float64 and F.conv_transpose3d (KernelBench's check).
+before its first call, is compared with the default's (bitwise), float64 and F.conv_transpose3d (KernelBench's check),
+and the row says whether the call filled the whole output first (where a REGION_FILL form does, its kernel failed).
 With --profile, each mode runs each form's forward once, untimed: under Nsight Compute (gpu_session.sh's
 region_fill_ncu step) the correlations' DRAM bytes and times, five launches a mode in the forms' order.
 """
@@ -155,6 +156,19 @@ def registers() -> None:
             print(f"{mode}, {name}: (registers, spilled bytes) {registers_and_spills(text)}")
 
 
+def fills_first(forward) -> bool:
+    """Whether a call of forward fills the whole output before its correlation (torch_phase._fill on it): the
+    default's way, and a REGION_FILL form's whose kernel did not compile."""
+    from convt3d.backends import torch_phase
+    fill, fills = torch_phase._fill, []
+    torch_phase._fill = lambda out, bias: (fills.append(out.shape), fill(out, bias))
+    try:
+        forward()
+    finally:
+        torch_phase._fill = fill
+    return bool(fills)
+
+
 def main():
     args = arguments(2, registers, profile=True)
     import torch
@@ -185,7 +199,9 @@ def main():
                         forward()
                         torch.cuda.synchronize()
                         continue
-                    check = checked(forward, expected, reference, eager) if round_ == 0 else ""
+                    check = ""
+                    if round_ == 0:  # (a form that fills first where it should not says so: its kernel failed)
+                        check = f"{checked(forward, expected, reference, eager)}, fills first {fills_first(forward)}"
                     timings.row(mode, f"{name} (round {round_ + 1})", forward, check)
     finally:
         use(library_region_fill, LIBRARY_ROW_RUNS_KERNEL, LIBRARY_DIRECT_INPUT)
