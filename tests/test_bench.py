@@ -137,7 +137,8 @@ def test_cli_rejects_a_bad_layer_with_exit_code_2(capsys):
     assert "output size" in capsys.readouterr().err
 
 
-def test_cpu_mode_end_to_end(tmp_path, capsys):
+def test_cpu_mode_end_to_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CONVT3D_FULL_TESTS", "0")  # (a setting the run records; the tests' own, it changes nothing)
     path = tmp_path / "out.json"
     argv = ["bench", "--device", "cuda", "--config", TINY, "--iters", "2", "--json", str(path)]
     plot = None
@@ -154,6 +155,8 @@ def test_cpu_mode_end_to_end(tmp_path, capsys):
         assert "GPU timings need CUDA" in out.err + out.out
     data = json.loads(path.read_text())
     assert {"date", "device", "driver", "torch", "triton", "cudnn"} <= set(data["environment"])
+    assert data["environment"]["settings"]["CONVT3D_FULL_TESTS"] == "0"
+    assert "| CONVT3D_FULL_TESTS=0" in out.out
     names = [r["implementation"] for r in data["results"]]
     assert "PyTorch eager" in names and "convt3d" in names
     for row in data["results"]:

@@ -70,7 +70,9 @@ def main(argv=None) -> int:
         print(f"CPU mode: batch reduced to {layers[0].input_shape[0]} (--cpu-batch); wall-clock timing, "
               f"{torch.get_num_threads()} threads. GPU timings need CUDA.")
     env = environment(device)
-    print(f"{env['device']} | torch {env['torch']} | triton {env['triton']} | cuDNN {env['cudnn']} | {env['date']}")
+    settings = "".join(f" | {name}={value}" for name, value in env["settings"].items())
+    print(f"{env['device']} | torch {env['torch']} | triton {env['triton']} | cuDNN {env['cudnn']} | {env['date']}"
+          f"{settings}")
     rows = []
     for i, layer in enumerate(layers, 1):
         print(f"[{i}/{len(layers)}] {layer.describe()}", file=sys.stderr, flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import statistics
 import textwrap
@@ -20,6 +21,9 @@ def environment(device: torch.device) -> dict:
         triton=None,
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         python=platform.python_version(),
+        # convt3d's settings as set in the environment (README, Settings): a run with a kernel switched is not the
+        # defaults' run.
+        settings={name: value for name, value in sorted(os.environ.items()) if name.startswith("CONVT3D_")},
     )
     try:
         import triton
