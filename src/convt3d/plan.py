@@ -107,15 +107,6 @@ class AxisPlan:
     dilation: int
     phases: tuple[AxisPhase, ...]
 
-    @property
-    def first_tap_and_count(self) -> tuple[tuple[int, int], ...]:
-        """Per residue r: (smallest tap reaching r, number of taps reaching r)."""
-        out = []
-        for r in range(self.stride):
-            taps = [t for t in range(self.kernel) if (t * self.dilation) % self.stride == r]
-            out.append((taps[0] if taps else 0, len(taps)))
-        return tuple(out)
-
 
 def plan_axis(in_size: int, kernel: int, stride: int, padding: int, dilation: int, output_padding: int) -> AxisPlan:
     out_size = (in_size - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1
