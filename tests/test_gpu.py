@@ -526,21 +526,24 @@ def test_row_runs_kernel_serves_problem_77_as_phase_conv_would(tf32, bias, nan_p
 
 @pytest.mark.parametrize("tf32", [True, False], ids=["fp16", "3xfp16"])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("input_shape", [(2, 32, 16, 32, 32), (3, 32, 5, 7, 9)], ids=["p77", "partial_tiles"])
-def test_region_fill_writes_what_the_fill_and_the_correlation_write(tf32, bias, input_shape, nan_poisoned_allocator,
-                                                                    monkeypatch):
+@pytest.mark.parametrize("input_shape, padding", [((2, 32, 16, 32, 32), 1), ((3, 32, 5, 7, 9), 1),
+                                                  ((3, 32, 5, 7, 9), 0)], ids=["p77", "partial_tiles", "unpadded"])
+def test_region_fill_writes_what_the_fill_and_the_correlation_write(tf32, bias, input_shape, padding,
+                                                                    nan_poisoned_allocator, monkeypatch):
     """cuda.REGION_FILL: row_runs.py's kernel fills the output around the layer's only phase itself (with the bias, or
     zero) rather than after a fill of the whole output. Into NaN-poisoned memory, its output is bitwise the default's,
     in the first call (by_phases) and in a prepared call after it alike, on problem 77's geometry at batch 2 and on
     sizes whose last depth, row block and column block are partial (an input of 5 x 7 x 9: a lattice of 5 x 7 x 9
-    in an output of 11 x 15 x 19). The whole output's fill (torch_phase._fill) runs in each default call and in no
+    in an output of 11 x 15 x 19), and unpadded (a lattice of 7 x 9 x 11 from the first plane on, in an output of
+    13 x 17 x 21). The whole output's fill (torch_phase._fill) runs in each default call and in no
     call with the switch on, so that a region kernel that did not compile (the forward then fills first) fails here."""
     from convt3d.backends import torch_phase
 
     x = torch.rand(*input_shape, device="cuda")
     w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.05
     b = torch.randn(64, device="cuda") if bias else None
-    plan = make_plan(input_shape, tuple(w.shape), (2,) * 3, (1,) * 3, (0,) * 3, 1, (2,) * 3)
+    layer = dict(P77, padding=padding)
+    plan = make_plan(input_shape, tuple(w.shape), (2,) * 3, (padding,) * 3, (0,) * 3, 1, (2,) * 3)
     phase_list = tuple(phases for _, phases in _regions(plan, True) if phases is not None)
     outputs, fills = {}, []
     fill = torch_phase._fill
@@ -551,15 +554,15 @@ def test_region_fill_writes_what_the_fill_and_the_correlation_write(tf32, bias, 
                 monkeypatch.setattr(cuda, "REGION_FILL", region_fill)
                 torch_phase._prepared.clear()
                 fills.clear()
-                outputs[region_fill] = [convt3d.conv_transpose3d(x, w, b, backend="torch", **P77) for _ in range(2)]
+                outputs[region_fill] = [convt3d.conv_transpose3d(x, w, b, backend="torch", **layer) for _ in range(2)]
                 assert fills == ([] if region_fill else [outputs[False][0].shape] * 2)
             region = cuda_phases.region_fill(plan, phase_list, outputs[True][0].stride())
     finally:
         torch_phase._prepared.clear()  # (no later test gets this one's prepared calls)
-    assert region == (plan.output_shape[2:], (2, 2), 1)
+    assert region == (plan.output_shape[2:], (2, 2), padding)  # (the lattice's first plane: odd, or even unpadded)
     for default, filled in zip(outputs[False], outputs[True]):
         assert torch.equal(default, filled)
-    reference = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), **P77)
+    reference = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), **layer)
     assert_close_rel(outputs[True][1], reference, 1e-3 if tf32 else 1e-6)
 
 
