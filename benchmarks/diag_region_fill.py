@@ -20,17 +20,18 @@ write_tile's half-sector stores come. If the fill runs at the DRAM's rate in the
 moves about 605 MB instead of about 880.
 
 Forms, each the library's forward (backend="torch"): the library's default (zero_(), the pass, the correlation);
-REGION_FILL on; and three patches of REGION_FILL's code: the planes without lattice points filled by evict-first stores
+REGION_FILL on; and four patches of REGION_FILL's code: the planes without lattice points filled by evict-first stores
 ("streamed", so that the L2 keeps the lattice plane's zeros), every part once the last depth tap's MMAs are issued
-("at the end"), and the planes without lattice points stored by bulk copies of zeros from shared memory ("bulk
-copies", seventy-fifth session: the tensor memory accelerator's stores instead of the warps').
+("at the end"), the planes without lattice points stored by bulk copies of zeros from shared memory ("bulk copies",
+seventy-fifth session: the tensor memory accelerator's stores instead of the warps'), and every plane so ("bulk
+copies, lattice plane too": the warps then store only write_tile's sums, after waiting for the copies).
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
 round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
 before its first call, is compared with the default's (bitwise), float64 and F.conv_transpose3d (KernelBench's check),
 and the row says whether the call filled the whole output first (where a REGION_FILL form does, its kernel failed).
 With --profile, each mode runs each form's forward once, untimed: under Nsight Compute (gpu_session.sh's
-region_fill_ncu step) the correlations' DRAM bytes and times, five launches a mode in the forms' order.
+region_fill_ncu step) the correlations' DRAM bytes and times, six launches a mode in the forms' order.
 """
 
 from convt3d.backends.cuda import row_runs
@@ -115,20 +116,35 @@ BULK = (
 }
 """),
 )
-# (name, REGION_FILL, patches of row_runs.py's source); the bulk form last, the one most likely to fault.
+# The lattice plane's zeros by bulk copies too: the warps store nothing but write_tile's sums. Those must land after
+# the zeros, so each warp's copies are waited for whole (their writes done, not only their reads) and ordered before
+# the warps' stores (the proxy fence, then the barriers before write_tile) once the last MMAs are done.
+BULK_ALL = (
+    BULK[0],
+    (BULK[1][0], BULK[1][1].replace("if (HAS_BIAS || k == region_planes - 1)", "if (HAS_BIAS)")),
+    ("""    if (PARTIALS) add_partial();  // the last partial
+""", """    if (PARTIALS) add_partial();  // the last partial
+#if REGION_FILL
+    if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;\\n" ::: "memory");
+    asm volatile("fence.proxy.async.global;\\n" ::: "memory");
+#endif
+"""),
+)
+# (name, REGION_FILL, patches of row_runs.py's source); the bulk forms last, the ones most likely to fault.
 FORMS = (
     ("default: zero_(), pass, correlation", False, ()),
     ("REGION_FILL", True, ()),
     ("REGION_FILL, streamed", True, (STREAMED,)),
     ("REGION_FILL at the end", True, (AT_THE_END,)),
     ("REGION_FILL, bulk copies", True, BULK),
+    ("REGION_FILL, bulk copies, lattice plane too", True, BULK_ALL),
 )
 P77_REGION = ((33, 65, 65), (2, 2), 1)
 
 
 def head(patches) -> str:
     """What a form's patches put before row_runs.py's source."""
-    return STREAMED_RUN if STREAMED in patches else BULK_RUN if patches == BULK else ""
+    return STREAMED_RUN if STREAMED in patches else BULK_RUN if patches in (BULK, BULK_ALL) else ""
 
 
 def bulk_shared_bytes(taps, dilation, window_columns, split) -> int:
@@ -142,7 +158,7 @@ def builder(patches):
     if not patches:
         return LIBRARY_ROW_RUNS_KERNEL
     return patched_row_runs(*patches, head=head(patches), exactly_once=True,
-                            shared_bytes=bulk_shared_bytes if patches == BULK else None)
+                            shared_bytes=bulk_shared_bytes if patches in (BULK, BULK_ALL) else None)
 
 
 def registers() -> None:

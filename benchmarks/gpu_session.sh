@@ -67,7 +67,7 @@ for step in $steps; do
     # session).
     prefetch) python3 benchmarks/diag_plane_prefetch.py --iters 100 --rounds 3 2>&1 | tee "$OUT/prefetch.log" ;;
     # Problem 77's forward with no fill: each correlation program fills the output around its own lattice tile while
-    # the tensor cores run its MMAs (cuda.REGION_FILL, off by default, and three variants of it; prepared in the
+    # the tensor cores run its MMAs (cuda.REGION_FILL, off by default, and four variants of it; prepared in the
     # seventy-fourth and seventy-fifth sessions, not run: no machine was lent); the GPU tests and the bench with it
     # on. Suggested first call: env region_fill region_fill_bench bench, then tests and region_fill_tests.
     region_fill) python3 benchmarks/diag_region_fill.py --iters 100 --rounds 2 2>&1 | tee "$OUT/region_fill.log" ;;
