@@ -2,6 +2,7 @@
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import convt3d.__main__ as cli
 from convt3d.__main__ import main
 from convt3d.bench.protocol import Timing, datasheet_bandwidth, floor_bytes, kernelbench_check, time_interleaved
 from convt3d.bench.report import summary_text, sweep_summary, table
-from convt3d.bench.workloads import PROBLEM_77, load_sweep, parse_config, sweep_layers
+from convt3d.bench.workloads import PROBLEM_77, default_sweep_path, load_sweep, parse_config, sweep_layers
 
 TINY = '{"in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2, "padding": 1, "dilation": 2, ' \
        '"bias": true, "input_shape": [2, 4, 3, 4, 5]}'
@@ -251,6 +252,20 @@ def test_markdown_table_prints_times_to_four_decimals():
                                                                       ("k3", 0, float("nan"), "")])
     assert text.splitlines() == ["| layer | offset KB | mean ms | check |", "|---|---|---|---|",
                                  "| vae | 4 | 0.1235 | KB True |", "| k3 | 0 | nan |  |"]
+
+
+def test_the_public_sweep_ships_with_the_package_and_benchmarks_links_to_it():
+    """`convt3d bench --sweep` runs from an installed package too (its wheel once lacked the sweep, so that the command
+    failed outside a checkout): the file lies in the package, pyproject.toml lists it as package data, and the
+    checkout's benchmarks/sweep.json is that file."""
+    tomllib = pytest.importorskip("tomllib")  # (Python 3.11 and later)
+    package = Path(cli.__file__).resolve().parent
+    assert default_sweep_path() == package / "bench" / "sweep.json"
+    root = package.parents[1]
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "bench/sweep.json" in setuptools["package-data"]["convt3d"]
+    assert (root / "benchmarks" / "sweep.json").resolve() == default_sweep_path()
+    assert len(load_sweep(None)) >= 12
 
 
 def test_sweep_layers_come_in_the_order_named_and_unknown_names_are_named():

@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--config", help="a layer as JSON (inline or file): fields of convt3d.bench.workloads.Layer; "
                                        "default: KernelBench level-1 problem 77")
     what.add_argument("--sweep", nargs="?", const="", metavar="PATH",
-                      help="run the public sweep (benchmarks/sweep.json, or PATH)")
+                      help="run the public sweep (convt3d/bench/sweep.json, benchmarks/sweep.json in a checkout) "
+                           "or the layers of the JSON file PATH")
     bench.add_argument("--layers", metavar="NAMES",
                        help="with --sweep: only the sweep's layers of these comma-separated names, in that order")
     bench.add_argument("--device", choices=["cuda", "cpu"], default="cuda",

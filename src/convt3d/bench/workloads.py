@@ -120,8 +120,9 @@ def parse_config(text: str) -> Layer:
 
 
 def default_sweep_path() -> Path:
-    # In a checkout (editable install or PYTHONPATH=src) the sweep lives in benchmarks/.
-    return Path(__file__).resolve().parents[3] / "benchmarks" / "sweep.json"
+    # The public sweep ships with the package, so that an installed convt3d runs it too (benchmarks/sweep.json in a
+    # checkout links to this file).
+    return Path(__file__).resolve().parent / "sweep.json"
 
 
 def load_sweep(path: str | None) -> list[Layer]:
