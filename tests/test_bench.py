@@ -268,6 +268,16 @@ def test_the_public_sweep_ships_with_the_package_and_benchmarks_links_to_it():
     assert len(load_sweep(None)) >= 12
 
 
+def test_a_missing_sweep_file_is_named(tmp_path, monkeypatch):
+    from convt3d.bench import workloads
+
+    with pytest.raises(ValueError, match="--sweep: no file .*absent.json"):
+        load_sweep(str(tmp_path / "absent.json"))
+    monkeypatch.setattr(workloads, "default_sweep_path", lambda: tmp_path / "sweep.json")
+    with pytest.raises(ValueError, match="public sweep .* is missing from this installation"):
+        load_sweep(None)
+
+
 def test_sweep_layers_come_in_the_order_named_and_unknown_names_are_named():
     by_name = {layer.name: layer for layer in load_sweep(None)}
     assert sweep_layers("k3s1p1,unet3d_k2s2") == [by_name["k3s1p1"], by_name["unet3d_k2s2"]]

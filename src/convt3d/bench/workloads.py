@@ -128,7 +128,10 @@ def default_sweep_path() -> Path:
 def load_sweep(path: str | None) -> list[Layer]:
     sweep_path = Path(path) if path else default_sweep_path()
     if not sweep_path.is_file():
-        raise ValueError(f"sweep file {sweep_path} not found: pass --sweep PATH to a JSON list of layers")
+        if path:
+            raise ValueError(f"--sweep: no file {sweep_path} (a JSON list of layers)")
+        raise ValueError(f"the public sweep {sweep_path} is missing from this installation of convt3d: pass --sweep "
+                         "PATH to a JSON list of layers")
     return [Layer(**entry).validate() for entry in json.loads(sweep_path.read_text())]
 
 
