@@ -18,8 +18,8 @@ device). A module's later calls like one that a prepared call served (the Triton
 correlation's) go straight to that call (BoundForward, bind_forward).
 """
 
-from __future__ import annotations
-
+# (No `from __future__ import annotations` here: torch.library.custom_op reads the ops' annotations as types, and in
+# torch 2.4 its schema inference rejects them as strings, so that `import convt3d` failed there.)
 import functools
 import sys
 import weakref
