@@ -651,6 +651,25 @@ def test_forward_falls_back_when_a_kernel_does_not_compile(fake_kernels, caplog,
     assert "phase_conv did not compile" in caplog.text
 
 
+def test_without_a_usable_triton_the_forward_takes_cudnn_and_says_why(caplog, monkeypatch):
+    """The CUDA correlation's operands come from a Triton pass (backends/cuda/phases.py imports Triton): without a
+    Triton that convt3d's kernels run on, torch_phase._cuda_phases gives no phases (cuDNN serves, as where a kernel
+    does not compile) and logs why, without importing that module (which raised ImportError there before)."""
+    from convt3d.backends import torch_phase
+
+    def no_cuda_module():
+        raise ImportError("import of triton halted")
+
+    monkeypatch.setattr(torch_phase, "triton_unusable", lambda: "triton is not installed")
+    monkeypatch.setattr(torch_phase, "_cuda_module", no_cuda_module)
+    x, w, b, plan, _ = _layer(*LAYERS[7], seed=random.randrange(2**31))
+    torch_phase._log_once.cache_clear()
+    with caplog.at_level(logging.DEBUG, logger="convt3d"):
+        assert torch_phase._cuda_phases(x, b, plan, _regions(plan, True), torch.empty(plan.output_shape), True) == \
+            (None, None)
+    assert "by cuDNN, not the CUDA kernel: triton is not installed" in caplog.text
+
+
 def test_region_fill_compiles_its_kernel_or_leaves_the_fill_to_the_forward(fake_kernels, caplog, monkeypatch):
     """With cuda.REGION_FILL on, a layer whose only phase runs on row_runs.py's kernel (problem 77's geometry) gets
     the region (torch_phase._cuda_phases), and the check compiles that kernel with it (REGION_FILL 1) alone; where

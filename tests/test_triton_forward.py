@@ -3,6 +3,7 @@
 import ctypes
 import itertools
 import random
+import re
 
 import pytest
 import torch
@@ -257,6 +258,37 @@ def test_an_interpreter_that_cannot_run_the_kernels_is_named_before_any_work(mon
     with pytest.raises(RuntimeError, match="backend='triton' cannot run this call: Triton's interpreter here"):
         convt3d.conv_transpose3d(x, w, b, stride=2, backend="triton")
     assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("version, usable", [("3.0.0", False), ("3.1.0+git1a2b", False), ("3.2.0", True),
+                                             ("3.10.1", True), ("4.0.0", True)])
+def test_a_triton_older_than_3_2_is_named_and_the_paths_without_it_serve(monkeypatch, version, usable):
+    """convt3d's Triton kernels need Triton 3.2 (tensor_scaled.py's cooperative launch; with torch 2.4's Triton 3.0
+    they failed): an older one counts as none, so that backend="triton" says why before any work, the bias fill and
+    the CUDA correlation (whose operand pass is Triton's) step aside, and "auto" takes the portable path."""
+    import triton
+
+    import convt3d.backends.triton as triton_backend
+    from convt3d.backends import torch_phase
+
+    monkeypatch.setattr(triton, "__version__", version)
+    for cached in (triton_backend.triton_unusable, torch_phase._triton_fill):
+        cached.cache_clear()
+    try:
+        assert triton_backend.triton_available() is usable
+        assert (torch_phase._triton_fill() is not None) is usable
+        x, w, b = torch.rand(1, 3, 2, 3, 4), torch.randn(3, 5, 3, 3, 3), torch.randn(5)
+        expected = F.conv_transpose3d(x.double(), w.double(), b.double(), stride=2)
+        out = convt3d.conv_transpose3d(x, w, b, stride=2, backend="auto")
+        assert_close_rel(out, expected, 1e-5)
+        if not usable:
+            with pytest.raises(RuntimeError, match=f"backend='triton' cannot run this call: Triton {re.escape(version)} "
+                                                   "is older than 3.2"):
+                convt3d.conv_transpose3d(x, w, b, stride=2, backend="triton")
+    finally:
+        monkeypatch.undo()  # (the caches then hold what this machine's own Triton gives)
+        for cached in (triton_backend.triton_unusable, torch_phase._triton_fill):
+            cached.cache_clear()
 
 
 @pytest.mark.parametrize("value", ["1", "true", "On", "0", "false", ""])

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ..plan import AxisPhase, AxisPlan, Plan
 from . import contiguous_operands, cudnn_allow_tf32, output_memory_format
+from .triton import triton_available, triton_unusable  # (imports no Triton)
 
 logger = logging.getLogger("convt3d")
 
@@ -85,11 +86,12 @@ def _fill(target: torch.Tensor, bias) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _triton_fill():
-    """backends/triton/fill.py, imported on first use and then kept (as _cuda_module), or None without Triton."""
-    try:
-        from .triton import fill
-    except ImportError:
+    """backends/triton/fill.py, imported on first use and then kept (as _cuda_module), or None without a Triton that
+    convt3d's kernels run on (triton.triton_available)."""
+    if not triton_available():
         return None
+    from .triton import fill
+
     return fill
 
 
@@ -320,6 +322,10 @@ def _cuda_phases(input, bias, plan: Plan, regions, out, fill_all: bool):
     into the output's lattice (twelfth session); with TF32 off (3xTF32) 0.593 against 0.935 (benchmarks/RESULTS.md,
     fourteenth session)."""
     phase_list = tuple(phases for _, phases in regions if phases is not None)
+    unusable = triton_unusable()
+    if unusable is not None:  # (the CUDA correlation's operands come from a Triton pass: backends/cuda/phases.py)
+        _log_once("forward", plan, unusable)
+        return None, None
     module = _cuda_module()
     reason = module.forward_unsupported(plan, phase_list, input.device, input.dtype, cudnn_allow_tf32())
     region = module.region_fill(plan, phase_list, out.stride()) if fill_all and reason is None else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 
 import torch
 
@@ -49,19 +50,37 @@ def _triton_knobs():
     return knobs if hasattr(getattr(knobs, "runtime", None), "interpret") else None
 
 
+# The oldest Triton that convt3d's kernels run on: tensor_scaled.py's pass is launched as a cooperative grid
+# (launch_cooperative_grid, new in Triton 3.2). Triton 3.0 (torch 2.4's) rejected that launch option, and its
+# interpreter the kernels' nested calls (tl.arange of a caller's block size: "arange's arguments must be of type
+# tl.constexpr"), seen with torch 2.4.1 on the CPU; on GPUs the kernels ran with Triton 3.6.
+OLDEST_TRITON = (3, 2)
+
+
 @functools.lru_cache(maxsize=1)
-def triton_available() -> bool:
+def triton_unusable() -> str | None:
+    """None where convt3d's Triton kernels may run (Triton installed, OLDEST_TRITON or later), else why not. Where
+    not, the paths without them serve: the portable phase decomposition and cuDNN."""
     try:
-        import triton  # noqa: F401
+        import triton
     except ImportError:
-        return False
-    return True
+        return "triton is not installed"
+    version = tuple(int(part) for part in re.findall(r"\d+", triton.__version__)[:2])
+    if version < OLDEST_TRITON:
+        return f"Triton {triton.__version__} is older than 3.2, the oldest that convt3d's Triton kernels run on"
+    return None
+
+
+def triton_available() -> bool:
+    """Whether convt3d's Triton kernels may run here (triton_unusable)."""
+    return triton_unusable() is None
 
 
 def unsupported_reason(input: torch.Tensor, plan: Plan):
     """None when the Triton kernel can serve this call, else a short reason."""
-    if not triton_available():
-        return "triton is not installed"
+    unusable = triton_unusable()
+    if unusable is not None:
+        return unusable
     if input.device.type != "cuda" and not interpreted():
         return f"device {input.device.type} needs TRITON_INTERPRET=1"
     if interpreted() and not _interpreter_runs_loops():
