@@ -654,7 +654,8 @@ def test_forward_falls_back_when_a_kernel_does_not_compile(fake_kernels, caplog,
 def test_without_a_usable_triton_the_forward_takes_cudnn_and_says_why(caplog, monkeypatch):
     """The CUDA correlation's operands come from a Triton pass (backends/cuda/phases.py imports Triton): without a
     Triton that convt3d's kernels run on, torch_phase._cuda_phases gives no phases (cuDNN serves, as where a kernel
-    does not compile) and logs why, without importing that module (which raised ImportError there before)."""
+    does not compile) and logs why, and a module's binding finds no prepared call, without importing that module
+    (which raised ImportError there before)."""
     from convt3d.backends import torch_phase
 
     def no_cuda_module():
@@ -668,6 +669,8 @@ def test_without_a_usable_triton_the_forward_takes_cudnn_and_says_why(caplog, mo
         assert torch_phase._cuda_phases(x, b, plan, _regions(plan, True), torch.empty(plan.output_shape), True) == \
             (None, None)
     assert "by cuDNN, not the CUDA kernel: triton is not installed" in caplog.text
+    monkeypatch.setattr(torch_phase, "_prepared", {})  # (none prepared: no call was served by the CUDA kernels)
+    assert torch_phase.prepared_call(x, w, b, plan) is None
 
 
 def test_region_fill_compiles_its_kernel_or_leaves_the_fill_to_the_forward(fake_kernels, caplog, monkeypatch):

@@ -284,8 +284,11 @@ def _prepared_key(input, bias, plan: Plan):
 
 def prepared_call(input, weight, bias, plan: Plan):
     """The prepared call (_prepared) of conv_transpose3d(input, weight, bias, plan) in this precision mode, or None
-    where there is none (no earlier call by the CUDA phase correlation, a non-contiguous operand)."""
-    return _prepared.get(_prepared_key(input, bias, plan)) if contiguous_operands(input, weight, bias) else None
+    where there is none (no earlier call by the CUDA phase correlation, a non-contiguous operand). (With none prepared
+    the key is not made: it imports the CUDA module, which needs Triton.)"""
+    if not _prepared or not contiguous_operands(input, weight, bias):
+        return None
+    return _prepared.get(_prepared_key(input, bias, plan))
 
 
 def _prepare(input, weight, bias, plan: Plan, phase_list, out, fill_all: bool, region):
