@@ -99,6 +99,9 @@ def test_what_does_not_compile_or_load_is_raised_and_not_kept(steps, tmp_path, m
     """A compile that fails raises as torch's would (the caller falls back to cuDNN); a binary that does not load is
     not written, so that no later process reads it. (Each failure is met twice: the cache's steps, then torch's own
     _compile_kernel, whose error is raised.)"""
+    if not hasattr(torch.cuda, "_compile_kernel"):  # (then convt3d's CUDA kernels stay off and nothing calls this)
+        pytest.skip("this torch has no torch.cuda._compile_kernel (2.7 had none; 2.9 has it)")
+
     def failing(*args):
         raise RuntimeError("Kernel compilation failed")
 

@@ -260,12 +260,12 @@ def test_an_interpreter_that_cannot_run_the_kernels_is_named_before_any_work(mon
     assert torch.equal(x, before)
 
 
-@pytest.mark.parametrize("version, usable", [("3.0.0", False), ("3.1.0+git1a2b", False), ("3.2.0", True),
+@pytest.mark.parametrize("version, usable", [("3.0.0", False), ("3.4.1+git1a2b", False), ("3.5.0", True),
                                              ("3.10.1", True), ("4.0.0", True)])
-def test_a_triton_older_than_3_2_is_named_and_the_paths_without_it_serve(monkeypatch, version, usable):
-    """convt3d's Triton kernels need Triton 3.2 (tensor_scaled.py's cooperative launch; with torch 2.4's Triton 3.0
-    they failed): an older one counts as none, so that backend="triton" says why before any work, the bias fill and
-    the CUDA correlation (whose operand pass is Triton's) step aside, and "auto" takes the portable path."""
+def test_a_triton_older_than_3_5_is_named_and_the_paths_without_it_serve(monkeypatch, version, usable):
+    """convt3d's Triton kernels need Triton 3.5 (older ones failed to compile or run them: triton.OLDEST_TRITON): an
+    older one counts as none, so that backend="triton" says why before any work, the bias fill and the CUDA
+    correlation (whose operand pass is Triton's) step aside, and "auto" takes the portable path."""
     import triton
 
     import convt3d.backends.triton as triton_backend
@@ -283,7 +283,7 @@ def test_a_triton_older_than_3_2_is_named_and_the_paths_without_it_serve(monkeyp
         assert_close_rel(out, expected, 1e-5)
         if not usable:
             with pytest.raises(RuntimeError, match=f"backend='triton' cannot run this call: Triton {re.escape(version)} "
-                                                   "is older than 3.2"):
+                                                   "is older than 3.5"):
                 convt3d.conv_transpose3d(x, w, b, stride=2, backend="triton")
     finally:
         monkeypatch.undo()  # (the caches then hold what this machine's own Triton gives)

@@ -50,11 +50,12 @@ def _triton_knobs():
     return knobs if hasattr(getattr(knobs, "runtime", None), "interpret") else None
 
 
-# The oldest Triton that convt3d's kernels run on: tensor_scaled.py's pass is launched as a cooperative grid
-# (launch_cooperative_grid, new in Triton 3.2). Triton 3.0 (torch 2.4's) rejected that launch option, and its
-# interpreter the kernels' nested calls (tl.arange of a caller's block size: "arange's arguments must be of type
-# tl.constexpr"), seen with torch 2.4.1 on the CPU; on GPUs the kernels ran with Triton 3.6.
-OLDEST_TRITON = (3, 2)
+# The oldest Triton that convt3d's kernels run on. Seen on the CPU (seventy-fifth session, each with the PyTorch it
+# installs with): Triton 3.5 (torch 2.9) compiles every kernel for sm_90 (tests/test_triton_compile.py); Triton 3.4
+# (torch 2.8) fails there, its gdc_wait called with an argument it does not take; 3.3 (torch 2.7) lacks the grid
+# dependency control the kernels name, and its interpreter, though it runs them, says nothing of the GPU; 3.2 (torch
+# 2.6) lacks tl.gather (tap_columns.py); 3.0 (torch 2.4) the cooperative launch (tensor_scaled.py) too.
+OLDEST_TRITON = (3, 5)
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,7 +68,8 @@ def triton_unusable() -> str | None:
         return "triton is not installed"
     version = tuple(int(part) for part in re.findall(r"\d+", triton.__version__)[:2])
     if version < OLDEST_TRITON:
-        return f"Triton {triton.__version__} is older than 3.2, the oldest that convt3d's Triton kernels run on"
+        oldest = ".".join(map(str, OLDEST_TRITON))
+        return f"Triton {triton.__version__} is older than {oldest}, the oldest that convt3d's Triton kernels run on"
     return None
 
 
