@@ -33,6 +33,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def skip_without_usable_triton():
+    """Skip where convt3d's Triton kernels cannot run: no Triton, or one older than triton.OLDEST_TRITON (the
+    library steps aside there, so its Triton tests would fail rather than test anything)."""
+    from convt3d.backends.triton import triton_unusable
+
+    reason = triton_unusable()
+    if reason is not None:
+        pytest.skip(reason, allow_module_level=True)
+
+
 def run_in_sample(selected: bool) -> None:
     """Skip this parameter combination unless the test selected it for the default sample or CONVT3D_FULL_TESTS=1."""
     if not (selected or FULL_TESTS):

@@ -18,9 +18,9 @@ from convt3d.backends.cuda import phases as cuda_phases
 from convt3d.backends.torch_phase import (_backward_phases, _lattice_geometry, _regions, aten_phase_backward,
                                          conv_transpose3d_backward, phase_grad_input)
 from convt3d.plan import make_plan
-from conftest import assert_close_rel, run_in_sample
+from conftest import assert_close_rel, run_in_sample, skip_without_usable_triton
 
-pytest.importorskip("triton")
+skip_without_usable_triton()
 pytestmark = pytest.mark.interpreter
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from conftest import assert_autocast_call_matches, assert_close_rel, layer_args, make_tensors, random_config
+from conftest import (assert_autocast_call_matches, assert_close_rel, layer_args, make_tensors, random_config,
+                      skip_without_usable_triton)
 
 # (dtype, relative tolerance vs PyTorch's own float64 result).
 # float32: two float32 summations of the same products, in different orders.
@@ -53,6 +54,8 @@ def test_strided_weight_and_bias_views(backend, kernel_size, monkeypatch):
     """A bias sliced with a step and a weight transposed into place: kernels that index either as contiguous read
     other elements (the Triton kernels and the CUDA correlation did so with the bias until the thirty-fifth
     session). TF32 off on a GPU, so that float32 accuracy is the tolerance's."""
+    if backend == "triton":
+        skip_without_usable_triton()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     k = kernel_size
@@ -353,7 +356,7 @@ def test_meta_and_fake_tensors_give_pytorchs_shape_and_layout(backend, where):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     if backend == "triton":
-        pytest.importorskip("triton")
+        skip_without_usable_triton()
     if backend != "triton" or os.environ.get("TRITON_INTERPRET") == "1":  # (Triton on the CPU: the interpreter only)
         real = torch.randn(2, 4, 3, 4, 5).to(memory_format=torch.channels_last_3d)
         convt3d.conv_transpose3d(real, torch.randn(4, 3, 3, 2, 3), None, 2, 1, 1, backend=backend)

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 import convt3d
-from conftest import assert_close_rel, eager_called_models
+from conftest import assert_close_rel, eager_called_models, skip_without_usable_triton
 
 
 def test_same_parameters_and_state_dict_as_pytorch():
@@ -136,7 +136,7 @@ def prepared_spy(monkeypatch):
     prepared call of layer's call on x (PyTorch's precision flags as they are) F.conv_transpose3d in float64, each call
     counted in the list it returns; the module's calls by the full way (functional.conv_transpose3d) are counted in
     spy.full. The prepared calls' own launches are tested in test_triton_forward.py and test_triton_tiled.py."""
-    pytest.importorskip("triton")
+    skip_without_usable_triton()
     import convt3d.backends.triton as triton_backend
     from convt3d import functional, module
 

@@ -11,7 +11,7 @@ from torch import nn
 
 import convt3d
 from conftest import (assert_close_rel, assert_compiled_calls_match, eager_called_models, layer_args, make_tensors,
-                      random_config, run_in_sample)
+                      random_config, run_in_sample, skip_without_usable_triton)
 
 
 def test_op_is_registered():
@@ -24,7 +24,7 @@ def test_backward_op_matches_autograd_and_its_registration(need):
     """The CUDA backward op (here with its Triton kernel in the interpreter, or natively on a GPU): gradients
     against float64 autograd, an empty tensor for a gradient not asked for, and torch.library.opcheck's checks
     of its schema and fake implementation."""
-    pytest.importorskip("triton")
+    skip_without_usable_triton()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     args = ([2, 3, 2], [1, 0, 2], [1, 0, 1], 2, [2, 3, 2])  # stride, padding, output_padding, groups, dilation

@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 
 triton = pytest.importorskip("triton")
+from conftest import skip_without_usable_triton  # noqa: E402
+
+skip_without_usable_triton()
 
 SCRIPT = r"""
 import sys

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from conftest import skip_without_usable_triton
 from convt3d.backends.torch_phase import _fill
 
-pytest.importorskip("triton")
+skip_without_usable_triton()
 pytestmark = pytest.mark.interpreter
 fill = pytest.importorskip("convt3d.backends.triton.fill")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,9 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close_rel, layer_args, random_config, run_in_sample
+from conftest import assert_close_rel, layer_args, random_config, run_in_sample, skip_without_usable_triton
 
 triton = pytest.importorskip("triton")
+skip_without_usable_triton()
 from convt3d.backends.triton import forward, tap_columns  # noqa: E402
 from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402
 from convt3d.plan import make_plan, plan_axis  # noqa: E402
