@@ -202,7 +202,10 @@ def test_integer_like_arguments_are_taken_as_pytorch_takes_them(backend):
     args = (stride, (np.int64(1), 0, torch.tensor(1)), np.int32(1), np.int64(2), (1, np.int64(2), 1))
     for new_stride in (2, 2, 3):
         stride.fill_(new_stride)
-        expected = F.conv_transpose3d(x.double(), w.double(), b.double(), *args)
+        try:
+            expected = F.conv_transpose3d(x.double(), w.double(), b.double(), *args)
+        except RuntimeError:  # (PyTorch 2.4, 2.7 and 2.9 rejected a 0-d tensor as the whole stride)
+            expected = F.conv_transpose3d(x.double(), w.double(), b.double(), int(stride), *args[1:])
         assert_close_rel(convt3d.conv_transpose3d(x, w, b, *args, backend=backend), expected, 1e-5)
 
 
