@@ -16,7 +16,7 @@ parts instead (3xTF32, twice the MMAs). CONVT3D_ROW_RUNS=0 (or cuda.ROW_RUNS = F
 where row_runs.py's would serve; CONVT3D_DIRECT_INPUT=0 (or cuda.DIRECT_INPUT = False) has row_runs.py's forward read
 the operand pass's window rather than the input itself. CONVT3D_REGION_FILL=1 (or cuda.REGION_FILL = True) has
 row_runs.py's kernel fill the output around a layer's only phase itself rather than after a fill of the whole output
-(off: not measured yet).
+(off: slower in TF32 mode on the H200).
 """
 
 from __future__ import annotations
@@ -54,8 +54,10 @@ ROW_RUNS = environment.switch("CONVT3D_ROW_RUNS", True)
 # input shape's first call took 0.8-0.9 s.
 DIRECT_INPUT = environment.switch("CONVT3D_DIRECT_INPUT", True)
 # Whether row_runs.py's kernel, where it computes a layer's only phase (problem 77), fills the rest of the output itself
-# (row_runs.py, REGION_FILL; phases.region_fill says where) rather than after a fill of the whole output: off until
-# measured on the GPU (benchmarks/diag_region_fill.py measures the same kernel).
+# (row_runs.py, REGION_FILL; phases.region_fill says where) rather than after a fill of the whole output: off, as on
+# the H200 problem 77's forward took 0.30-0.31 ms with it against 0.27 (TF32 mode; with TF32 off 0.34 against 0.35): its
+# correlation wrote the fill's bytes at about half the DRAM's rate (benchmarks/diag_region_fill.py, seventy-sixth
+# session).
 REGION_FILL = environment.switch("CONVT3D_REGION_FILL", False)
 # Where compiled kernels are kept for later processes (kernel_cache.py): CONVT3D_CACHE_DIR, by default
 # $XDG_CACHE_HOME/convt3d or ~/.cache/convt3d; an empty CONVT3D_CACHE_DIR (or cuda.CACHE_DIR = "") keeps none.
