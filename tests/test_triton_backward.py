@@ -10,7 +10,6 @@ from conftest import (assert_close_rel, layer_args, make_tensors, random_config,
                       skip_without_usable_triton)
 from test_triton_forward import CASES, round_to_tf32
 
-triton = pytest.importorskip("triton")
 skip_without_usable_triton()
 from convt3d.backends import torch_phase  # noqa: E402
 from convt3d.backends.torch_phase import _phase_input, conv_transpose3d_backward  # noqa: E402

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-triton = pytest.importorskip("triton")
-from conftest import skip_without_usable_triton  # noqa: E402
+from conftest import skip_without_usable_triton
 
 skip_without_usable_triton()
+import triton  # noqa: E402
 
 SCRIPT = r"""
 import sys

@@ -13,8 +13,8 @@ import convt3d
 from conftest import (assert_close_rel, layer_args, make_tensors, random_config, run_in_sample,
                       skip_without_usable_triton)
 
-triton = pytest.importorskip("triton")
 skip_without_usable_triton()
+import triton  # noqa: E402
 from convt3d.backends.triton import tensor_scaled  # noqa: E402
 from convt3d.backends.triton.forward import (  # noqa: E402
     NATIVE, TF32, TF32X3, _configs, _operands, conv_transpose3d_triton, operand_pass_weight_tile, weight_tiles)

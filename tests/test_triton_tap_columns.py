@@ -9,7 +9,6 @@ import torch.nn.functional as F
 
 from conftest import assert_close_rel, layer_args, random_config, run_in_sample, skip_without_usable_triton
 
-triton = pytest.importorskip("triton")
 skip_without_usable_triton()
 from convt3d.backends.triton import forward, tap_columns  # noqa: E402
 from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402

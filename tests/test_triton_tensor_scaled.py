@@ -8,7 +8,6 @@ import torch.nn.functional as F
 
 from conftest import assert_close_rel, layer_args, run_in_sample, skip_without_usable_triton
 
-triton = pytest.importorskip("triton")
 skip_without_usable_triton()
 from convt3d.backends.triton import forward, tap_columns, tensor_scaled  # noqa: E402
 from convt3d.backends.triton.tensor_scaled import FP16_TENSOR_SCALED  # noqa: E402

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import convt3d
 from conftest import assert_close_rel, layer_args, run_in_sample, skip_without_usable_triton
 
-triton = pytest.importorskip("triton")
 skip_without_usable_triton()
+import triton  # noqa: E402
 from convt3d.backends.triton import tiled  # noqa: E402
 from convt3d.backends.triton.forward import NATIVE, TF32, TF32X3  # noqa: E402
 from convt3d.plan import make_plan  # noqa: E402
