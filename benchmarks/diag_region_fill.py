@@ -1,5 +1,6 @@
 """Problem 77's forward with no fill before the correlation: each of row_runs.py's programs fills the output around
-its own lattice tile, the stores issued while the tensor cores run its MMAs (cuda.REGION_FILL, off by default). (GPU)
+its own lattice tile, the stores issued while the tensor cores run its MMAs (cuda.REGION_FILL: by default with TF32
+off only). (GPU)
 
     PYTHONPATH=src python3 benchmarks/diag_region_fill.py [--iters 100] [--rounds 2]
     PYTHONPATH=src:tests python3 benchmarks/diag_region_fill.py --registers   # on a CPU with NVRTC: ptxas's report
@@ -19,12 +20,13 @@ lattice plane's segments come last, so that the zeros of the lattice's sectors m
 write_tile's half-sector stores come. If the fill runs at the DRAM's rate in the correlation's shadow, the forward
 moves about 605 MB instead of about 880.
 
-Forms, each the library's forward (backend="torch"): the library's default (zero_(), the pass, the correlation);
-REGION_FILL on; and four patches of REGION_FILL's code: the planes without lattice points filled by evict-first stores
-("streamed", so that the L2 keeps the lattice plane's zeros), every part once the last depth tap's MMAs are issued
-("at the end"), the planes without lattice points stored by bulk copies of zeros from shared memory ("bulk copies",
-seventy-fifth session: the tensor memory accelerator's stores instead of the warps'), and every plane so ("bulk
-copies, lattice plane too": the warps then store only write_tile's sums, after waiting for the copies).
+Forms, each the library's forward (backend="torch"): a fill first (zero_(), the pass, the correlation); REGION_FILL
+on (the planes without lattice points by evict-first stores, so that the L2 keeps the lattice plane's zeros: the
+seventy-sixth session's "streamed" form, the library's since); and four patches of its code: plain stores throughout
+(the seventy-sixth session's plain REGION_FILL), every part once the last depth tap's MMAs are issued ("at the end"),
+the planes without lattice points stored by bulk copies of zeros from shared memory ("bulk copies", seventy-fifth
+session: the tensor memory accelerator's stores instead of the warps'), and every plane so ("bulk copies, lattice plane
+too": the warps then store only write_tile's sums, after waiting for the copies).
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
 round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
@@ -38,26 +40,10 @@ from convt3d.backends.cuda import row_runs
 from p77_correlation import (LIBRARY_DIRECT_INPUT, LIBRARY_ROW_RUNS_KERNEL, P77, Timings, arguments, modes,
                              patched_row_runs, patched_row_runs_source, problem_77, use_row_runs)
 
-# Beside row_runs.py's fill_run: the same as evict-first stores (st.global.cs), for values nobody writes again.
-STREAMED_RUN = r"""
-__device__ __forceinline__ void fill_run_streamed(float* p, int count, float value, int lane) {
-    const int head = min((int)((16 - ((unsigned long long)p & 15)) & 15) >> 2, count);
-    const int quads = (count - head) >> 2, tail = (count - head) & 3;
-    float4* at = (float4*)(p + head);
-    if (lane < head) __stcs(p + lane, value);
-    for (int i = lane; i < quads; i += 32) __stcs(at + i, make_float4(value, value, value, value));
-    if (lane < tail) __stcs(p + head + 4 * quads + lane, value);
-}
-"""
-FILL_CALL = """            fill_run(out + n * syn + (long long)(ob * COB + c) * syc + d * plane_floats + row0 * row_floats,
-                     region_rows * OUT_W, HAS_BIAS ? bias[ob * COB + c] : 0.f, lane);
-"""
-STREAMED = (FILL_CALL, """            float* const at = out + n * syn + (long long)(ob * COB + c) * syc + d * plane_floats
-                              + row0 * row_floats;
-            const float value = HAS_BIAS ? bias[ob * COB + c] : 0.f;
-            if (k == region_planes - 1) fill_run(at, region_rows * OUT_W, value, lane);
-            else fill_run_streamed(at, region_rows * OUT_W, value, lane);
-""")
+# The library's fill: the planes without lattice points by evict-first stores, the lattice plane by plain ones.
+LATTICE_PLANE = "            if (k == region_planes - 1) fill_run<false>(at, region_rows * OUT_W, value, lane);\n"
+OTHER_PLANES = "            else fill_run<true>(at, region_rows * OUT_W, value, lane);\n"
+PLAIN = (OTHER_PLANES, OTHER_PLANES.replace("<true>", "<false>"))
 AT_THE_END = ("""#if REGION_FILL
         fill_part(kd);
 #endif
@@ -95,14 +81,9 @@ BULK = (
     const unsigned zeros_addr = smem_addr(zeros);
 #endif
 """),
-    (FILL_CALL + """        }
+    (OTHER_PLANES + """        }
     };
-""", """            float* const at = out + n * syn + (long long)(ob * COB + c) * syc + d * plane_floats
-                              + row0 * row_floats;
-            if (HAS_BIAS || k == region_planes - 1)
-                fill_run(at, region_rows * OUT_W, HAS_BIAS ? bias[ob * COB + c] : 0.f, lane);
-            else
-                fill_run_bulk(at, region_rows * OUT_W, zeros_addr, lane);
+""", OTHER_PLANES.replace("else", "else if (HAS_BIAS)") + """            else fill_run_bulk(at, region_rows * OUT_W, zeros_addr, lane);
         }
         if (lane == 0) asm volatile("cp.async.bulk.commit_group;\\n" ::: "memory");
     };
@@ -121,7 +102,7 @@ BULK = (
 # the warps' stores (the proxy fence, then the barriers before write_tile) once the last MMAs are done.
 BULK_ALL = (
     BULK[0],
-    (BULK[1][0], BULK[1][1].replace("if (HAS_BIAS || k == region_planes - 1)", "if (HAS_BIAS)")),
+    (LATTICE_PLANE + BULK[1][0], BULK[1][1].replace("else if (HAS_BIAS)", "if (HAS_BIAS)")),
     ("""    if (PARTIALS) add_partial();  // the last partial
 """, """    if (PARTIALS) add_partial();  // the last partial
 #if REGION_FILL
@@ -133,8 +114,8 @@ BULK_ALL = (
 # (name, REGION_FILL, patches of row_runs.py's source); the bulk forms last, the ones most likely to fault.
 FORMS = (
     ("default: zero_(), pass, correlation", False, ()),
-    ("REGION_FILL", True, ()),
-    ("REGION_FILL, streamed", True, (STREAMED,)),
+    ("REGION_FILL (the library's: evict-first stores off the lattice plane)", True, ()),
+    ("REGION_FILL, plain stores throughout", True, (PLAIN,)),
     ("REGION_FILL at the end", True, (AT_THE_END,)),
     ("REGION_FILL, bulk copies", True, BULK),
     ("REGION_FILL, bulk copies, lattice plane too", True, BULK_ALL),
@@ -144,7 +125,7 @@ P77_REGION = ((33, 65, 65), (2, 2), 1)
 
 def head(patches) -> str:
     """What a form's patches put before row_runs.py's source."""
-    return STREAMED_RUN if STREAMED in patches else BULK_RUN if patches in (BULK, BULK_ALL) else ""
+    return BULK_RUN if patches in (BULK, BULK_ALL) else ""
 
 
 def bulk_shared_bytes(taps, dilation, window_columns, split) -> int:

@@ -504,19 +504,25 @@ def _only_phases(input_shape, weight_shape, stride, padding, dilation, output_pa
 
 
 def test_region_fill_serves_a_layers_only_phase_on_row_runs_kernel(monkeypatch):
-    """Where the correlation fills the rest of the output itself (cuda.REGION_FILL, off by default): problem 77's
-    geometry, one phase on row_runs.py's kernel, into a contiguous output, in both precisions: the output's sizes,
-    the lattice's steps along D and H and its first plane (its phase's, at 1 with padding 1 and at 0 with padding 0).
-    None into a channels_last_3d output (rows not contiguous), for a layer of several phases (k3 s2), where
-    phase_conv.py's kernel serves (64 input channels), or with the switch off."""
+    """Where the correlation fills the rest of the output itself (cuda.REGION_FILL; by default, None, with TF32 off
+    only): problem 77's geometry, one phase on row_runs.py's kernel, into a contiguous output, in both precisions
+    with the switch on: the output's sizes, the lattice's steps along D and H and its first plane (its phase's, at 1
+    with padding 1 and at 0 with padding 0). None into a channels_last_3d output (rows not contiguous), for a layer
+    of several phases (k3 s2), where phase_conv.py's kernel serves (64 input channels), in 3xTF32 (CONVT3D_SPLIT=1:
+    phase_conv.py's kernel), with the switch off, or by default in TF32 mode."""
     plan, phases = _only_phases((2, 32, 16, 32, 32), (32, 64, 3, 3, 3), 2, 1, 2)
     strides = torch.empty(plan.output_shape, device="meta").stride()
-    monkeypatch.setattr(cuda, "REGION_FILL", False)
-    assert cuda_phases.region_fill(plan, phases, strides) is None
+    expected = ((33, 65, 65), (2, 2), 1)
+    for region_fill, in_tf32, tf32_off in ((False, None, None), (None, None, expected), (True, expected, expected)):
+        monkeypatch.setattr(cuda, "REGION_FILL", region_fill)
+        for tf32, region in ((True, in_tf32), (False, tf32_off)):
+            with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
+                assert cuda_phases.region_fill(plan, phases, strides) == region, (region_fill, tf32)
+    monkeypatch.setattr(cuda, "SPLIT", 1)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        assert cuda_phases.region_fill(plan, phases, strides) is None
+    monkeypatch.setattr(cuda, "SPLIT", 2)
     monkeypatch.setattr(cuda, "REGION_FILL", True)
-    for tf32 in (True, False):
-        with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
-            assert cuda_phases.region_fill(plan, phases, strides) == ((33, 65, 65), (2, 2), 1)
     # (Unpadded, the lattice takes the even positions: 32 of its columns where the input has 30.)
     unpadded, unpadded_phases = _only_phases((2, 32, 16, 30, 30), (32, 64, 3, 3, 3), 2, 0, 2)
     unpadded_strides = torch.empty(unpadded.output_shape, device="meta").stride()

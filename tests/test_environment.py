@@ -60,7 +60,7 @@ def _import_settings(**variables):
 def test_backends_read_their_settings_through_environment():
     result = _import_settings()
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "2", "3", "True", "True", "False", "True", "True", "True"]
+    assert result.stdout.split() == ["True", "2", "3", "True", "True", "None", "True", "True", "True"]
     # Each turned off in another spelling than "0", which before this module only "0" turned off (the one off by
     # default turned on).
     result = _import_settings(CONVT3D_CUDA_KERNELS="off", CONVT3D_SPLIT="1", CONVT3D_TF32_AS_FP16="false",
@@ -68,6 +68,10 @@ def test_backends_read_their_settings_through_environment():
                               CONVT3D_DRIVER_LAUNCH="OFF")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "1", "0", "False", "False", "True", "False", "False", "False"]
+    # REGION_FILL, on with TF32 off by default (None), off in both modes.
+    result = _import_settings(CONVT3D_REGION_FILL="off")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[5] == "False"
 
 
 def test_a_misspelt_setting_fails_at_import_naming_the_variable():

@@ -14,9 +14,9 @@ value lies within 2^29 of the largest its tile reads); CONVT3D_TF32_AS_FP16=0 (o
 itself. With TF32 off it splits its operands in FP16 parts (3xFP16); CONVT3D_SPLIT=1 (or cuda.SPLIT = 1) takes TF32
 parts instead (3xTF32, twice the MMAs). CONVT3D_ROW_RUNS=0 (or cuda.ROW_RUNS = False) keeps phase_conv.py's kernel
 where row_runs.py's would serve; CONVT3D_DIRECT_INPUT=0 (or cuda.DIRECT_INPUT = False) has row_runs.py's forward read
-the operand pass's window rather than the input itself. CONVT3D_REGION_FILL=1 (or cuda.REGION_FILL = True) has
-row_runs.py's kernel fill the output around a layer's only phase itself rather than after a fill of the whole output
-(off: slower in TF32 mode on the H200).
+the operand pass's window rather than the input itself. With TF32 off, row_runs.py's kernel fills the output around
+a layer's only phase itself rather than after a fill of the whole output; CONVT3D_REGION_FILL=1 (or cuda.REGION_FILL
+= True) has it do so in TF32 mode too (slower there on the H200), CONVT3D_REGION_FILL=0 (False) in neither.
 """
 
 from __future__ import annotations
@@ -54,11 +54,12 @@ ROW_RUNS = environment.switch("CONVT3D_ROW_RUNS", True)
 # input shape's first call took 0.8-0.9 s.
 DIRECT_INPUT = environment.switch("CONVT3D_DIRECT_INPUT", True)
 # Whether row_runs.py's kernel, where it computes a layer's only phase (problem 77), fills the rest of the output itself
-# (row_runs.py, REGION_FILL; phases.region_fill says where) rather than after a fill of the whole output: off, as on
-# the H200 problem 77's forward took 0.30-0.31 ms with it against 0.27 (TF32 mode; with TF32 off 0.34 against 0.35): its
-# correlation wrote the fill's bytes at about half the DRAM's rate (benchmarks/diag_region_fill.py, seventy-sixth
-# session).
-REGION_FILL = environment.switch("CONVT3D_REGION_FILL", False)
+# (row_runs.py, REGION_FILL; phases.region_fill says where) rather than after a fill of the whole output: True, False,
+# or None (the default): with TF32 off only (3xFP16). On the H200 problem 77's forward took 0.318-0.323 ms with it
+# against 0.349-0.350 with TF32 off, but 0.288-0.289 against 0.268-0.273 in TF32 mode (FP16), where its correlation,
+# shorter, hid less of the fill: the correlation wrote the fill's bytes at about half the DRAM's rate
+# (benchmarks/diag_region_fill.py, seventy-sixth session).
+REGION_FILL = environment.switch("CONVT3D_REGION_FILL", None)
 # Where compiled kernels are kept for later processes (kernel_cache.py): CONVT3D_CACHE_DIR, by default
 # $XDG_CACHE_HOME/convt3d or ~/.cache/convt3d; an empty CONVT3D_CACHE_DIR (or cuda.CACHE_DIR = "") keeps none.
 CACHE_DIR = os.environ.get("CONVT3D_CACHE_DIR", kernel_cache.default_directory())

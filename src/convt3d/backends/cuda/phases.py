@@ -129,11 +129,12 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
 
 def region_fill(plan: Plan, phase_list: tuple, out_strides) -> tuple | None:
     """row_runs.source's region for a forward whose correlation may fill the rest of an output of out_strides itself
-    (cuda.REGION_FILL on): the layer's only phase (phase_list's one) on row_runs.py's kernel, into an output whose
-    planes and rows are contiguous; else None (the caller fills the output first)."""
-    if not cuda.REGION_FILL or len(phase_list) != 1:
+    (cuda.REGION_FILL on, or None with TF32 off): the layer's only phase (phase_list's one) on row_runs.py's kernel,
+    into an output whose planes and rows are contiguous; else None (the caller fills the output first)."""
+    tf32 = cudnn_allow_tf32()
+    if cuda.REGION_FILL is False or (cuda.REGION_FILL is None and tf32) or len(phase_list) != 1:
         return None
-    return _region(plan, phase_list, _split(cudnn_allow_tf32()), tuple(out_strides))
+    return _region(plan, phase_list, _split(tf32), tuple(out_strides))
 
 
 @functools.lru_cache(maxsize=256)
