@@ -76,6 +76,15 @@ for step in $steps; do
                        tail -40 "$OUT/pytest_region_fill.log" ;;
     region_fill_bench) CONVT3D_REGION_FILL=1 python3 -m convt3d bench --no-compile --json "$OUT/p77_region_fill.json" \
                            2>&1 | tee "$OUT/bench_region_fill.log" ;;
+    # Why the region fill's stores run at half the DRAM's rate: the region kernel's memory, speed-of-light and warp
+    # state sections, TF32 mode (FP16) and TF32 off (3xFP16), the fill on in both (seventy-seventh session).
+    region_fill_stalls) for mode in "" --tf32-off; do
+                          CONVT3D_REGION_FILL=1 ncu --clock-control none -k regex:phase_conv_rows --launch-skip 3 \
+                              --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+                              --section WarpStateStats --section Occupancy \
+                              python3 benchmarks/profile_layer.py kernelbench_l1_77_dilated torch $mode 2>&1 \
+                              | tee "$OUT/region_fill_stalls$mode.log"
+                        done ;;
     region_fill_ncu) ncu --clock-control none -k regex:phase_conv_rows --metrics \
                          dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
                          python3 benchmarks/diag_region_fill.py --profile 2>&1 | tee "$OUT/region_fill_ncu.log" ;;
