@@ -2,11 +2,11 @@
 tensor-core instructions, the phase correlation (phase_conv.py; in FP16 and 3xFP16 for 32 input channels into blocks
 of 64 over grids one column block wide, row_runs.py's) and a phase's weight gradient (grad_weight.py).
 
-Compiled through torch.cuda._compile_kernel (torch 2.11 and later; a private API, so every failure to find or use it
-falls back to cuDNN, logged at debug level), once per configuration, kept on disk for later processes (kernel_cache.py,
-CONVT3D_CACHE_DIR), and launched here through the driver (driver.Launch) with argument arrays built once per launch
-geometry: the compiled kernel's own call builds them anew and loads libcuda on every launch, host time that shows on
-the GPU machine.
+Compiled through torch.cuda._compile_kernel (a private API, in torch 2.9 and later, run on the GPU with 2.11 only; so
+every failure to find or use it falls back to cuDNN, logged at debug level), once per configuration, kept on disk for
+later processes (kernel_cache.py, CONVT3D_CACHE_DIR), and launched here through the driver (driver.Launch) with
+argument arrays built once per launch geometry: the compiled kernel's own call builds them anew and loads libcuda on
+every launch, host time that shows on the GPU machine.
 
 Set CONVT3D_CUDA_KERNELS=0 (or cuda.ENABLED = False) to use cuDNN instead. In TF32 mode the phase correlation computes
 in FP16 on operands scaled by powers of two (FP16, phase_conv.py's SPLIT 3: rounded as TF32 rounds them wherever a
