@@ -62,6 +62,23 @@ def test_a_kernel_compiled_once_loads_from_the_file_afterwards(steps, tmp_path):
     assert len(steps.compiled) == 1 and steps.loaded == [first[2]] * 3
 
 
+def test_the_least_recently_used_files_beyond_the_limit_are_removed(steps, tmp_path, monkeypatch):
+    """With MAX_FILES kept, a write removes the files least recently written or read beyond it: here kernels a, b, c
+    written at times 1, 2, 3 (set), a read again (now), then d written: b goes, and a compiles no more."""
+    monkeypatch.setattr(kernel_cache, "MAX_FILES", 3)
+    sources = {name: SOURCE.replace("axpy", name) for name in "abcd"}
+    path = lambda name: kernel_cache._path(str(tmp_path), sources[name], name, "90a")
+    for time, name in enumerate("abc", 1):
+        kernel_cache.compile_kernel(str(tmp_path), sources[name], name, "90a")
+        os.utime(path(name), ns=(time * 10**9, time * 10**9))
+    kernel_cache.compile_kernel(str(tmp_path), sources["a"], "a", "90a")
+    assert len(steps.compiled) == 3 and len(_files(tmp_path)) == 3
+    kernel_cache.compile_kernel(str(tmp_path), sources["d"], "d", "90a")
+    assert _files(tmp_path) == sorted(os.path.basename(path(name)) for name in "acd")
+    kernel_cache.compile_kernel(str(tmp_path), sources["a"], "a", "90a")
+    assert [name for _, name, _, _ in steps.compiled] == ["a", "b", "c", "d"]
+
+
 def test_the_file_differs_with_each_thing_that_decides_the_binary(steps, tmp_path, monkeypatch):
     """Another source, kernel name, architecture, torch version or NVRTC version compiles anew into its own file."""
     kernel_cache.compile_kernel(str(tmp_path), SOURCE, "axpy", "90a")

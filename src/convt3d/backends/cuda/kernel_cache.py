@@ -8,7 +8,8 @@ them; where those steps fail, torch's _compile_kernel itself compiles the kernel
 hash of all that decides its bytes: the source, the kernel's name, the architecture, torch's version and CUDA's,
 and NVRTC's own version. It is written under a temporary name and renamed into place, so that another thread or
 process (each rank of a data-parallel job compiles the same kernels) never reads half of one. A file that does not
-read back or load is compiled again and replaced; a directory that cannot be written costs only the cache.
+read back or load is compiled again and replaced; a directory that cannot be written costs only the cache. A directory
+keeps at most MAX_FILES kernels: each write removes the least recently used beyond them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from torch.cuda import _utils as torch_utils  # (torch's NVRTC and module-loadin
 logger = logging.getLogger("convt3d")
 
 _MAGIC = b"convt3d cuda kernel 1\n"
+# The kernel files a directory keeps: row_runs.py's forward is compiled per input shape where it reads the input
+# itself, so that a process of ever new shapes would otherwise fill the disk (problem 77's kernels: 30-47 KB each).
+MAX_FILES = 1000
 
 
 def default_directory() -> str:
@@ -59,6 +63,7 @@ def _compile_kept(directory: str, source: str, name: str, compute_capability: st
     path = _path(directory, source, name, compute_capability)
     cached = _read(path)
     if cached is not None:
+        _touch(path)  # (used now: the last that _prune removes)
         mangled_name, binary = cached
         try:
             return _load(binary, mangled_name)
@@ -152,3 +157,35 @@ def _write(path: str, mangled_name: str, binary: bytes) -> None:
             raise
     except OSError as error:
         logger.debug("convt3d: could not keep the compiled kernel in %s (%s)", directory, error)
+        return
+    _prune(directory)
+
+
+def _touch(path: str) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _prune(directory: str) -> None:
+    """Removes the least recently used kernel files beyond MAX_FILES (by their times: written, or last read by
+    _compile_kept). Another process may remove or read them meanwhile: a file gone is skipped, and a kernel whose file
+    is gone is compiled again."""
+    try:
+        entries = [entry for entry in os.scandir(directory) if entry.name.endswith(".bin")]
+        if len(entries) <= MAX_FILES:
+            return
+        times = {}
+        for entry in entries:
+            try:
+                times[entry.path] = entry.stat().st_mtime_ns
+            except OSError:
+                pass
+        for path in sorted(times, key=times.get)[:len(times) - MAX_FILES]:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+    except OSError as error:
+        logger.debug("convt3d: could not prune the kernel cache in %s (%s)", directory, error)
