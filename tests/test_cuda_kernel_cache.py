@@ -113,18 +113,22 @@ def test_a_damaged_file_is_compiled_again_and_replaced(damage, steps, tmp_path):
 
 
 def test_what_does_not_compile_or_load_is_raised_and_not_kept(steps, tmp_path, monkeypatch):
-    """A compile that fails raises as torch's would (the caller falls back to cuDNN); a binary that does not load is
-    not written, so that no later process reads it. (Each failure is met twice: the cache's steps, then torch's own
-    _compile_kernel, whose error is raised.)"""
+    """A source that NVRTC rejects raises as torch's compile would (the caller falls back to cuDNN), once: NVRTC's
+    error as torch's _nvrtc_compile words it, not compiled again by torch's own _compile_kernel. A binary that does
+    not load is not written, so that no later process reads it (that failure is met twice: the cache's steps, then
+    torch's own _compile_kernel, whose error is raised)."""
     if not hasattr(torch.cuda, "_compile_kernel"):  # (then convt3d's CUDA kernels stay off and nothing calls this)
         pytest.skip("this torch has no torch.cuda._compile_kernel (2.7 had none; 2.9 has it)")
+    compiles = []
 
     def failing(*args):
-        raise RuntimeError("Kernel compilation failed")
+        compiles.append(args)
+        raise RuntimeError("Kernel compilation failed:\nkernel.cu(1): error: identifier \"x\" is undefined")
 
     monkeypatch.setattr(torch.cuda._utils, "_nvrtc_compile", failing)
     with pytest.raises(RuntimeError, match="compilation failed"):
         kernel_cache.compile_kernel(str(tmp_path), SOURCE, "axpy", "90a")
+    assert len(compiles) == 1
     monkeypatch.setattr(torch.cuda._utils, "_nvrtc_compile", steps.nvrtc_compile)
 
     def refusing(binary, names):

@@ -30,6 +30,8 @@ _MAGIC = b"convt3d cuda kernel 1\n"
 # The kernel files a directory keeps: row_runs.py's forward is compiled per input shape where it reads the input
 # itself, so that a process of ever new shapes would otherwise fill the disk (problem 77's kernels: 30-47 KB each).
 MAX_FILES = 1000
+# How torch's _nvrtc_compile's error begins where NVRTC rejected the source (its log follows).
+_REJECTED = "Kernel compilation failed"
 
 
 def default_directory() -> str:
@@ -50,10 +52,13 @@ def compile_kernel(directory: str, source: str, name: str, compute_capability: s
     """torch.cuda._compile_kernel(source, name, compute_capability=...)'s kernel, its binary read from directory
     where an earlier compile wrote it there, else compiled by NVRTC and written there. Where that fails (torch's
     private steps may change with its version) torch's own _compile_kernel compiles it, so that the cache never
-    costs a kernel; a kernel that does not compile fails there as well, and that error is raised."""
+    costs a kernel. A source that NVRTC rejects is raised at once: torch's compile would reject it too, after as
+    long again."""
     try:
         return _compile_kept(directory, source, name, compute_capability)
-    except Exception as error:  # noqa: BLE001 (any failure on the way: torch's own compile decides)
+    except Exception as error:  # noqa: BLE001 (any other failure on the way: torch's own compile decides)
+        if isinstance(error, RuntimeError) and str(error).startswith(_REJECTED):
+            raise
         logger.debug("convt3d: the kernel cache did not give %s (%s); torch.cuda._compile_kernel compiles it", name,
                      error)
     return torch.cuda._compile_kernel(source, name, compute_capability=compute_capability)
