@@ -61,8 +61,8 @@ def test_backends_read_their_settings_through_environment():
     result = _import_settings()
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "2", "3", "True", "True", "None", "True", "True", "True"]
-    # Each turned off in another spelling than "0", which before this module only "0" turned off (the one off by
-    # default turned on).
+    # Each turned off in another spelling than "0", which before this module only "0" turned off (REGION_FILL, None
+    # by default, turned on).
     result = _import_settings(CONVT3D_CUDA_KERNELS="off", CONVT3D_SPLIT="1", CONVT3D_TF32_AS_FP16="false",
                               CONVT3D_ROW_RUNS="no", CONVT3D_DIRECT_INPUT="False", CONVT3D_REGION_FILL="Yes",
                               CONVT3D_DRIVER_LAUNCH="OFF")
