@@ -513,7 +513,8 @@ def test_region_fill_serves_a_layers_only_phase_on_row_runs_kernel(monkeypatch):
     plan, phases = _only_phases((2, 32, 16, 32, 32), (32, 64, 3, 3, 3), 2, 1, 2)
     strides = torch.empty(plan.output_shape, device="meta").stride()
     expected = ((33, 65, 65), (2, 2), 1)
-    for region_fill, in_tf32, tf32_off in ((False, None, None), (None, None, expected), (True, expected, expected)):
+    for region_fill, in_tf32, tf32_off in ((False, None, None), (0, None, None), (None, None, expected),
+                                           (True, expected, expected)):
         monkeypatch.setattr(cuda, "REGION_FILL", region_fill)
         for tf32, region in ((True, in_tf32), (False, tf32_off)):
             with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):

@@ -132,7 +132,8 @@ def region_fill(plan: Plan, phase_list: tuple, out_strides) -> tuple | None:
     (cuda.REGION_FILL on, or None with TF32 off): the layer's only phase (phase_list's one) on row_runs.py's kernel,
     into an output whose planes and rows are contiguous; else None (the caller fills the output first)."""
     tf32 = cudnn_allow_tf32()
-    if cuda.REGION_FILL is False or (cuda.REGION_FILL is None and tf32) or len(phase_list) != 1:
+    wanted = not tf32 if cuda.REGION_FILL is None else cuda.REGION_FILL
+    if not wanted or len(phase_list) != 1:
         return None
     return _region(plan, phase_list, _split(tf32), tuple(out_strides))
 
