@@ -22,8 +22,9 @@ moves about 605 MB instead of about 880.
 
 Forms, each the library's forward (backend="torch"): a fill first (zero_(), the pass, the correlation); REGION_FILL
 on (the planes without lattice points by evict-first stores, so that the L2 keeps the lattice plane's zeros: the
-seventy-sixth session's "streamed" form, the library's since); and four patches of its code: plain stores throughout
+seventy-sixth session's "streamed" form, the library's since); and five patches of its code: plain stores throughout
 (the seventy-sixth session's plain REGION_FILL), every part once the last depth tap's MMAs are issued ("at the end"),
+the fill in smaller parts, each issued while a round of the plane's loads is in flight ("beside the plane's loads"),
 the planes without lattice points stored by bulk copies of zeros from shared memory ("bulk copies", seventy-fifth
 session: the tensor memory accelerator's stores instead of the warps'), and every plane so ("bulk copies, lattice plane
 too": the warps then store only write_tile's sums, after waiting for the copies).
@@ -33,7 +34,7 @@ round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the 
 before its first call, is compared with the default's (bitwise), float64 and F.conv_transpose3d (KernelBench's check),
 and the row says whether the call filled the whole output first (where a REGION_FILL form does, its kernel failed).
 With --profile, each mode runs each form's forward once, untimed: under Nsight Compute (gpu_session.sh's
-region_fill_ncu step) the correlations' DRAM bytes and times, six launches a mode in the forms' order.
+region_fill_ncu step) the correlations' DRAM bytes and times, seven launches a mode in the forms' order.
 """
 
 from convt3d.backends.cuda import row_runs
@@ -111,12 +112,41 @@ BULK_ALL = (
 #endif
 """),
 )
+# The fill in KD x ROUNDS parts, one after each round of a plane's loads is issued and before its values are used,
+# rather than KD parts after the MMAs: so that the stores go out while the warps wait for their loads, and the next
+# plane's loads do not queue behind a depth tap's whole part (seventy-eighth session).
+ROUNDS = "#define FILL_PARTS (KD * ((UNITS + 2 * THREADS - 1) / (2 * THREADS)))\n"
+BESIDE_LOADS = (
+    ("for (int s = segments * part / KD + warp; s < segments * (part + 1) / KD; s += THREADS / 32) {",
+     "for (int s = segments * part / FILL_PARTS + warp; s < segments * (part + 1) / FILL_PARTS; s += THREADS / 32) {"),
+    ("""                for (int j = 0; j < 16; j++) v[h][j] = inside ? at[(long long)j * X_SC] : 0.f;
+            }
+""", """                for (int j = 0; j < 16; j++) v[h][j] = inside ? at[(long long)j * X_SC] : 0.f;
+            }
+#if REGION_FILL
+            fill_part(kd * (FILL_PARTS / KD) + base / (2 * THREADS));
+#endif
+"""),
+    ("""                for (int q = 0; q < 4; q++) v[h][q] = u < UNITS ? src[u * 4 + q] : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+""", """                for (int q = 0; q < 4; q++) v[h][q] = u < UNITS ? src[u * 4 + q] : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#if REGION_FILL
+            fill_part(kd * (FILL_PARTS / KD) + base / (2 * THREADS));
+#endif
+"""),
+    ("""#if REGION_FILL
+        fill_part(kd);
+#endif
+""", ""),
+)
 # (name, REGION_FILL, patches of row_runs.py's source); the bulk forms last, the ones most likely to fault.
 FORMS = (
     ("default: zero_(), pass, correlation", False, ()),
     ("REGION_FILL (the library's: evict-first stores off the lattice plane)", True, ()),
     ("REGION_FILL, plain stores throughout", True, (PLAIN,)),
     ("REGION_FILL at the end", True, (AT_THE_END,)),
+    ("REGION_FILL beside the plane's loads", True, BESIDE_LOADS),
     ("REGION_FILL, bulk copies", True, BULK),
     ("REGION_FILL, bulk copies, lattice plane too", True, BULK_ALL),
 )
@@ -125,7 +155,7 @@ P77_REGION = ((33, 65, 65), (2, 2), 1)
 
 def head(patches) -> str:
     """What a form's patches put before row_runs.py's source."""
-    return BULK_RUN if patches in (BULK, BULK_ALL) else ""
+    return BULK_RUN if patches in (BULK, BULK_ALL) else ROUNDS if patches is BESIDE_LOADS else ""
 
 
 def bulk_shared_bytes(taps, dilation, window_columns, split) -> int:
