@@ -14,27 +14,29 @@ sample's other programs before writing their lattice (0.12-0.18 ms slower than t
 waits on another program: the output is cut into one region per program, the one around its lattice tile (problem
 77's lattice lies at odd depths, rows and columns): planes 2 qd and 2 qd + 1 (with plane 32 for qd 15), rows 2 qh0 to
 2 qh0 + 7 (with row 64 for the last row block), every column, the program's 64 channels; 266 KB a program, every
-output element in exactly one region (row_runs.py's REGION_FILL). The region is filled in KD parts, a channel's plane
-(contiguous rows) a warp, 16-byte stores where aligned, part kd right after depth tap kd's MMAs are issued; the
-lattice plane's segments come last, so that the zeros of the lattice's sectors may still be in the L2 when
+output element in exactly one region (row_runs.py's REGION_FILL). The region is filled in parts, a channel's plane
+(contiguous rows) a warp, 16-byte stores where aligned, each part beside a round of the window plane's loads
+(3xFP16) or after a depth tap's MMAs are issued (FP16, reading the input: FILL_BESIDE_LOADS); the lattice plane's
+segments come last, so that the zeros of the lattice's sectors may still be in the L2 when
 write_tile's half-sector stores come. If the fill runs at the DRAM's rate in the correlation's shadow, the forward
 moves about 605 MB instead of about 880.
 
 Forms, each the library's forward (backend="torch"): a fill first (zero_(), the pass, the correlation); REGION_FILL
 on (the planes without lattice points by evict-first stores, so that the L2 keeps the lattice plane's zeros: the
-seventy-sixth session's "streamed" form, the library's since); and five patches of its code: plain stores throughout
-(the seventy-sixth session's plain REGION_FILL), every part once the last depth tap's MMAs are issued ("at the end"),
-the fill in smaller parts, each issued while a round of the plane's loads is in flight ("beside the plane's loads"),
-the planes without lattice points stored by bulk copies of zeros from shared memory ("bulk copies", seventy-fifth
+seventy-sixth session's "streamed" form, the library's since; its parts placed as above since the seventy-eighth); and
+six patches of its code: each part after a depth tap's MMAs in both precisions ("after the MMAs", the library's before
+the seventy-eighth session) or beside the loads in both ("beside the plane's loads"), plain stores throughout (the
+seventy-sixth session's plain REGION_FILL), every part once the last depth tap's MMAs are issued ("at the end"), the
+planes without lattice points stored by bulk copies of zeros from shared memory ("bulk copies", seventy-fifth
 session: the tensor memory accelerator's stores instead of the warps'), and every plane so ("bulk copies, lattice plane
-too": the warps then store only write_tile's sums, after waiting for the copies).
+too": the warps then store only write_tile's sums, after waiting for the copies), both with the library's placement.
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
 round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
 before its first call, is compared with the default's (bitwise), float64 and F.conv_transpose3d (KernelBench's check),
 and the row says whether the call filled the whole output first (where a REGION_FILL form does, its kernel failed).
 With --profile, each mode runs each form's forward once, untimed: under Nsight Compute (gpu_session.sh's
-region_fill_ncu step) the correlations' DRAM bytes and times, seven launches a mode in the forms' order.
+region_fill_ncu step) the correlations' DRAM bytes and times, eight launches a mode in the forms' order.
 """
 
 from convt3d.backends.cuda import row_runs
@@ -45,7 +47,12 @@ from p77_correlation import (LIBRARY_DIRECT_INPUT, LIBRARY_ROW_RUNS_KERNEL, P77,
 LATTICE_PLANE = "            if (k == region_planes - 1) fill_run<false>(at, region_rows * OUT_W, value, lane);\n"
 OTHER_PLANES = "            else fill_run<true>(at, region_rows * OUT_W, value, lane);\n"
 PLAIN = (OTHER_PLANES, OTHER_PLANES.replace("<true>", "<false>"))
-AT_THE_END = ("""#if REGION_FILL
+# Where the fill's parts go (row_runs.py's FILL_BESIDE_LOADS, the library's: beside the loads reading the window, in
+# 3xFP16; after the MMAs reading the input, in FP16): either, in both precisions.
+PLACEMENT = "    #define FILL_BESIDE_LOADS (!INPUT_DIRECT)\n"
+AFTER_THE_MMAS = (PLACEMENT, PLACEMENT.replace("(!INPUT_DIRECT)", "0"))
+BESIDE_LOADS = (PLACEMENT, PLACEMENT.replace("(!INPUT_DIRECT)", "1"))
+AT_THE_END = ("""#if REGION_FILL && !FILL_BESIDE_LOADS
         fill_part(kd);
 #endif
     }
@@ -112,41 +119,14 @@ BULK_ALL = (
 #endif
 """),
 )
-# The fill in KD x ROUNDS parts, one after each round of a plane's loads is issued and before its values are used,
-# rather than KD parts after the MMAs: so that the stores go out while the warps wait for their loads, and the next
-# plane's loads do not queue behind a depth tap's whole part (seventy-eighth session).
-ROUNDS = "#define FILL_PARTS (KD * ((UNITS + 2 * THREADS - 1) / (2 * THREADS)))\n"
-BESIDE_LOADS = (
-    ("for (int s = segments * part / KD + warp; s < segments * (part + 1) / KD; s += THREADS / 32) {",
-     "for (int s = segments * part / FILL_PARTS + warp; s < segments * (part + 1) / FILL_PARTS; s += THREADS / 32) {"),
-    ("""                for (int j = 0; j < 16; j++) v[h][j] = inside ? at[(long long)j * X_SC] : 0.f;
-            }
-""", """                for (int j = 0; j < 16; j++) v[h][j] = inside ? at[(long long)j * X_SC] : 0.f;
-            }
-#if REGION_FILL
-            fill_part(kd * (FILL_PARTS / KD) + base / (2 * THREADS));
-#endif
-"""),
-    ("""                for (int q = 0; q < 4; q++) v[h][q] = u < UNITS ? src[u * 4 + q] : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-""", """                for (int q = 0; q < 4; q++) v[h][q] = u < UNITS ? src[u * 4 + q] : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#if REGION_FILL
-            fill_part(kd * (FILL_PARTS / KD) + base / (2 * THREADS));
-#endif
-"""),
-    ("""#if REGION_FILL
-        fill_part(kd);
-#endif
-""", ""),
-)
 # (name, REGION_FILL, patches of row_runs.py's source); the bulk forms last, the ones most likely to fault.
 FORMS = (
     ("default: zero_(), pass, correlation", False, ()),
     ("REGION_FILL (the library's: evict-first stores off the lattice plane)", True, ()),
+    ("REGION_FILL after the MMAs", True, (AFTER_THE_MMAS,)),
+    ("REGION_FILL beside the plane's loads", True, (BESIDE_LOADS,)),
     ("REGION_FILL, plain stores throughout", True, (PLAIN,)),
-    ("REGION_FILL at the end", True, (AT_THE_END,)),
-    ("REGION_FILL beside the plane's loads", True, BESIDE_LOADS),
+    ("REGION_FILL at the end", True, (AFTER_THE_MMAS, AT_THE_END)),
     ("REGION_FILL, bulk copies", True, BULK),
     ("REGION_FILL, bulk copies, lattice plane too", True, BULK_ALL),
 )
@@ -155,7 +135,7 @@ P77_REGION = ((33, 65, 65), (2, 2), 1)
 
 def head(patches) -> str:
     """What a form's patches put before row_runs.py's source."""
-    return BULK_RUN if patches in (BULK, BULK_ALL) else ROUNDS if patches is BESIDE_LOADS else ""
+    return BULK_RUN if patches in (BULK, BULK_ALL) else ""
 
 
 def bulk_shared_bytes(taps, dilation, window_columns, split) -> int:

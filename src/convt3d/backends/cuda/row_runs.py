@@ -62,6 +62,7 @@ MMA_HELPERS = r"""
 #define W_TAP_FLOATS (COB * ROW / 4)           // floats of a tap's weight rows in shared memory
 #define PARTIALS (SPLIT == 2)
 #define UNITS (2 * HH * XW)                    // (position, 16 channels) pairs of a plane
+#define LOAD_ROUNDS ((UNITS + 2 * THREADS - 1) / (2 * THREADS))  // of a plane's loads, two units a thread each
 #define OCS (NP + 4)                           // a channel's floats in the staged output tile
 // The 16-byte chunk c of row r as the swizzle mode stores it (128-byte: XOR with r % 8; 64-byte: with r / 2 % 4).
 #define SWIZZLE(c, r) ((c) ^ (ROW == 128 ? ((r) & 7) : (((r) >> 1) & 3)))
@@ -165,22 +166,29 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     }
     const unsigned weights_addr = smem_addr(weights), plane_addr = smem_addr((float*)plane);
 #if REGION_FILL
-    // The output around this program's lattice tile, filled with the bias (or zero) in KD parts, part kd while the
-    // tensor cores run depth tap kd's MMAs: planes STRIDE_D qd on to STRIDE_D (qd + 1) (to the last, by the last qd),
-    // rows STRIDE_H qh0 on to STRIDE_H (qh0 + ROWS) (to the last, by the last row block), every column, the block's
-    // channels; every output element lies in one program's region, and the layer's only phase is this one. Segment
-    // s: channel s % COB of the region's plane s / COB, the planes without lattice points first, by evict-first
-    // stores, the lattice plane last, by plain ones, so that write_tile's stores may find its sectors in the L2 (on the
-    // H200 problem 77's forward took 0.318-0.323 ms so against 0.336-0.342 with plain stores throughout, TF32 off:
-    // benchmarks/diag_region_fill.py, seventy-sixth session); the barriers before write_tile order them after every
-    // thread's fill.
+    // The output around this program's lattice tile, filled with the bias (or zero): planes STRIDE_D qd on to
+    // STRIDE_D (qd + 1) (to the last, by the last qd), rows STRIDE_H qh0 on to STRIDE_H (qh0 + ROWS) (to the last, by
+    // the last row block), every column, the block's channels; every output element lies in one program's region, and
+    // the layer's only phase is this one. Segment s: channel s % COB of the region's plane s / COB, the planes without
+    // lattice points first, by evict-first stores, the lattice plane last, by plain ones, so that write_tile's stores
+    // may find its sectors in the L2 (on the H200 problem 77's forward took 0.318-0.323 ms so against 0.336-0.342 with
+    // plain stores throughout, TF32 off: benchmarks/diag_region_fill.py, seventy-sixth session); the barriers before
+    // write_tile order them after every thread's fill.
+    // FILL_BESIDE_LOADS: in KD x LOAD_ROUNDS parts, each while a round of the window plane's loads is in flight, so
+    // that the next plane's loads do not queue behind a depth tap's whole part; else in KD parts, part kd while the
+    // tensor cores run depth tap kd's MMAs. On an H100 (seventy-eighth session) problem 77's forward took 0.348-0.356
+    // ms beside the loads against 0.368-0.375 after the MMAs in 3xFP16 (reading the window), but 0.375 against 0.352
+    // in FP16 (reading the input by 16 scalar loads a unit); the FP16 kernel on the window is untimed either way.
+    #define FILL_BESIDE_LOADS (!INPUT_DIRECT)
+    #define FILL_PARTS (FILL_BESIDE_LOADS ? KD * LOAD_ROUNDS : KD)
     float* const out = y - phase[9];
     const long long plane_floats = syd / STRIDE_D, row_floats = syh / STRIDE_H;
     const int row0 = STRIDE_H * qh0, region_rows = (qh0 + ROWS >= QH ? OUT_H : STRIDE_H * (qh0 + ROWS)) - row0;
     const int region_planes = (qd == QD - 1 ? OUT_D : STRIDE_D * (qd + 1)) - STRIDE_D * qd;
     const int segments = COB * region_planes;
     auto fill_part = [&](int part) {
-        for (int s = segments * part / KD + warp; s < segments * (part + 1) / KD; s += THREADS / 32) {
+        const int first = segments * part / FILL_PARTS, end = segments * (part + 1) / FILL_PARTS;
+        for (int s = first + warp; s < end; s += THREADS / 32) {
             const int k = s / COB, c = s % COB;
             const int d = STRIDE_D * qd + (k == region_planes - 1 ? LATTICE_D : k + (k >= LATTICE_D));
             float* const at = out + n * syn + (long long)(ob * COB + c) * syc + d * plane_floats + row0 * row_floats;
@@ -223,6 +231,9 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
                 #pragma unroll
                 for (int j = 0; j < 16; j++) v[h][j] = inside ? at[(long long)j * X_SC] : 0.f;
             }
+#if REGION_FILL && FILL_BESIDE_LOADS
+            fill_part(kd * LOAD_ROUNDS + base / (2 * THREADS));
+#endif
             #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int u = base + h * THREADS + tid;
@@ -242,6 +253,9 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
                 #pragma unroll
                 for (int q = 0; q < 4; q++) v[h][q] = u < UNITS ? src[u * 4 + q] : make_float4(0.f, 0.f, 0.f, 0.f);
             }
+#if REGION_FILL && FILL_BESIDE_LOADS
+            fill_part(kd * LOAD_ROUNDS + base / (2 * THREADS));
+#endif
             #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int u = base + h * THREADS + tid;
@@ -305,7 +319,7 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
             }
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#if REGION_FILL
+#if REGION_FILL && !FILL_BESIDE_LOADS
         fill_part(kd);
 #endif
     }
