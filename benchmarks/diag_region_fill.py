@@ -1,6 +1,5 @@
 """Problem 77's forward with no fill before the correlation: each of row_runs.py's programs fills the output around
-its own lattice tile, the stores issued while the tensor cores run its MMAs (cuda.REGION_FILL: by default with TF32
-off only). (GPU)
+its own lattice tile, the stores issued while it computes (cuda.REGION_FILL: by default with TF32 off only). (GPU)
 
     PYTHONPATH=src python3 benchmarks/diag_region_fill.py [--iters 100] [--rounds 2]
     PYTHONPATH=src:tests python3 benchmarks/diag_region_fill.py --registers   # on a CPU with NVRTC: ptxas's report

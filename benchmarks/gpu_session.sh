@@ -67,8 +67,9 @@ for step in $steps; do
     # session).
     prefetch) python3 benchmarks/diag_plane_prefetch.py --iters 100 --rounds 3 2>&1 | tee "$OUT/prefetch.log" ;;
     # Problem 77's forward with no fill: each correlation program fills the output around its own lattice tile while
-    # the tensor cores run its MMAs (cuda.REGION_FILL, by default with TF32 off only, and six variants of it;
-    # seventy-sixth session: slower than a fill first in TF32 mode, up to 0.03 ms faster with TF32 off); the GPU tests
+    # it computes (cuda.REGION_FILL, by default with TF32 off only, and six variants of it; seventy-sixth session on
+    # the H200: slower than a fill first in TF32 mode, up to 0.03 ms faster with TF32 off; seventy-eighth on an H100:
+    # 0.06 faster with TF32 off, the parts beside the plane's loads); the GPU tests
     # and the bench with it on in both modes; the correlations' DRAM bytes under Nsight Compute.
     region_fill) python3 benchmarks/diag_region_fill.py --iters 100 --rounds 2 2>&1 | tee "$OUT/region_fill.log" ;;
     region_fill_tests) CONVT3D_REGION_FILL=1 PYTHONPATH=$PWD/src:$PWD/tests python3 -m pytest -p no:warnings -n 4 -rfs \
