@@ -90,9 +90,15 @@ extern "C" __global__"""),
                 for (int j = 0; j < 16; j++) v[h][j] = u < UNITS ? raw[(16 * c16 + j) * (HH * XW) + p] : 0.f;
 """),
     ("""        asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
+#if REGION_FILL && !FILL_BESIDE_LOADS
+        fill_part(kd);
+#endif
     }
 """, """        asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
         if (kd + 1 < KD) copy_plane(kd + 1);  // raw is free: every thread has split plane kd
+#if REGION_FILL && !FILL_BESIDE_LOADS
+        fill_part(kd);
+#endif
     }
 """),
 )

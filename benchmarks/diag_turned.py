@@ -41,6 +41,9 @@ from p77_correlation import (LIBRARY_ROW_RUNS_KERNEL, P77, Timings, correlation_
 
 KERNELS = {"row_runs": True, "phase_conv": False}
 MMAS_ISSUED = r"""        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#if REGION_FILL && !FILL_BESIDE_LOADS
+        fill_part(kd);
+#endif
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 """
@@ -50,6 +53,9 @@ L2_PREFETCH = r"""        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: 
             for (int e = tid; e < HH * XW * C_IN / 32; e += THREADS)
                 asm volatile("prefetch.global.L2 [%0];\n" :: "l"(next + e * 32));
         }
+#if REGION_FILL && !FILL_BESIDE_LOADS
+        fill_part(kd);
+#endif
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 """
