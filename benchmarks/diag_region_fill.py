@@ -28,17 +28,24 @@ the seventy-eighth session) or beside the loads in both ("beside the plane's loa
 seventy-sixth session's plain REGION_FILL), every part once the last depth tap's MMAs are issued ("at the end"), the
 planes without lattice points stored by bulk copies of zeros from shared memory ("bulk copies", seventy-fifth
 session: the tensor memory accelerator's stores instead of the warps'), and every plane so ("bulk copies, lattice plane
-too": the warps then store only write_tile's sums, after waiting for the copies), both with the library's placement.
+too": the warps then store only write_tile's sums, after waiting for the copies), both with the library's placement;
+in FP16 also the parts after the MMAs with the next input plane copied into shared memory during them
+(diag_plane_prefetch.py's PLANE_COPY: slower without the region fill in the seventy-third session, but the fill's
+stores may lengthen the loads that it takes out of the program's path).
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
 round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
 before its first call, is compared with the default's (bitwise), float64 and F.conv_transpose3d (KernelBench's check),
 and the row says whether the call filled the whole output first (where a REGION_FILL form does, its kernel failed).
 With --profile, each mode runs each form's forward once, untimed: under Nsight Compute (gpu_session.sh's
-region_fill_ncu step) the correlations' DRAM bytes and times, eight launches a mode in the forms' order.
+region_fill_ncu step) the correlations' DRAM bytes and times, nine launches in FP16 and eight in 3xFP16, in the forms' order.
 """
 
+import functools
+
 from convt3d.backends.cuda import row_runs
+from diag_plane_prefetch import PLANE_COPY
+from diag_plane_prefetch import shared_bytes as plane_copy_shared_bytes
 from p77_correlation import (LIBRARY_DIRECT_INPUT, LIBRARY_ROW_RUNS_KERNEL, P77, Timings, arguments, modes,
                              patched_row_runs, patched_row_runs_source, problem_77, use_row_runs)
 
@@ -128,7 +135,10 @@ FORMS = (
     ("REGION_FILL at the end", True, (AFTER_THE_MMAS, AT_THE_END)),
     ("REGION_FILL, bulk copies", True, BULK),
     ("REGION_FILL, bulk copies, lattice plane too", True, BULK_ALL),
+    ("REGION_FILL after the MMAs, the next plane copied during them (FP16 only)", True, PLANE_COPY),
 )
+# Forms whose patches serve the kernel that reads the input (FP16) only.
+FP16_ONLY = (PLANE_COPY,)
 P77_REGION = ((33, 65, 65), (2, 2), 1)
 
 
@@ -147,8 +157,9 @@ def builder(patches):
     """cuda._row_runs_kernel's stand-in for a form: the library's own where it patches nothing."""
     if not patches:
         return LIBRARY_ROW_RUNS_KERNEL
-    return patched_row_runs(*patches, head=head(patches), exactly_once=True,
-                            shared_bytes=bulk_shared_bytes if patches in (BULK, BULK_ALL) else None)
+    shared_bytes = (bulk_shared_bytes if patches in (BULK, BULK_ALL) else
+                    functools.partial(plane_copy_shared_bytes, plane_copy=True) if patches is PLANE_COPY else None)
+    return patched_row_runs(*patches, head=head(patches), exactly_once=True, shared_bytes=shared_bytes)
 
 
 def registers() -> None:
@@ -156,6 +167,8 @@ def registers() -> None:
     from test_cuda_compile import P77_INPUT, registers_and_spills
     for split, geometry, mode in ((3, P77_INPUT, "FP16, input"), (2, None, "3xFP16, window")):
         for name, region_fill, patches in FORMS:
+            if split == 2 and patches in FP16_ONLY:
+                continue
             text = patched_row_runs_source(patches, split=split, input_geometry=geometry,
                                            region=P77_REGION if region_fill else None,
                                            head=head(patches), exactly_once=True)
@@ -184,7 +197,7 @@ def main():
 
     x, w, _, _ = problem_77()
     forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-    builders = [(name, region_fill, builder(patches)) for name, region_fill, patches in FORMS]
+    builders = [(name, region_fill, builder(patches), patches in FP16_ONLY) for name, region_fill, patches in FORMS]
     timings = Timings(args.iters)
     library_region_fill = cuda.REGION_FILL
 
@@ -199,7 +212,9 @@ def main():
                 use(False, LIBRARY_ROW_RUNS_KERNEL, direct_input)
                 expected = forward()
             for round_ in range(1 if args.profile else args.rounds):
-                for name, region_fill, build in builders:
+                for name, region_fill, build, fp16_only in builders:
+                    if fp16_only and split == 2:
+                        continue
                     use(region_fill, build, direct_input)
                     if args.profile:
                         forward()
