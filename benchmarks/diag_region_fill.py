@@ -38,7 +38,8 @@ round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the 
 before its first call, is compared with the default's (bitwise), float64 and F.conv_transpose3d (KernelBench's check),
 and the row says whether the call filled the whole output first (where a REGION_FILL form does, its kernel failed).
 With --profile, each mode runs each form's forward once, untimed: under Nsight Compute (gpu_session.sh's
-region_fill_ncu step) the correlations' DRAM bytes and times, nine launches in FP16 and eight in 3xFP16, in the forms' order.
+region_fill_ncu step) the correlations' DRAM bytes and times, nine launches in FP16 and eight in 3xFP16, in the forms'
+order.
 """
 
 import functools
