@@ -86,6 +86,9 @@ for step in $steps; do
                               python3 benchmarks/profile_layer.py kernelbench_l1_77_dilated torch $mode 2>&1 \
                               | tee "$OUT/region_fill_stalls$mode.log"
                         done ;;
+    # Problem 77's output filled in the region fill's pattern by programs that only fill: at the correlation's three
+    # programs a multiprocessor and at sixteen, beside zero_() (prepared in the seventy-eighth session, not run).
+    region_pattern) python3 benchmarks/diag_region_pattern.py --iters 100 --rounds 2 2>&1 | tee "$OUT/region_pattern.log" ;;
     region_fill_ncu) ncu --clock-control none -k regex:phase_conv_rows --metrics \
                          dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
                          python3 benchmarks/diag_region_fill.py --profile 2>&1 | tee "$OUT/region_fill_ncu.log" ;;

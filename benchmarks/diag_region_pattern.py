@@ -1,0 +1,131 @@
+"""Problem 77's output filled in the region fill's pattern by programs that do nothing else: does the pattern, or the
+few warps of the correlation's programs, keep the fill from the DRAM's rate? (GPU)
+
+    PYTHONPATH=src python3 benchmarks/diag_region_pattern.py [--iters 100] [--rounds 2]
+    PYTHONPATH=src:tests python3 benchmarks/diag_region_pattern.py --registers   # on a CPU with NVRTC: ptxas's report
+
+Why: with the region fill (row_runs.py's REGION_FILL) the correlation kernel moves its 630-760 MB at 1.7-2.1 TB/s on
+the H100 and 2.0-2.6 on the H200, about half the DRAM's rate, and in FP16 its time is about the correlation's alone
+plus a whole fill's (seventy-sixth and seventy-eighth sessions, benchmarks/RESULTS.md). Three things could hold the
+fill back: its pattern (each program writes 64 channels x 2 planes of 8 rows, runs of 2,080 bytes 557 KB apart),
+its few warps (three programs of four warps a multiprocessor, held there by the correlation's registers and shared
+memory), or the correlation beside it. This script times the pattern alone, with the correlation's grid, programs
+and stores (fill_run<STREAMED> of row_runs.py's REGION_HELPERS, evict-first off the lattice plane) but no MMAs, loads
+or lattice stores:
+
+- "3 a multiprocessor": the correlation's occupancy, its FP16 shared memory reserved (row_runs.shared_bytes) and
+  compiled for three programs;
+- "3 a multiprocessor, plain stores": the same without the evict-first stores;
+- "16 a multiprocessor": no shared memory, as many programs as the multiprocessor takes;
+- `out.zero_()`: PyTorch's fill, the floor.
+
+If the first row is near zero_(), the pattern and the warps are not the obstacle and the correlation beside the fill
+is; if only the third is, the warps are (a fill warpgroup beside the MMAs' would be the next thing to try); if neither,
+the pattern is. Each form's output, NaN-poisoned before the call, must be all zeros.
+"""
+
+import argparse
+
+import torch
+
+from convt3d.backends.cuda import row_runs
+from convt3d.bench.protocol import time_cuda
+from convt3d.bench.report import markdown_table
+
+OUT_SHAPE = (16, 64, 33, 65, 65)  # problem 77's output
+LATTICE = (16, 32, 32)  # its lattice (odd depths, rows and columns): the correlation's grid (QD, QH, QW)
+SOURCE = r"""
+#define COB 64
+extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS)
+region_pattern(float* __restrict__ out, int QD, int QH, int qh_blocks, long long syn, long long syc, long long syd,
+               long long syh)
+{
+    // Programs as row_runs.py's (one phase, one column block): output-channel blocks fastest, then rows, depth,
+    // sample; each fills the region that row_runs.py's REGION_FILL gives it, in the same segments and order, with
+    // zeros. syd, syh: the output's plane and row strides.
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int tile = blockIdx.x;
+    const int ob = tile % (C_OUT / COB); tile /= C_OUT / COB;
+    const int qh0 = (tile % qh_blocks) * ROWS; tile /= qh_blocks;
+    const int qd = tile % QD, n = tile / QD;
+    const int row0 = STRIDE_H * qh0, region_rows = (qh0 + ROWS >= QH ? OUT_H : STRIDE_H * (qh0 + ROWS)) - row0;
+    const int region_planes = (qd == QD - 1 ? OUT_D : STRIDE_D * (qd + 1)) - STRIDE_D * qd;
+    const int segments = COB * region_planes;
+    for (int s = warp; s < segments; s += 4) {
+        const int k = s / COB, c = s % COB;
+        const int d = STRIDE_D * qd + (k == region_planes - 1 ? LATTICE_D : k + (k >= LATTICE_D));
+        float* const at = out + n * syn + (long long)(ob * COB + c) * syc + d * syd + row0 * syh;
+        if (k == region_planes - 1 || !EVICT_FIRST) fill_run<false>(at, region_rows * OUT_W, 0.f, lane);
+        else fill_run<true>(at, region_rows * OUT_W, 0.f, lane);
+    }
+}
+"""
+# (name, programs a multiprocessor, shared memory reserved, evict-first stores off the lattice plane)
+FORMS = (
+    ("region pattern, 3 a multiprocessor", 3, True, True),
+    ("region pattern, 3 a multiprocessor, plain stores", 3, True, False),
+    ("region pattern, 16 a multiprocessor", 16, False, True),
+)
+
+
+def source(min_blocks: int, streamed: bool) -> str:
+    (_, c_out, out_d, out_h, out_w) = OUT_SHAPE
+    defines = dict(C_OUT=c_out, ROWS=row_runs.ROWS, OUT_D=out_d, OUT_H=out_h, OUT_W=out_w, STRIDE_D=2, STRIDE_H=2,
+                   LATTICE_D=1, MIN_BLOCKS=min_blocks, EVICT_FIRST=int(streamed))
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + row_runs.REGION_HELPERS + SOURCE
+
+
+def correlation_shared_bytes() -> int:
+    """row_runs.py's FP16 kernel's shared memory on problem 77 (taps 3 x 3 x 3 at the phase's dilation 1, XW 34)."""
+    return row_runs.shared_bytes((3, 3, 3), (1, 1, 1), 34, 3)
+
+
+def registers() -> None:
+    from test_cuda_compile import registers_and_spills
+    for name, blocks, _, streamed in FORMS:
+        print(f"{name}: (registers, spilled bytes) {registers_and_spills(source(blocks, streamed))}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--registers", action="store_true", help="only ptxas's report, on a CPU with NVRTC")
+    args = parser.parse_args()
+    if args.registers:
+        registers()
+        return
+    from convt3d.backends import cuda
+    from diag_programs_per_sm import occupancy
+
+    out = torch.empty(OUT_SHAPE, device="cuda")
+    qd, qh, _ = LATTICE
+    qh_blocks = -(-qh // row_runs.ROWS)
+    programs = OUT_SHAPE[0] * qd * qh_blocks * (OUT_SHAPE[1] // 64)
+    stream = torch.cuda.current_stream().cuda_stream
+    forms = []
+    for name, blocks, reserve, streamed in FORMS:
+        kernel = cuda._Kernel(source(blocks, streamed), "region_pattern",
+                              correlation_shared_bytes() if reserve else 0, 128)
+        launch = (lambda k: lambda: k.launch(programs, (out.data_ptr(),), (qd, qh, qh_blocks),
+                                             tuple(out.stride()[:4]), stream))(kernel)
+        forms.append((f"{name} ({occupancy(kernel)} held)", launch))
+    forms.append(("out.zero_()", out.zero_))
+    rows = []
+    for round_ in range(args.rounds):
+        for name, launch in forms:
+            check = ""
+            if round_ == 0:
+                out.fill_(float("nan"))
+                launch()
+                torch.cuda.synchronize()
+                check = f"all zeros {bool((out == 0).all())}"
+            t = time_cuda(launch, iters=args.iters)
+            rows.append((f"{name} (round {round_ + 1})", f"{t.mean_ms:.4f}", f"{t.min_ms:.4f}",
+                         f"{out.numel() * 4 / t.mean_ms / 1e9:.2f}", check))
+            print(rows[-1], flush=True)
+    print(markdown_table(["what", "mean ms", "min ms", "TB/s by the mean", "check"], rows))
+
+
+if __name__ == "__main__":
+    main()
