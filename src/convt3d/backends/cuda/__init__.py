@@ -58,8 +58,8 @@ DIRECT_INPUT = environment.switch("CONVT3D_DIRECT_INPUT", True)
 # or None (the default): with TF32 off only (3xFP16). On the H200 problem 77's forward took 0.318-0.323 ms with it
 # against 0.349-0.350 with TF32 off, but 0.288-0.289 against 0.268-0.273 in TF32 mode (FP16), where its correlation,
 # shorter, hid less of the fill: the correlation wrote the fill's bytes at about half the DRAM's rate
-# (benchmarks/diag_region_fill.py, seventy-sixth session). On an H100 (seventy-eighth session) 0.348-0.356 against
-# 0.412-0.413 with TF32 off (its parts beside the plane's loads: row_runs.py's FILL_BESIDE_LOADS), 0.352-0.375 against
+# (benchmarks/diag_region_fill.py, seventy-sixth session). On an H100 (seventy-eighth session) 0.348-0.361 against
+# 0.412-0.413 with TF32 off (its parts beside the plane's loads: row_runs.py's FILL_BESIDE_LOADS), 0.352-0.390 against
 # 0.340-0.359 in TF32 mode.
 REGION_FILL = environment.switch("CONVT3D_REGION_FILL", None)
 # Where compiled kernels are kept for later processes (kernel_cache.py): CONVT3D_CACHE_DIR, by default

@@ -176,9 +176,10 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     // write_tile order them after every thread's fill.
     // FILL_BESIDE_LOADS: in KD x LOAD_ROUNDS parts, each while a round of the window plane's loads is in flight, so
     // that the next plane's loads do not queue behind a depth tap's whole part; else in KD parts, part kd while the
-    // tensor cores run depth tap kd's MMAs. On an H100 (seventy-eighth session) problem 77's forward took 0.348-0.356
-    // ms beside the loads against 0.368-0.375 after the MMAs in 3xFP16 (reading the window), but 0.375 against 0.352
-    // in FP16 (reading the input by 16 scalar loads a unit); the FP16 kernel on the window is untimed either way.
+    // tensor cores run depth tap kd's MMAs. On an H100 (seventy-eighth session) problem 77's forward took 0.348-0.361
+    // ms beside the loads (ten rounds of 100 calls) against 0.368-0.375 after the MMAs (five of six; the sixth 0.445)
+    // in 3xFP16, reading the window; in FP16, reading the input by 16 scalar loads a unit, it was slower beside the
+    // loads in each of six rounds (0.375-0.460 against 0.352-0.390). The FP16 kernel on the window is untimed.
     #define FILL_BESIDE_LOADS (!INPUT_DIRECT)
     #define FILL_PARTS (FILL_BESIDE_LOADS ? KD * LOAD_ROUNDS : KD)
     float* const out = y - phase[9];
