@@ -31,15 +31,16 @@ session: the tensor memory accelerator's stores instead of the warps'), and ever
 too": the warps then store only write_tile's sums, after waiting for the copies), both with the library's placement;
 in FP16 also the parts after the MMAs with the next input plane copied into shared memory during them
 (diag_plane_prefetch.py's PLANE_COPY: slower without the region fill in the seventy-third session, but the fill's
-stores may lengthen the loads that it takes out of the program's path).
+stores may lengthen the loads that it takes out of the program's path: no faster on an H100, seventy-eighth session);
+in 3xFP16 also the parts issued where the warps wait for a partial sum's MMAs ("at the partial sums' waits",
+prepared in the seventy-eighth session, not run).
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
 round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
 before its first call, is compared with the default's (bitwise), float64 and F.conv_transpose3d (KernelBench's check),
 and the row says whether the call filled the whole output first (where a REGION_FILL form does, its kernel failed).
 With --profile, each mode runs each form's forward once, untimed: under Nsight Compute (gpu_session.sh's
-region_fill_ncu step) the correlations' DRAM bytes and times, nine launches in FP16 and eight in 3xFP16, in the forms'
-order.
+region_fill_ncu step) the correlations' DRAM bytes and times, nine launches a mode, in the forms' order.
 """
 
 import functools
@@ -59,6 +60,22 @@ PLAIN = (OTHER_PLANES, OTHER_PLANES.replace("<true>", "<false>"))
 PLACEMENT = "    #define FILL_BESIDE_LOADS (!INPUT_DIRECT)\n"
 AFTER_THE_MMAS = (PLACEMENT, PLACEMENT.replace("(!INPUT_DIRECT)", "0"))
 BESIDE_LOADS = (PLACEMENT, PLACEMENT.replace("(!INPUT_DIRECT)", "1"))
+# 3xFP16 only: the parts issued where the warps wait for the MMAs of a partial sum (after steps 4, 8, 12 and 16 of a
+# depth tap's 18 k-steps at PROMOTE 4), that is while the tensor cores run, instead of beside the loads.
+AT_THE_PROMOTIONS = (
+    (PLACEMENT, PLACEMENT.replace("(!INPUT_DIRECT)", "0")),
+    ("    #define FILL_PARTS (FILL_BESIDE_LOADS ? KD * LOAD_ROUNDS : KD)\n",
+     "    #define FILL_WAITS ((2 * KH * KW - 1) / PROMOTE)\n    #define FILL_PARTS (KD * FILL_WAITS)\n"),
+    ('''                    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
+                    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
+''', '''                    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
+#if REGION_FILL
+                    if (step > 0) fill_part(kd * FILL_WAITS + step / PROMOTE - 1);
+#endif
+                    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
+'''),
+    ("#if REGION_FILL && !FILL_BESIDE_LOADS\n        fill_part(kd);\n#endif\n", ""),
+)
 AT_THE_END = ("""#if REGION_FILL && !FILL_BESIDE_LOADS
         fill_part(kd);
 #endif
@@ -137,9 +154,11 @@ FORMS = (
     ("REGION_FILL, bulk copies", True, BULK),
     ("REGION_FILL, bulk copies, lattice plane too", True, BULK_ALL),
     ("REGION_FILL after the MMAs, the next plane copied during them (FP16 only)", True, PLANE_COPY),
+    ("REGION_FILL at the partial sums' waits (3xFP16 only)", True, AT_THE_PROMOTIONS),
 )
-# Forms whose patches serve the kernel that reads the input (FP16) only.
-FP16_ONLY = (PLANE_COPY,)
+# The one precision (split) that a form's patches serve: the plane copy reads the input (FP16), the partial sums are
+# 3xFP16's.
+ONLY = {id(PLANE_COPY): 3, id(AT_THE_PROMOTIONS): 2}
 P77_REGION = ((33, 65, 65), (2, 2), 1)
 
 
@@ -168,7 +187,7 @@ def registers() -> None:
     from test_cuda_compile import P77_INPUT, registers_and_spills
     for split, geometry, mode in ((3, P77_INPUT, "FP16, input"), (2, None, "3xFP16, window")):
         for name, region_fill, patches in FORMS:
-            if split == 2 and patches in FP16_ONLY:
+            if ONLY.get(id(patches), split) != split:
                 continue
             text = patched_row_runs_source(patches, split=split, input_geometry=geometry,
                                            region=P77_REGION if region_fill else None,
@@ -198,7 +217,7 @@ def main():
 
     x, w, _, _ = problem_77()
     forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-    builders = [(name, region_fill, builder(patches), patches in FP16_ONLY) for name, region_fill, patches in FORMS]
+    builders = [(name, region_fill, builder(patches), ONLY.get(id(patches))) for name, region_fill, patches in FORMS]
     timings = Timings(args.iters)
     library_region_fill = cuda.REGION_FILL
 
@@ -213,8 +232,8 @@ def main():
                 use(False, LIBRARY_ROW_RUNS_KERNEL, direct_input)
                 expected = forward()
             for round_ in range(1 if args.profile else args.rounds):
-                for name, region_fill, build, fp16_only in builders:
-                    if fp16_only and split == 2:
+                for name, region_fill, build, only in builders:
+                    if only not in (None, split):
                         continue
                     use(region_fill, build, direct_input)
                     if args.profile:

@@ -67,7 +67,7 @@ for step in $steps; do
     # session).
     prefetch) python3 benchmarks/diag_plane_prefetch.py --iters 100 --rounds 3 2>&1 | tee "$OUT/prefetch.log" ;;
     # Problem 77's forward with no fill: each correlation program fills the output around its own lattice tile while
-    # it computes (cuda.REGION_FILL, by default with TF32 off only, and six variants of it; seventy-sixth session on
+    # it computes (cuda.REGION_FILL, by default with TF32 off only, and variants of it; seventy-sixth session on
     # the H200: slower than a fill first in TF32 mode, up to 0.03 ms faster with TF32 off; seventy-eighth on an H100:
     # 0.06 faster with TF32 off, the parts beside the plane's loads); the GPU tests
     # and the bench with it on in both modes; the correlations' DRAM bytes under Nsight Compute.
