@@ -143,22 +143,21 @@ BULK_ALL = (
 #endif
 """),
 )
-# (name, REGION_FILL, patches of row_runs.py's source); the bulk forms last, the ones most likely to fault.
+# (name, REGION_FILL, patches of row_runs.py's source, the one precision (split) they serve or None for both); the
+# bulk forms after the library's placements, the ones most likely to fault; the plane copy reads the input (FP16),
+# the partial sums are 3xFP16's.
 FORMS = (
-    ("default: zero_(), pass, correlation", False, ()),
-    ("REGION_FILL (the library's: evict-first stores off the lattice plane)", True, ()),
-    ("REGION_FILL after the MMAs", True, (AFTER_THE_MMAS,)),
-    ("REGION_FILL beside the plane's loads", True, (BESIDE_LOADS,)),
-    ("REGION_FILL, plain stores throughout", True, (PLAIN,)),
-    ("REGION_FILL at the end", True, (AFTER_THE_MMAS, AT_THE_END)),
-    ("REGION_FILL, bulk copies", True, BULK),
-    ("REGION_FILL, bulk copies, lattice plane too", True, BULK_ALL),
-    ("REGION_FILL after the MMAs, the next plane copied during them (FP16 only)", True, PLANE_COPY),
-    ("REGION_FILL at the partial sums' waits (3xFP16 only)", True, AT_THE_PROMOTIONS),
+    ("default: zero_(), pass, correlation", False, (), None),
+    ("REGION_FILL (the library's: evict-first stores off the lattice plane)", True, (), None),
+    ("REGION_FILL after the MMAs", True, (AFTER_THE_MMAS,), None),
+    ("REGION_FILL beside the plane's loads", True, (BESIDE_LOADS,), None),
+    ("REGION_FILL, plain stores throughout", True, (PLAIN,), None),
+    ("REGION_FILL at the end", True, (AFTER_THE_MMAS, AT_THE_END), None),
+    ("REGION_FILL, bulk copies", True, BULK, None),
+    ("REGION_FILL, bulk copies, lattice plane too", True, BULK_ALL, None),
+    ("REGION_FILL after the MMAs, the next plane copied during them (FP16 only)", True, PLANE_COPY, 3),
+    ("REGION_FILL at the partial sums' waits (3xFP16 only)", True, AT_THE_PROMOTIONS, 2),
 )
-# The one precision (split) that a form's patches serve: the plane copy reads the input (FP16), the partial sums are
-# 3xFP16's.
-ONLY = {id(PLANE_COPY): 3, id(AT_THE_PROMOTIONS): 2}
 P77_REGION = ((33, 65, 65), (2, 2), 1)
 
 
@@ -186,8 +185,8 @@ def registers() -> None:
     """ptxas's registers and spills per form and precision for problem 77 (NVRTC on this machine)."""
     from test_cuda_compile import P77_INPUT, registers_and_spills
     for split, geometry, mode in ((3, P77_INPUT, "FP16, input"), (2, None, "3xFP16, window")):
-        for name, region_fill, patches in FORMS:
-            if ONLY.get(id(patches), split) != split:
+        for name, region_fill, patches, only in FORMS:
+            if only not in (None, split):
                 continue
             text = patched_row_runs_source(patches, split=split, input_geometry=geometry,
                                            region=P77_REGION if region_fill else None,
@@ -217,7 +216,7 @@ def main():
 
     x, w, _, _ = problem_77()
     forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-    builders = [(name, region_fill, builder(patches), ONLY.get(id(patches))) for name, region_fill, patches in FORMS]
+    builders = [(name, region_fill, builder(patches), only) for name, region_fill, patches, only in FORMS]
     timings = Timings(args.iters)
     library_region_fill = cuda.REGION_FILL
 
