@@ -33,7 +33,9 @@ in FP16 also the parts after the MMAs with the next input plane copied into shar
 (diag_plane_prefetch.py's PLANE_COPY: slower without the region fill in the seventy-third session, but the fill's
 stores may lengthen the loads that it takes out of the program's path: no faster on an H100, seventy-eighth session);
 in 3xFP16 also the parts issued where the warps wait for a partial sum's MMAs ("at the partial sums' waits",
-prepared in the seventy-eighth session, not run).
+seventy-eighth session); and the planes without lattice points filled by whole planes, shared among a depth's
+programs, instead of each program's row blocks ("by whole planes", seventy-ninth session: the fill's pattern alone ran
+at 79% of zero_()'s rate on an H100, diag_region_pattern.py).
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
 round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
@@ -143,6 +145,33 @@ BULK_ALL = (
 #endif
 """),
 )
+# The planes without lattice points filled by whole planes: a depth's qh_blocks programs share its COB x
+# (region_planes - 1) such planes, each program taking whole planes of consecutive channels (its warps consecutive row
+# blocks of a plane), then its own rows of the lattice plane as before; so its zeros go out in runs of a whole plane
+# (16.9 KB on problem 77) instead of a row block's (2,080 bytes), which diag_region_pattern.py times alone.
+WHOLE_PLANES = ((
+    """    const int segments = COB * region_planes;
+    auto fill_part = [&](int part) {
+        const int first = segments * part / FILL_PARTS, end = segments * (part + 1) / FILL_PARTS;
+        for (int s = first + warp; s < end; s += THREADS / 32) {
+            const int k = s / COB, c = s % COB;
+""", """    const int qhb = qh0 / ROWS, pieces = COB * (region_planes - 1) * qh_blocks;
+    const int first_piece = pieces * qhb / qh_blocks, own = pieces * (qhb + 1) / qh_blocks - first_piece;
+    const int segments = own + COB;
+    auto fill_part = [&](int part) {
+        const int first = segments * part / FILL_PARTS, end = segments * (part + 1) / FILL_PARTS;
+        for (int s = first + warp; s < end; s += THREADS / 32) {
+            if (s < own) {  // (channel, plane without lattice points, row block)
+                const int piece = first_piece + s, rb = piece % qh_blocks;
+                const int k = piece / qh_blocks % (region_planes - 1), c = piece / qh_blocks / (region_planes - 1);
+                const int r0 = STRIDE_H * ROWS * rb, rows = (rb == qh_blocks - 1 ? OUT_H : STRIDE_H * ROWS * (rb + 1)) - r0;
+                fill_run<true>(out + n * syn + (long long)(ob * COB + c) * syc
+                               + (STRIDE_D * qd + k + (k >= LATTICE_D)) * plane_floats + r0 * row_floats,
+                               rows * OUT_W, HAS_BIAS ? bias[ob * COB + c] : 0.f, lane);
+                continue;
+            }
+            const int k = region_planes - 1, c = s - own;
+"""),)
 # (name, REGION_FILL, patches of row_runs.py's source, the one precision (split) they serve or None for both); the
 # bulk forms after the library's placements, the ones most likely to fault; the plane copy reads the input (FP16),
 # the partial sums are 3xFP16's.
@@ -157,6 +186,7 @@ FORMS = (
     ("REGION_FILL, bulk copies, lattice plane too", True, BULK_ALL, None),
     ("REGION_FILL after the MMAs, the next plane copied during them (FP16 only)", True, PLANE_COPY, 3),
     ("REGION_FILL at the partial sums' waits (3xFP16 only)", True, AT_THE_PROMOTIONS, 2),
+    ("REGION_FILL by whole planes", True, WHOLE_PLANES, None),
 )
 P77_REGION = ((33, 65, 65), (2, 2), 1)
 

@@ -9,19 +9,24 @@ the H100 and 2.0-2.6 on the H200, about half the DRAM's rate, and in FP16 its ti
 plus a whole fill's (seventy-sixth and seventy-eighth sessions, benchmarks/RESULTS.md). Three things could hold the
 fill back: its pattern (each program writes 64 channels x 2 planes of 8 rows, runs of 2,080 bytes 557 KB apart),
 its few warps (three programs of four warps a multiprocessor, held there by the correlation's registers and shared
-memory), or the correlation beside it. This script times the pattern alone, with the correlation's grid, programs
-and stores (fill_run<STREAMED> of row_runs.py's REGION_HELPERS, evict-first off the lattice plane) but no MMAs, loads
-or lattice stores:
+memory), or the correlation beside it. This script times the fill alone, with the correlation's grid and
+programs and fill_run<STREAMED> of row_runs.py's REGION_HELPERS (evict-first off the lattice plane) but no MMAs,
+loads or lattice stores, in three patterns:
 
-- "3 a multiprocessor": the correlation's occupancy, its FP16 shared memory reserved (row_runs.shared_bytes) and
-  compiled for three programs;
-- "3 a multiprocessor, plain stores": the same without the evict-first stores;
-- "16 a multiprocessor": no shared memory, as many programs as the multiprocessor takes;
-- `out.zero_()`: PyTorch's fill, the floor.
+- "region pattern": the library's, each program's region by runs of a row block (2,080 bytes);
+- "whole planes": the planes without lattice points by whole planes (16.9 KB runs), a depth's eight programs sharing
+  its 64 channels' planes, the lattice plane by the program's own rows as before (diag_region_fill.py's "by whole
+  planes" form, in the kernel);
+- "contiguous": one contiguous chunk of the output a program, in pieces of a row block's floats, the warps taking
+  turns: the same code, grid and stores without the pattern's jumps.
 
-If the first row is near zero_(), the pattern and the warps are not the obstacle and the correlation beside the fill
-is; if only the third is, the warps are (a fill warpgroup beside the MMAs' would be the next thing to try); if neither,
-the pattern is. Each form's output, NaN-poisoned before the call, must be all zeros.
+"3 a multiprocessor" has the correlation's occupancy, its FP16 shared memory reserved (row_runs.shared_bytes) and
+compiled for three programs; "16 a multiprocessor" has no shared memory and as many programs as fit. `out.zero_()`,
+PyTorch's fill, is the floor. Each form's output, NaN-poisoned before the call, must be all zeros.
+
+Seventy-ninth session, H100: the region pattern at 3 a multiprocessor took 0.225 ms (2.54 TB/s), at 16 0.249-0.289,
+with plain stores 0.227, against zero_()'s 0.176-0.178 (3.21-3.25 TB/s): neither the warps nor the evict-first stores
+hold it back; the pattern or the code does, which the whole-planes and contiguous forms tell apart.
 """
 
 import argparse
@@ -38,40 +43,67 @@ SOURCE = r"""
 #define COB 64
 extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS)
 region_pattern(float* __restrict__ out, int QD, int QH, int qh_blocks, long long syn, long long syc, long long syd,
-               long long syh)
+               long long syh, long long total)
 {
     // Programs as row_runs.py's (one phase, one column block): output-channel blocks fastest, then rows, depth,
-    // sample; each fills the region that row_runs.py's REGION_FILL gives it, in the same segments and order, with
-    // zeros. syd, syh: the output's plane and row strides.
+    // sample. PATTERN 0 (the region): each fills the region that row_runs.py's REGION_FILL gives it, in the same
+    // segments and order, with zeros; 1 (whole planes): the planes without lattice points of its depth's region,
+    // COB x (region_planes - 1) planes, split among its depth's qh_blocks programs, each taking whole planes of
+    // consecutive channels, its warps consecutive row blocks of a plane, then its own rows of the lattice plane as in
+    // 0; 2 (contiguous): the output cut into one contiguous chunk a program, in segments of a row block's floats.
+    // syd, syh: the output's plane and row strides.
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int tile = blockIdx.x;
     const int ob = tile % (C_OUT / COB); tile /= C_OUT / COB;
-    const int qh0 = (tile % qh_blocks) * ROWS; tile /= qh_blocks;
+    const int qhb = tile % qh_blocks, qh0 = qhb * ROWS; tile /= qh_blocks;
     const int qd = tile % QD, n = tile / QD;
     const int row0 = STRIDE_H * qh0, region_rows = (qh0 + ROWS >= QH ? OUT_H : STRIDE_H * (qh0 + ROWS)) - row0;
     const int region_planes = (qd == QD - 1 ? OUT_D : STRIDE_D * (qd + 1)) - STRIDE_D * qd;
-    const int segments = COB * region_planes;
+    float* const block = out + n * syn + (long long)ob * COB * syc;
+#if PATTERN == 2
+    const long long chunk = (total + gridDim.x - 1) / gridDim.x, start = chunk * blockIdx.x;
+    const long long end = min(start + chunk, total);
+    for (long long at = start + (long long)warp * STRIDE_H * ROWS * OUT_W; at < end; at += 4LL * STRIDE_H * ROWS * OUT_W)
+        fill_run<EVICT_FIRST != 0>(out + at, (int)min((long long)STRIDE_H * ROWS * OUT_W, end - at), 0.f, lane);
+#else
+#if PATTERN == 1
+    const int pieces = COB * (region_planes - 1) * qh_blocks;  // (channel, plane without lattice points, row block)
+    const int first = pieces * qhb / qh_blocks, own = pieces * (qhb + 1) / qh_blocks - first;
+#else
+    const int own = 0, first = 0;
+#endif
+    const int segments = own + COB * (PATTERN == 1 ? 1 : region_planes);
     for (int s = warp; s < segments; s += 4) {
-        const int k = s / COB, c = s % COB;
+        if (s < own) {
+            const int piece = first + s, rb = piece % qh_blocks, k = piece / qh_blocks % (region_planes - 1);
+            const int c = piece / qh_blocks / (region_planes - 1), r0 = STRIDE_H * ROWS * rb;
+            const int rows = (rb == qh_blocks - 1 ? OUT_H : STRIDE_H * ROWS * (rb + 1)) - r0;
+            const int d = STRIDE_D * qd + k + (k >= LATTICE_D);
+            fill_run<EVICT_FIRST != 0>(block + c * syc + d * syd + r0 * syh, rows * OUT_W, 0.f, lane);
+            continue;
+        }
+        const int k = PATTERN == 1 ? region_planes - 1 : (s - own) / COB, c = (s - own) % COB;
         const int d = STRIDE_D * qd + (k == region_planes - 1 ? LATTICE_D : k + (k >= LATTICE_D));
-        float* const at = out + n * syn + (long long)(ob * COB + c) * syc + d * syd + row0 * syh;
+        float* const at = block + c * syc + d * syd + row0 * syh;
         if (k == region_planes - 1 || !EVICT_FIRST) fill_run<false>(at, region_rows * OUT_W, 0.f, lane);
         else fill_run<true>(at, region_rows * OUT_W, 0.f, lane);
     }
+#endif
 }
 """
-# (name, programs a multiprocessor, shared memory reserved, evict-first stores off the lattice plane)
+# (name, programs a multiprocessor, shared memory reserved, evict-first stores off the lattice plane, PATTERN)
 FORMS = (
-    ("region pattern, 3 a multiprocessor", 3, True, True),
-    ("region pattern, 3 a multiprocessor, plain stores", 3, True, False),
-    ("region pattern, 16 a multiprocessor", 16, False, True),
+    ("region pattern, 3 a multiprocessor", 3, True, True, 0),
+    ("whole planes, 3 a multiprocessor", 3, True, True, 1),
+    ("contiguous, 3 a multiprocessor", 3, True, True, 2),
+    ("contiguous, 16 a multiprocessor", 16, False, True, 2),
 )
 
 
-def source(min_blocks: int, streamed: bool) -> str:
+def source(min_blocks: int, streamed: bool, pattern: int) -> str:
     (_, c_out, out_d, out_h, out_w) = OUT_SHAPE
     defines = dict(C_OUT=c_out, ROWS=row_runs.ROWS, OUT_D=out_d, OUT_H=out_h, OUT_W=out_w, STRIDE_D=2, STRIDE_H=2,
-                   LATTICE_D=1, MIN_BLOCKS=min_blocks, EVICT_FIRST=int(streamed))
+                   LATTICE_D=1, MIN_BLOCKS=min_blocks, EVICT_FIRST=int(streamed), PATTERN=pattern)
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + row_runs.REGION_HELPERS + SOURCE
 
 
@@ -82,8 +114,8 @@ def correlation_shared_bytes() -> int:
 
 def registers() -> None:
     from test_cuda_compile import registers_and_spills
-    for name, blocks, _, streamed in FORMS:
-        print(f"{name}: (registers, spilled bytes) {registers_and_spills(source(blocks, streamed))}")
+    for name, blocks, _, streamed, pattern in FORMS:
+        print(f"{name}: (registers, spilled bytes) {registers_and_spills(source(blocks, streamed, pattern))}")
 
 
 def main():
@@ -104,11 +136,11 @@ def main():
     programs = OUT_SHAPE[0] * qd * qh_blocks * (OUT_SHAPE[1] // 64)
     stream = torch.cuda.current_stream().cuda_stream
     forms = []
-    for name, blocks, reserve, streamed in FORMS:
-        kernel = cuda._Kernel(source(blocks, streamed), "region_pattern",
+    for name, blocks, reserve, streamed, pattern in FORMS:
+        kernel = cuda._Kernel(source(blocks, streamed, pattern), "region_pattern",
                               correlation_shared_bytes() if reserve else 0, 128)
         launch = (lambda k: lambda: k.launch(programs, (out.data_ptr(),), (qd, qh, qh_blocks),
-                                             tuple(out.stride()[:4]), stream))(kernel)
+                                             tuple(out.stride()[:4]) + (out.numel(),), stream))(kernel)
         forms.append((f"{name} ({occupancy(kernel)} held)", launch))
     forms.append(("out.zero_()", out.zero_))
     rows = []
