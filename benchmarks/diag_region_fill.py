@@ -172,6 +172,29 @@ WHOLE_PLANES = ((
             }
             const int k = region_planes - 1, c = s - own;
 """),)
+# The planes without lattice points filled in the order of memory by the whole grid: cut into row blocks, (sample,
+# channel, plane, row block) in memory order, program b taking every gridDim.x-th from b on; a program's lattice plane
+# as before. Programs that run together then write neighbouring row blocks, as zero_()'s do, instead of each its own
+# region (diag_region_pattern.py's "grid-stride planes ..." pattern).
+GRID_STRIDE_PLANES = ((WHOLE_PLANES[0][0], """    const int zero_planes = OUT_D - QD;  // (the layer's only phase: the grid is its programs)
+    const long long pieces = (long long)(gridDim.x / (QD * qh_blocks * (C_OUT / COB))) * C_OUT * zero_planes * qh_blocks;
+    const int own = (int)max(0LL, (pieces - blockIdx.x + gridDim.x - 1) / gridDim.x);
+    const int segments = own + COB;
+    auto fill_part = [&](int part) {
+        const int first = segments * part / FILL_PARTS, end = segments * (part + 1) / FILL_PARTS;
+        for (int s = first + warp; s < end; s += THREADS / 32) {
+            if (s < own) {  // (sample, channel, plane without lattice points, row block)
+                long long piece = (long long)s * gridDim.x + blockIdx.x;
+                const int rb = piece % qh_blocks; piece /= qh_blocks;
+                const int z = piece % zero_planes; piece /= zero_planes;
+                const int c = piece % C_OUT, qz = min(z / (STRIDE_D - 1), QD - 1), k = z - qz * (STRIDE_D - 1);
+                const int r0 = STRIDE_H * ROWS * rb, rows = (rb == qh_blocks - 1 ? OUT_H : STRIDE_H * ROWS * (rb + 1)) - r0;
+                fill_run<true>(out + piece / C_OUT * syn + c * syc + (STRIDE_D * qz + k + (k >= LATTICE_D)) * plane_floats
+                               + r0 * row_floats, rows * OUT_W, HAS_BIAS ? bias[c] : 0.f, lane);
+                continue;
+            }
+            const int k = region_planes - 1, c = s - own;
+"""),)
 # (name, REGION_FILL, patches of row_runs.py's source, the one precision (split) they serve or None for both); the
 # bulk forms after the library's placements, the ones most likely to fault; the plane copy reads the input (FP16),
 # the partial sums are 3xFP16's.
@@ -187,6 +210,7 @@ FORMS = (
     ("REGION_FILL after the MMAs, the next plane copied during them (FP16 only)", True, PLANE_COPY, 3),
     ("REGION_FILL at the partial sums' waits (3xFP16 only)", True, AT_THE_PROMOTIONS, 2),
     ("REGION_FILL by whole planes", True, WHOLE_PLANES, None),
+    ("REGION_FILL, planes without lattice points by the whole grid", True, GRID_STRIDE_PLANES, None),
 )
 P77_REGION = ((33, 65, 65), (2, 2), 1)
 

@@ -60,20 +60,42 @@ region_pattern(float* __restrict__ out, int QD, int QH, int qh_blocks, long long
     const int row0 = STRIDE_H * qh0, region_rows = (qh0 + ROWS >= QH ? OUT_H : STRIDE_H * (qh0 + ROWS)) - row0;
     const int region_planes = (qd == QD - 1 ? OUT_D : STRIDE_D * (qd + 1)) - STRIDE_D * qd;
     float* const block = out + n * syn + (long long)ob * COB * syc;
-#if PATTERN == 2
-    const long long chunk = (total + gridDim.x - 1) / gridDim.x, start = chunk * blockIdx.x;
-    const long long end = min(start + chunk, total);
-    for (long long at = start + (long long)warp * STRIDE_H * ROWS * OUT_W; at < end; at += 4LL * STRIDE_H * ROWS * OUT_W)
-        fill_run<EVICT_FIRST != 0>(out + at, (int)min((long long)STRIDE_H * ROWS * OUT_W, end - at), 0.f, lane);
+    const long long piece_floats = STRIDE_H * ROWS * OUT_W;
+#if PATTERN == 2 || PATTERN == 3
+    // 2: this program's chunk; 3: every gridDim.x-th piece from its own on.
+    const long long chunk = (total + gridDim.x - 1) / gridDim.x, start = PATTERN == 2 ? chunk * blockIdx.x : 0;
+    const long long end = PATTERN == 2 ? min(start + chunk, total) : total;
+    const long long first = PATTERN == 2 ? start + warp * piece_floats : (blockIdx.x + (long long)warp * gridDim.x) * piece_floats;
+    const long long step = PATTERN == 2 ? 4 * piece_floats : 4LL * gridDim.x * piece_floats;
+    for (long long at = first; at < end; at += step)
+        fill_run<EVICT_FIRST != 0>(out + at, (int)min(piece_floats, end - at), 0.f, lane);
 #else
 #if PATTERN == 1
     const int pieces = COB * (region_planes - 1) * qh_blocks;  // (channel, plane without lattice points, row block)
     const int first = pieces * qhb / qh_blocks, own = pieces * (qhb + 1) / qh_blocks - first;
+#elif PATTERN == 4
+    // Every plane without lattice points of the output, (sample, channel, plane, row block) in memory order, cut in
+    // row blocks: this program's are every gridDim.x-th from its own on.
+    const int zero_planes = OUT_D - QD;
+    const long long pieces = (long long)(gridDim.x / (QD * qh_blocks * (C_OUT / COB))) * C_OUT * zero_planes * qh_blocks;
+    const int own = (int)max(0LL, (pieces - blockIdx.x + gridDim.x - 1) / gridDim.x);
 #else
     const int own = 0, first = 0;
 #endif
-    const int segments = own + COB * (PATTERN == 1 ? 1 : region_planes);
+    const int segments = own + COB * (PATTERN == 0 ? region_planes : 1);
     for (int s = warp; s < segments; s += 4) {
+#if PATTERN == 4
+        if (s < own) {
+            long long piece = (long long)s * gridDim.x + blockIdx.x;
+            const int rb = piece % qh_blocks; piece /= qh_blocks;
+            const int z = piece % zero_planes; piece /= zero_planes;
+            const int c = piece % C_OUT, qz = min(z / (STRIDE_D - 1), QD - 1), k = z - qz * (STRIDE_D - 1);
+            const int r0 = STRIDE_H * ROWS * rb, rows = (rb == qh_blocks - 1 ? OUT_H : STRIDE_H * ROWS * (rb + 1)) - r0;
+            fill_run<EVICT_FIRST != 0>(out + piece / C_OUT * syn + c * syc + (STRIDE_D * qz + k + (k >= LATTICE_D)) * syd
+                                       + r0 * syh, rows * OUT_W, 0.f, lane);
+            continue;
+        }
+#else
         if (s < own) {
             const int piece = first + s, rb = piece % qh_blocks, k = piece / qh_blocks % (region_planes - 1);
             const int c = piece / qh_blocks / (region_planes - 1), r0 = STRIDE_H * ROWS * rb;
@@ -82,7 +104,8 @@ region_pattern(float* __restrict__ out, int QD, int QH, int qh_blocks, long long
             fill_run<EVICT_FIRST != 0>(block + c * syc + d * syd + r0 * syh, rows * OUT_W, 0.f, lane);
             continue;
         }
-        const int k = PATTERN == 1 ? region_planes - 1 : (s - own) / COB, c = (s - own) % COB;
+#endif
+        const int k = PATTERN != 0 ? region_planes - 1 : (s - own) / COB, c = (s - own) % COB;
         const int d = STRIDE_D * qd + (k == region_planes - 1 ? LATTICE_D : k + (k >= LATTICE_D));
         float* const at = block + c * syc + d * syd + row0 * syh;
         if (k == region_planes - 1 || !EVICT_FIRST) fill_run<false>(at, region_rows * OUT_W, 0.f, lane);
@@ -97,6 +120,8 @@ FORMS = (
     ("whole planes, 3 a multiprocessor", 3, True, True, 1),
     ("contiguous, 3 a multiprocessor", 3, True, True, 2),
     ("contiguous, 16 a multiprocessor", 16, False, True, 2),
+    ("grid-stride, 3 a multiprocessor", 3, True, True, 3),
+    ("grid-stride planes without lattice points, own lattice rows, 3 a multiprocessor", 3, True, True, 4),
 )
 
 
