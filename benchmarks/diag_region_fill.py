@@ -34,8 +34,9 @@ in FP16 also the parts after the MMAs with the next input plane copied into shar
 stores may lengthen the loads that it takes out of the program's path: no faster on an H100, seventy-eighth session);
 in 3xFP16 also the parts issued where the warps wait for a partial sum's MMAs ("at the partial sums' waits",
 seventy-eighth session); and the planes without lattice points filled by whole planes, shared among a depth's
-programs, instead of each program's row blocks ("by whole planes", seventy-ninth session: the fill's pattern alone ran
-at 79% of zero_()'s rate on an H100, diag_region_pattern.py).
+programs, instead of each program's row blocks ("by whole planes"), or in memory order by the whole grid ("by the
+whole grid"): seventy-ninth session, where the fill's stores alone ran at 78% of zero_()'s rate on an H100
+(diag_region_pattern.py). Neither was faster than the library's form there (benchmarks/RESULTS.md).
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
 round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned

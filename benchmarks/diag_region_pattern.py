@@ -24,9 +24,12 @@ loads or lattice stores, in three patterns:
 compiled for three programs; "16 a multiprocessor" has no shared memory and as many programs as fit. `out.zero_()`,
 PyTorch's fill, is the floor. Each form's output, NaN-poisoned before the call, must be all zeros.
 
-Seventy-ninth session, H100: the region pattern at 3 a multiprocessor took 0.225 ms (2.54 TB/s), at 16 0.249-0.289,
-with plain stores 0.227, against zero_()'s 0.176-0.178 (3.21-3.25 TB/s): neither the warps nor the evict-first stores
-hold it back; the pattern or the code does, which the whole-planes and contiguous forms tell apart.
+What it found (seventy-ninth session, H100, benchmarks/RESULTS.md): the order of the stores, not the warps, holds
+the fill back. At 3 a multiprocessor the region pattern took 0.225 ms (2.54 TB/s, 78% of zero_()'s 0.176), with
+plain stores 0.227, at 16 a multiprocessor 0.249-0.289; whole planes 0.221; contiguous chunks 0.201 (0.221 at 16);
+the whole output in grid-stride order (program b every gridDim.x-th row block from b on) 0.194 (2.95 TB/s). With the
+lattice planes' rows left to their programs, as row_runs.py needs, the grid-stride order for the other planes took
+0.228: no gain. In the kernel neither whole planes nor the grid order was faster (diag_region_fill.py).
 """
 
 import argparse
