@@ -196,6 +196,60 @@ GRID_STRIDE_PLANES = ((WHOLE_PLANES[0][0], """    const int zero_planes = OUT_D 
             }
             const int k = region_planes - 1, c = s - own;
 """),)
+# A fill warpgroup: programs of two warpgroups, the second filling the region while the first computes (no fill in its
+# path): two programs a multiprocessor in FP16 (128 registers a thread; three of one warpgroup before), one in 3xFP16.
+# The region's code moves before the first weight copy, where the fill warpgroup branches off; it fills the planes
+# without lattice points, then (LATTICE_AFTER_SIGNAL) waits for the first warpgroup to begin its last depth tap, so
+# that write_tile's half-sector stores may still find the zeros in the L2, fills the lattice plane and arrives at
+# barrier 2, at which the first warpgroup waits before write_tile. The first warpgroup's barriers become barrier 1
+# of its 128 threads.
+_REGION_START = "#if REGION_FILL\n    // The output around this program's lattice tile"
+_REGION_END = "        }\n    };\n#endif\n"
+_REGION = row_runs.SOURCE[row_runs.SOURCE.index(_REGION_START):
+                          row_runs.SOURCE.index(_REGION_END, row_runs.SOURCE.index(_REGION_START)) + len(_REGION_END)]
+_FILL_PART = """    auto fill_part = [&](int part) {
+        const int first = segments * part / FILL_PARTS, end = segments * (part + 1) / FILL_PARTS;
+"""
+_MMA_BARRIER = 'asm volatile("bar.sync 1, %0;\\n" :: "n"(THREADS) : "memory");'
+
+
+def fill_warpgroup(lattice_after_signal: bool):
+    region = _REGION.replace(_FILL_PART, "    auto fill_segments = [&](int first, int end) {\n")
+    region = region.replace(_REGION_END, """        }
+    };
+    auto fill_part = [&](int) {};  // (the fill warpgroup fills)
+    if (threadIdx.x >= THREADS) {  // the fill warpgroup
+        fill_segments(0, segments - COB);  // the planes without lattice points
+        if (LATTICE_AFTER_SIGNAL)  // the first warpgroup's last depth tap begun
+            asm volatile("bar.sync 3, %0;\\n" :: "n"(2 * THREADS) : "memory");
+        fill_segments(segments - COB, segments);  // the lattice plane
+        __threadfence_block();
+        asm volatile("bar.arrive 2, %0;\\n" :: "n"(2 * THREADS) : "memory");
+        return;
+    }
+#endif
+""")
+    return (
+        ("extern \"C\" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)",
+         f"#define LATTICE_AFTER_SIGNAL {int(lattice_after_signal)}\n"
+         "extern \"C\" __global__ void __launch_bounds__(2 * THREADS, MIN_BLOCKS == 3 ? 2 : 1)"),
+        (_REGION, ""),
+        ("    copy_weights(0);\n", region + "    copy_weights(0);\n"),
+        ("            __syncthreads();  // every MMA", "            " + _MMA_BARRIER + "  // every MMA"),
+        ("        __syncthreads();\n        asm volatile(\"wgmma.fence", "        " + _MMA_BARRIER
+         + "\n        asm volatile(\"wgmma.fence"),
+        ("    __syncthreads();  // shared memory free", "    " + _MMA_BARRIER + "  // shared memory free"),
+        ("    __syncthreads();\n    float* y_tile", "    // the tile staged, and the fill warpgroup's stores done\n"
+         '    asm volatile("bar.sync 2, %0;\\n" :: "n"(2 * THREADS) : "memory");\n    float* y_tile'),
+        ("    for (int kd = 0; kd < KD; kd++) {\n", "    for (int kd = 0; kd < KD; kd++) {\n"
+         "#if REGION_FILL\n"
+         '        if (LATTICE_AFTER_SIGNAL && kd == KD - 1) asm volatile("bar.arrive 3, %0;\\n" :: "n"(2 * THREADS) : "memory");\n'
+         "#endif\n"),
+    )
+
+
+FILL_WARPGROUP = fill_warpgroup(False)
+FILL_WARPGROUP_SIGNALLED = fill_warpgroup(True)
 # (name, REGION_FILL, patches of row_runs.py's source, the one precision (split) they serve or None for both); the
 # bulk forms after the library's placements, the ones most likely to fault; the plane copy reads the input (FP16),
 # the partial sums are 3xFP16's.
@@ -212,6 +266,8 @@ FORMS = (
     ("REGION_FILL at the partial sums' waits (3xFP16 only)", True, AT_THE_PROMOTIONS, 2),
     ("REGION_FILL by whole planes", True, WHOLE_PLANES, None),
     ("REGION_FILL, planes without lattice points by the whole grid", True, GRID_STRIDE_PLANES, None),
+    ("REGION_FILL by a fill warpgroup", True, FILL_WARPGROUP, None),
+    ("REGION_FILL by a fill warpgroup, the lattice plane at the last depth tap", True, FILL_WARPGROUP_SIGNALLED, None),
 )
 P77_REGION = ((33, 65, 65), (2, 2), 1)
 
@@ -233,7 +289,9 @@ def builder(patches):
         return LIBRARY_ROW_RUNS_KERNEL
     shared_bytes = (bulk_shared_bytes if patches in (BULK, BULK_ALL) else
                     functools.partial(plane_copy_shared_bytes, plane_copy=True) if patches is PLANE_COPY else None)
-    return patched_row_runs(*patches, head=head(patches), exactly_once=True, shared_bytes=shared_bytes)
+    threads = 2 * row_runs.THREADS if patches in (FILL_WARPGROUP, FILL_WARPGROUP_SIGNALLED) else row_runs.THREADS
+    return patched_row_runs(*patches, head=head(patches), exactly_once=True, shared_bytes=shared_bytes,
+                            threads=threads)
 
 
 def registers() -> None:

@@ -68,11 +68,12 @@ def use_row_runs(builder=LIBRARY_ROW_RUNS_KERNEL, enabled: bool = True, direct_i
     torch_phase._prepared.clear()
 
 
-def patched_row_runs(*patches, head: str = "", has_bias=None, exactly_once: bool = False, shared_bytes=None):
+def patched_row_runs(*patches, head: str = "", has_bias=None, exactly_once: bool = False, shared_bytes=None,
+                     threads: int = row_runs.THREADS):
     """A builder for use_row_runs: row_runs.py's kernel compiled as the library compiles it, its source as
     patched_row_runs_source gives it, and compiled with or without a bias as has_bias says where given (else as the
     launch asks), with shared_bytes(taps, dilation, window_columns, split) of shared memory where given (else
-    row_runs.shared_bytes'). Each configuration is compiled once."""
+    row_runs.shared_bytes'), launched in blocks of threads. Each configuration is compiled once."""
     @functools.lru_cache(maxsize=None)
     def build(device_index, c_out, taps, dilation, window_columns, launch_has_bias, split, input_geometry=None,
               region=None):
@@ -82,7 +83,7 @@ def patched_row_runs(*patches, head: str = "", has_bias=None, exactly_once: bool
         with torch.cuda.device(device_index):
             return cuda._Kernel(text, "phase_conv_rows",
                                 (shared_bytes or row_runs.shared_bytes)(taps, dilation, window_columns, split),
-                                row_runs.THREADS)
+                                threads)
     return build
 
 
