@@ -27,7 +27,7 @@ NaN-poisoned before its first call, checked against the library's (bitwise), flo
 from p77_correlation import (LIBRARY_ROW_RUNS_KERNEL, Timings, alternate_forms, arguments, modes, patched_row_runs,
                              problem_77)
 
-STAGED = """    __syncthreads();  // shared memory free: the tile goes there
+STAGED = """    compute_sync();  // shared memory free: the tile goes there
 """
 STAGED_END = """    write_tile<ROWS, COB, THREADS>(staged, OCS, XW, y_tile, syc, syh, qh0, QH, lane < QW, warp, lane);
 """

@@ -46,11 +46,7 @@ With --profile, each mode runs each form's forward once, untimed: under Nsight C
 region_fill_ncu step) the correlations' DRAM bytes and times, nine launches a mode, in the forms' order.
 """
 
-import functools
-
 from convt3d.backends.cuda import row_runs
-from diag_plane_prefetch import PLANE_COPY
-from diag_plane_prefetch import shared_bytes as plane_copy_shared_bytes
 from p77_correlation import (LIBRARY_DIRECT_INPUT, LIBRARY_ROW_RUNS_KERNEL, P77, Timings, arguments, modes,
                              patched_row_runs, patched_row_runs_source, problem_77, use_row_runs)
 
@@ -58,11 +54,10 @@ from p77_correlation import (LIBRARY_DIRECT_INPUT, LIBRARY_ROW_RUNS_KERNEL, P77,
 LATTICE_PLANE = "            if (k == region_planes - 1) fill_run<false>(at, region_rows * OUT_W, value, lane);\n"
 OTHER_PLANES = "            else fill_run<true>(at, region_rows * OUT_W, value, lane);\n"
 PLAIN = (OTHER_PLANES, OTHER_PLANES.replace("<true>", "<false>"))
-# Where the fill's parts go (row_runs.py's FILL_BESIDE_LOADS, the library's: beside the loads reading the window, in
-# 3xFP16; after the MMAs reading the input, in FP16): either, in both precisions.
+# Where the computing warps' fill parts go (row_runs.py's FILL_BESIDE_LOADS: beside the loads reading the window, the
+# library's in 3xFP16): after each depth tap's MMAs instead.
 PLACEMENT = "    #define FILL_BESIDE_LOADS (!INPUT_DIRECT)\n"
 AFTER_THE_MMAS = (PLACEMENT, PLACEMENT.replace("(!INPUT_DIRECT)", "0"))
-BESIDE_LOADS = (PLACEMENT, PLACEMENT.replace("(!INPUT_DIRECT)", "1"))
 # 3xFP16 only: the parts issued where the warps wait for the MMAs of a partial sum (after steps 4, 8, 12 and 16 of a
 # depth tap's 18 k-steps at PROMOTE 4), that is while the tensor cores run, instead of beside the loads.
 AT_THE_PROMOTIONS = (
@@ -108,14 +103,12 @@ __device__ __forceinline__ void fill_run_bulk(float* p, int count, unsigned zero
 }
 """
 BULK = (
-    ("""    for (int e = HH * XW * (ROW / 4) + tid; e < PLANE_POS * (ROW / 4); e += THREADS) plane[e] = 0u;
-""", """    for (int e = HH * XW * (ROW / 4) + tid; e < PLANE_POS * (ROW / 4); e += THREADS) plane[e] = 0u;
-#if REGION_FILL
+    ("""#if REGION_FILL
+    // The output around this program's lattice tile""", """#if REGION_FILL
     float* const zeros = (float*)smem4 + ZERO_AT;  // (made visible to the bulk copies by the fence before the MMAs)
     for (int e = tid; e < ZERO_FLOATS; e += THREADS) zeros[e] = 0.f;
     const unsigned zeros_addr = smem_addr(zeros);
-#endif
-"""),
+    // The output around this program's lattice tile"""),
     (OTHER_PLANES + """        }
     };
 """, OTHER_PLANES.replace("else", "else if (HAS_BIAS)") + """            else fill_run_bulk(at, region_rows * OUT_W, zeros_addr, lane);
@@ -146,128 +139,23 @@ BULK_ALL = (
 #endif
 """),
 )
-# The planes without lattice points filled by whole planes: a depth's qh_blocks programs share its COB x
-# (region_planes - 1) such planes, each program taking whole planes of consecutive channels (its warps consecutive row
-# blocks of a plane), then its own rows of the lattice plane as before; so its zeros go out in runs of a whole plane
-# (16.9 KB on problem 77) instead of a row block's (2,080 bytes), which diag_region_pattern.py times alone.
-WHOLE_PLANES = ((
-    """    const int segments = COB * region_planes;
-    auto fill_part = [&](int part) {
-        const int first = segments * part / FILL_PARTS, end = segments * (part + 1) / FILL_PARTS;
-        for (int s = first + warp; s < end; s += THREADS / 32) {
-            const int k = s / COB, c = s % COB;
-""", """    const int qhb = qh0 / ROWS, pieces = COB * (region_planes - 1) * qh_blocks;
-    const int first_piece = pieces * qhb / qh_blocks, own = pieces * (qhb + 1) / qh_blocks - first_piece;
-    const int segments = own + COB;
-    auto fill_part = [&](int part) {
-        const int first = segments * part / FILL_PARTS, end = segments * (part + 1) / FILL_PARTS;
-        for (int s = first + warp; s < end; s += THREADS / 32) {
-            if (s < own) {  // (channel, plane without lattice points, row block)
-                const int piece = first_piece + s, rb = piece % qh_blocks;
-                const int k = piece / qh_blocks % (region_planes - 1), c = piece / qh_blocks / (region_planes - 1);
-                const int r0 = STRIDE_H * ROWS * rb, rows = (rb == qh_blocks - 1 ? OUT_H : STRIDE_H * ROWS * (rb + 1)) - r0;
-                fill_run<true>(out + n * syn + (long long)(ob * COB + c) * syc
-                               + (STRIDE_D * qd + k + (k >= LATTICE_D)) * plane_floats + r0 * row_floats,
-                               rows * OUT_W, HAS_BIAS ? bias[ob * COB + c] : 0.f, lane);
-                continue;
-            }
-            const int k = region_planes - 1, c = s - own;
-"""),)
-# The planes without lattice points filled in the order of memory by the whole grid: cut into row blocks, (sample,
-# channel, plane, row block) in memory order, program b taking every gridDim.x-th from b on; a program's lattice plane
-# as before. Programs that run together then write neighbouring row blocks, as zero_()'s do, instead of each its own
-# region (diag_region_pattern.py's "grid-stride planes ..." pattern).
-GRID_STRIDE_PLANES = ((WHOLE_PLANES[0][0], """    const int zero_planes = OUT_D - QD;  // (the layer's only phase: the grid is its programs)
-    const long long pieces = (long long)(gridDim.x / (QD * qh_blocks * (C_OUT / COB))) * C_OUT * zero_planes * qh_blocks;
-    const int own = (int)max(0LL, (pieces - blockIdx.x + gridDim.x - 1) / gridDim.x);
-    const int segments = own + COB;
-    auto fill_part = [&](int part) {
-        const int first = segments * part / FILL_PARTS, end = segments * (part + 1) / FILL_PARTS;
-        for (int s = first + warp; s < end; s += THREADS / 32) {
-            if (s < own) {  // (sample, channel, plane without lattice points, row block)
-                long long piece = (long long)s * gridDim.x + blockIdx.x;
-                const int rb = piece % qh_blocks; piece /= qh_blocks;
-                const int z = piece % zero_planes; piece /= zero_planes;
-                const int c = piece % C_OUT, qz = min(z / (STRIDE_D - 1), QD - 1), k = z - qz * (STRIDE_D - 1);
-                const int r0 = STRIDE_H * ROWS * rb, rows = (rb == qh_blocks - 1 ? OUT_H : STRIDE_H * ROWS * (rb + 1)) - r0;
-                fill_run<true>(out + piece / C_OUT * syn + c * syc + (STRIDE_D * qz + k + (k >= LATTICE_D)) * plane_floats
-                               + r0 * row_floats, rows * OUT_W, HAS_BIAS ? bias[c] : 0.f, lane);
-                continue;
-            }
-            const int k = region_planes - 1, c = s - own;
-"""),)
-# A fill warpgroup: programs of two warpgroups, the second filling the region while the first computes (no fill in its
-# path): two programs a multiprocessor in FP16 (128 registers a thread; three of one warpgroup before), one in 3xFP16.
-# The region's code moves before the first weight copy, where the fill warpgroup branches off; it fills the planes
-# without lattice points, then (LATTICE_AFTER_SIGNAL) waits for the first warpgroup to begin its last depth tap, so
-# that write_tile's half-sector stores may still find the zeros in the L2, fills the lattice plane and arrives at
-# barrier 2, at which the first warpgroup waits before write_tile. The first warpgroup's barriers become barrier 1
-# of its 128 threads.
-_REGION_START = "#if REGION_FILL\n    // The output around this program's lattice tile"
-_REGION_END = "        }\n    };\n#endif\n"
-_REGION = row_runs.SOURCE[row_runs.SOURCE.index(_REGION_START):
-                          row_runs.SOURCE.index(_REGION_END, row_runs.SOURCE.index(_REGION_START)) + len(_REGION_END)]
-_FILL_PART = """    auto fill_part = [&](int part) {
-        const int first = segments * part / FILL_PARTS, end = segments * (part + 1) / FILL_PARTS;
-"""
-_MMA_BARRIER = 'asm volatile("bar.sync 1, %0;\\n" :: "n"(THREADS) : "memory");'
-
-
-def fill_warpgroup(lattice_after_signal: bool):
-    region = _REGION.replace(_FILL_PART, "    auto fill_segments = [&](int first, int end) {\n")
-    region = region.replace(_REGION_END, """        }
-    };
-    auto fill_part = [&](int) {};  // (the fill warpgroup fills)
-    if (threadIdx.x >= THREADS) {  // the fill warpgroup
-        fill_segments(0, segments - COB);  // the planes without lattice points
-        if (LATTICE_AFTER_SIGNAL)  // the first warpgroup's last depth tap begun
-            asm volatile("bar.sync 3, %0;\\n" :: "n"(2 * THREADS) : "memory");
-        fill_segments(segments - COB, segments);  // the lattice plane
-        __threadfence_block();
-        asm volatile("bar.arrive 2, %0;\\n" :: "n"(2 * THREADS) : "memory");
-        return;
-    }
-#endif
-""")
-    return (
-        ("extern \"C\" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)",
-         f"#define LATTICE_AFTER_SIGNAL {int(lattice_after_signal)}\n"
-         "extern \"C\" __global__ void __launch_bounds__(2 * THREADS, MIN_BLOCKS == 3 ? 2 : 1)"),
-        (_REGION, ""),
-        ("    copy_weights(0);\n", region + "    copy_weights(0);\n"),
-        ("            __syncthreads();  // every MMA", "            " + _MMA_BARRIER + "  // every MMA"),
-        ("        __syncthreads();\n        asm volatile(\"wgmma.fence", "        " + _MMA_BARRIER
-         + "\n        asm volatile(\"wgmma.fence"),
-        ("    __syncthreads();  // shared memory free", "    " + _MMA_BARRIER + "  // shared memory free"),
-        ("    __syncthreads();\n    float* y_tile", "    // the tile staged, and the fill warpgroup's stores done\n"
-         '    asm volatile("bar.sync 2, %0;\\n" :: "n"(2 * THREADS) : "memory");\n    float* y_tile'),
-        ("    for (int kd = 0; kd < KD; kd++) {\n", "    for (int kd = 0; kd < KD; kd++) {\n"
-         "#if REGION_FILL\n"
-         '        if (LATTICE_AFTER_SIGNAL && kd == KD - 1) asm volatile("bar.arrive 3, %0;\\n" :: "n"(2 * THREADS) : "memory");\n'
-         "#endif\n"),
-    )
-
-
-FILL_WARPGROUP = fill_warpgroup(False)
-FILL_WARPGROUP_SIGNALLED = fill_warpgroup(True)
+# FP16 only: the fill in the computing warps, as the library did before the seventy-ninth session (three programs of
+# one warpgroup a multiprocessor), instead of a fill warpgroup (row_runs.py's FILL_WARPGROUP).
+COMPUTING_WARPS = (("#define FILL_WARPGROUP 1\n", "#define FILL_WARPGROUP 0\n"),
+                   ("#define MIN_BLOCKS 2\n", "#define MIN_BLOCKS 3\n"))
 # (name, REGION_FILL, patches of row_runs.py's source, the one precision (split) they serve or None for both); the
 # bulk forms after the library's placements, the ones most likely to fault; the plane copy reads the input (FP16),
 # the partial sums are 3xFP16's.
 FORMS = (
     ("default: zero_(), pass, correlation", False, (), None),
-    ("REGION_FILL (the library's: evict-first stores off the lattice plane)", True, (), None),
-    ("REGION_FILL after the MMAs", True, (AFTER_THE_MMAS,), None),
-    ("REGION_FILL beside the plane's loads", True, (BESIDE_LOADS,), None),
-    ("REGION_FILL, plain stores throughout", True, (PLAIN,), None),
-    ("REGION_FILL at the end", True, (AFTER_THE_MMAS, AT_THE_END), None),
-    ("REGION_FILL, bulk copies", True, BULK, None),
-    ("REGION_FILL, bulk copies, lattice plane too", True, BULK_ALL, None),
-    ("REGION_FILL after the MMAs, the next plane copied during them (FP16 only)", True, PLANE_COPY, 3),
+    ("REGION_FILL (the library's: evict-first stores off the lattice plane; FP16 by a fill warpgroup)", True, (), None),
+    ("REGION_FILL in the computing warps (FP16 only)", True, COMPUTING_WARPS, 3),
+    ("REGION_FILL after the MMAs (3xFP16 only)", True, (AFTER_THE_MMAS,), 2),
+    ("REGION_FILL, plain stores throughout (3xFP16 only)", True, (PLAIN,), 2),
+    ("REGION_FILL at the end (3xFP16 only)", True, (AFTER_THE_MMAS, AT_THE_END), 2),
+    ("REGION_FILL, bulk copies (3xFP16 only)", True, BULK, 2),
+    ("REGION_FILL, bulk copies, lattice plane too (3xFP16 only)", True, BULK_ALL, 2),
     ("REGION_FILL at the partial sums' waits (3xFP16 only)", True, AT_THE_PROMOTIONS, 2),
-    ("REGION_FILL by whole planes", True, WHOLE_PLANES, None),
-    ("REGION_FILL, planes without lattice points by the whole grid", True, GRID_STRIDE_PLANES, None),
-    ("REGION_FILL by a fill warpgroup", True, FILL_WARPGROUP, None),
-    ("REGION_FILL by a fill warpgroup, the lattice plane at the last depth tap", True, FILL_WARPGROUP_SIGNALLED, None),
 )
 P77_REGION = ((33, 65, 65), (2, 2), 1)
 
@@ -287,11 +175,8 @@ def builder(patches):
     """cuda._row_runs_kernel's stand-in for a form: the library's own where it patches nothing."""
     if not patches:
         return LIBRARY_ROW_RUNS_KERNEL
-    shared_bytes = (bulk_shared_bytes if patches in (BULK, BULK_ALL) else
-                    functools.partial(plane_copy_shared_bytes, plane_copy=True) if patches is PLANE_COPY else None)
-    threads = 2 * row_runs.THREADS if patches in (FILL_WARPGROUP, FILL_WARPGROUP_SIGNALLED) else row_runs.THREADS
-    return patched_row_runs(*patches, head=head(patches), exactly_once=True, shared_bytes=shared_bytes,
-                            threads=threads)
+    shared_bytes = bulk_shared_bytes if patches in (BULK, BULK_ALL) else None
+    return patched_row_runs(*patches, head=head(patches), exactly_once=True, shared_bytes=shared_bytes)
 
 
 def registers() -> None:

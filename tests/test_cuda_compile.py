@@ -193,7 +193,8 @@ P77_REGION = ((33, 65, 65), (2, 2), 1)  # (row_runs.source's region: cuda.phases
 @pytest.mark.parametrize("region", [None, P77_REGION], ids=["lattice", "region_fill"])
 def test_row_runs_correlation_compiles_without_spills(c_in, c_out, taps, dilation, split, input_geometry, region):
     """row_runs.py's kernel on the correlations it serves (32 input channels, blocks of 64 output channels), reading
-    the window or the input itself, writing the lattice alone or filling the rest of the output too (REGION_FILL), at
+    the window or the input itself, writing the lattice alone or filling the rest of the output too (REGION_FILL; in
+    FP16 up to N = 136 by a second warpgroup, FILL_WARPGROUP, two programs of 256 threads a multiprocessor), at
     its narrowest window (32 columns and the taps' reach) and its widest (the most its N allows), with and without a
     bias: no spills, and registers that leave room for its programs per multiprocessor. By default (run_in_sample)
     the most taps of each channel pair and dilation."""
@@ -208,7 +209,8 @@ def test_row_runs_correlation_compiles_without_spills(c_in, c_out, taps, dilatio
         source = row_runs.source(c_out, taps, dilation, columns, has_bias, split, input_geometry, region)
         registers, spilled = registers_and_spills(source)
         assert spilled == 0, (columns, registers, spilled)
-        assert registers * row_runs.THREADS * row_runs.programs_per_multiprocessor(split, columns) <= 65536, registers
+        threads = row_runs.block_threads(split, columns, region)
+        assert registers * threads * row_runs.programs_per_multiprocessor(split, columns, region) <= 65536, registers
 
 
 @pytest.mark.parametrize("c_in, c_out, taps, dilation", WEIGHT)

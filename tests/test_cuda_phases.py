@@ -505,20 +505,27 @@ def _only_phases(input_shape, weight_shape, stride, padding, dilation, output_pa
 
 def test_region_fill_serves_a_layers_only_phase_on_row_runs_kernel(monkeypatch):
     """Where the correlation fills the rest of the output itself (cuda.REGION_FILL; by default, None, with TF32 off
-    only): problem 77's geometry, one phase on row_runs.py's kernel, into a contiguous output, in both precisions
-    with the switch on: the output's sizes, the lattice's steps along D and H and its first plane (its phase's, at 1
-    with padding 1 and at 0 with padding 0). None into a channels_last_3d output (rows not contiguous), for a layer
-    of several phases (k3 s2), where phase_conv.py's kernel serves (64 input channels), in 3xTF32 (CONVT3D_SPLIT=1:
-    phase_conv.py's kernel), with the switch off, or by default in TF32 mode."""
+    and, in TF32 mode, where a fill warpgroup does it: row_runs.fill_warpgroup): problem 77's geometry, one phase on
+    row_runs.py's kernel, into a contiguous output, in both precisions by default or with the switch on: the output's
+    sizes, the lattice's steps along D and H and its first plane (its phase's, at 1 with padding 1 and at 0 with
+    padding 0). With 5 x 5 x 5 taps (the window 36 columns wide: N 144, past a fill warpgroup's) in TF32 mode only
+    with the switch on. None into a channels_last_3d output (rows not contiguous), for a layer of several phases
+    (k3 s2), where phase_conv.py's kernel serves (64 input channels), in 3xTF32 (CONVT3D_SPLIT=1: phase_conv.py's
+    kernel), or with the switch off."""
     plan, phases = _only_phases((2, 32, 16, 32, 32), (32, 64, 3, 3, 3), 2, 1, 2)
     strides = torch.empty(plan.output_shape, device="meta").stride()
     expected = ((33, 65, 65), (2, 2), 1)
-    for region_fill, in_tf32, tf32_off in ((False, None, None), (0, None, None), (None, None, expected),
-                                           (True, expected, expected)):
+    k5, k5_phases = _only_phases((2, 32, 8, 16, 16), (32, 64, 5, 5, 5), 2, 2, 2)
+    k5_strides = torch.empty(k5.output_shape, device="meta").stride()
+    k5_expected = ((19, 35, 35), (2, 2), 0)
+    for region_fill, in_tf32, tf32_off, k5_in_tf32 in ((False, None, None, None), (0, None, None, None),
+                                                       (None, expected, expected, None),
+                                                       (True, expected, expected, k5_expected)):
         monkeypatch.setattr(cuda, "REGION_FILL", region_fill)
-        for tf32, region in ((True, in_tf32), (False, tf32_off)):
+        for tf32, region, k5_region in ((True, in_tf32, k5_in_tf32), (False, tf32_off, tf32_off and k5_expected)):
             with torch.backends.cudnn.flags(enabled=True, allow_tf32=tf32):
                 assert cuda_phases.region_fill(plan, phases, strides) == region, (region_fill, tf32)
+                assert cuda_phases.region_fill(k5, k5_phases, k5_strides) == k5_region, (region_fill, tf32)
     monkeypatch.setattr(cuda, "SPLIT", 1)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         assert cuda_phases.region_fill(plan, phases, strides) is None

@@ -14,9 +14,10 @@ value lies within 2^29 of the largest its tile reads); CONVT3D_TF32_AS_FP16=0 (o
 itself. With TF32 off it splits its operands in FP16 parts (3xFP16); CONVT3D_SPLIT=1 (or cuda.SPLIT = 1) takes TF32
 parts instead (3xTF32, twice the MMAs). CONVT3D_ROW_RUNS=0 (or cuda.ROW_RUNS = False) keeps phase_conv.py's kernel
 where row_runs.py's would serve; CONVT3D_DIRECT_INPUT=0 (or cuda.DIRECT_INPUT = False) has row_runs.py's forward read
-the operand pass's window rather than the input itself. With TF32 off, row_runs.py's kernel fills the output around
-a layer's only phase itself rather than after a fill of the whole output; CONVT3D_REGION_FILL=1 (or cuda.REGION_FILL
-= True) has it do so in TF32 mode too (slower there on the H200), CONVT3D_REGION_FILL=0 (False) in neither.
+the operand pass's window rather than the input itself. row_runs.py's kernel fills the output around a layer's only
+phase itself rather than after a fill of the whole output: with TF32 off, and in TF32 mode where a second warpgroup of
+each program does it (row_runs.fill_warpgroup); CONVT3D_REGION_FILL=1 (or cuda.REGION_FILL = True) has it do so in
+TF32 mode wherever it computes such a phase, CONVT3D_REGION_FILL=0 (False) nowhere.
 """
 
 from __future__ import annotations
@@ -55,12 +56,12 @@ ROW_RUNS = environment.switch("CONVT3D_ROW_RUNS", True)
 DIRECT_INPUT = environment.switch("CONVT3D_DIRECT_INPUT", True)
 # Whether row_runs.py's kernel, where it computes a layer's only phase (problem 77), fills the rest of the output itself
 # (row_runs.py, REGION_FILL; phases.region_fill says where) rather than after a fill of the whole output: True, False,
-# or None (the default): with TF32 off only (3xFP16). On the H200 problem 77's forward took 0.318-0.323 ms with it
-# against 0.349-0.350 with TF32 off, but 0.288-0.289 against 0.268-0.273 in TF32 mode (FP16), where its correlation,
-# shorter, hid less of the fill: the correlation wrote the fill's bytes at about half the DRAM's rate
-# (benchmarks/diag_region_fill.py, seventy-sixth session). On an H100 (seventy-eighth session) 0.348-0.361 against
-# 0.412-0.413 with TF32 off (its parts beside the plane's loads: row_runs.py's FILL_BESIDE_LOADS), 0.352-0.390 against
-# 0.340-0.359 in TF32 mode.
+# or None (the default): with TF32 off (3xFP16), and in TF32 mode (FP16) where a fill warpgroup does it
+# (row_runs.fill_warpgroup: N up to 136). On the H200 problem 77's forward took 0.318-0.323 ms with it against
+# 0.349-0.350 with TF32 off (seventy-sixth session; 0.2996-0.3003 against 0.3469-0.3490 with its parts beside the
+# plane's loads, seventy-ninth); in TF32 mode 0.2508-0.2521 against 0.2618-0.2644 with a fill warpgroup, but
+# 0.279-0.280 with the fill in the computing warps, where the correlation, shorter than in 3xFP16, hid less of the fill
+# (benchmarks/diag_region_fill.py, seventy-ninth session).
 REGION_FILL = environment.switch("CONVT3D_REGION_FILL", None)
 # Where compiled kernels are kept for later processes (kernel_cache.py): CONVT3D_CACHE_DIR, by default
 # $XDG_CACHE_HOME/convt3d or ~/.cache/convt3d; an empty CONVT3D_CACHE_DIR (or cuda.CACHE_DIR = "") keeps none.
@@ -229,7 +230,7 @@ def _row_runs_spec(c_out: int, taps, dilation, window_columns: int, has_bias: bo
     if shared > MAX_SHARED_BYTES // 2 - 1024:
         return None
     return (row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, input_geometry, region),
-            "phase_conv_rows", shared, row_runs.THREADS)
+            "phase_conv_rows", shared, row_runs.block_threads(split, window_columns, region))
 
 
 def _programs(batch: int, grid, rows: int, c_out: int, cob: int) -> int:

@@ -19,7 +19,7 @@ from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands, operands_at_addresses
 from . import (compiled_together, correlate, correlate_grad_weight, correlate_phases, correlation_kernel,
                correlation_spec, correlation_unsupported, grad_weight_kernel_unsupported, grad_weight_splits,
-               phase_conv_unsupported, phase_launches, reads_input, window_extent)
+               phase_conv_unsupported, phase_launches, reads_input, row_runs, window_extent)
 
 
 def _split(tf32: bool) -> int:
@@ -129,13 +129,18 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
 
 def region_fill(plan: Plan, phase_list: tuple, out_strides) -> tuple | None:
     """row_runs.source's region for a forward whose correlation may fill the rest of an output of out_strides itself
-    (cuda.REGION_FILL on, or None with TF32 off): the layer's only phase (phase_list's one) on row_runs.py's kernel,
-    into an output whose planes and rows are contiguous; else None (the caller fills the output first)."""
-    tf32 = cudnn_allow_tf32()
-    wanted = not tf32 if cuda.REGION_FILL is None else cuda.REGION_FILL
-    if not wanted or len(phase_list) != 1:
+    (cuda.REGION_FILL on, or None: with TF32 off, and in TF32 mode where a fill warpgroup does it,
+    row_runs.fill_warpgroup): the layer's only phase (phase_list's one) on row_runs.py's kernel, into an output whose
+    planes and rows are contiguous; else None (the caller fills the output first)."""
+    if (cuda.REGION_FILL is not None and not cuda.REGION_FILL) or len(phase_list) != 1:
         return None
-    return _region(plan, phase_list, _split(tf32), tuple(out_strides))
+    split = _split(cudnn_allow_tf32())
+    region = _region(plan, phase_list, split, tuple(out_strides))
+    if region is not None and cuda.REGION_FILL is None and split == 3:
+        _, (_, _, window_columns), _ = _forward_geometry(plan, phase_list, split)
+        if not row_runs.fill_warpgroup(split, window_columns, region):
+            return None
+    return region
 
 
 @functools.lru_cache(maxsize=256)

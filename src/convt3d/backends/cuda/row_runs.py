@@ -11,7 +11,8 @@ multiple of 8 (m64n136k16 for problem 77, XW = 34). Each row's last XW - QW posi
 the MMAs on problem 77), and each tap (kh, kw) reads the run from position kh * DH * XW + kw * DW on: wgmma reads a
 swizzled operand from any row. A grid of QW <= 32 columns, then, one column block.
 
-A program (one warpgroup) owns ROWS rows of one qd plane and 64 output channels. Per depth tap it copies the weights
+A program (one warpgroup; two where a second one fills the output around the tile, FILL_WARPGROUP below) owns ROWS
+rows of one qd plane and 64 output channels. Per depth tap it copies the weights
 of the tap's KH x KW taps into shared memory (16-byte cp.async) and reads the window plane (ROWS + (KH - 1) * DH rows)
 into registers, scales and splits it into FP16 halves as phase_conv.py's split_plane does (the weight's channel
 order), and stores each position as a row: 64 bytes of hi halves in FP16 (64-byte swizzle), 128 bytes of hi then lo
@@ -98,7 +99,17 @@ template <bool STREAMED> __device__ __forceinline__ void fill_run(float* p, int 
 """
 
 SOURCE = r"""
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
+// The computing warpgroup's barrier: beside a fill warpgroup (FILL_WARPGROUP), which never waits there, barrier 1 of
+// its THREADS threads.
+__device__ __forceinline__ void compute_sync() {
+#if FILL_WARPGROUP
+    asm volatile("bar.sync 1, %0;\n" :: "n"(THREADS) : "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS * (1 + FILL_WARPGROUP), MIN_BLOCKS)
 phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,
                 const float* __restrict__ bias, const float* __restrict__ block_max,
                 const float* __restrict__ w_inverse, float* __restrict__ y, int XD, int XH, int XW_, int KHF, int KWF,
@@ -143,6 +154,63 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         }
         cp_commit();
     };
+#if REGION_FILL
+    // The output around this program's lattice tile, filled with the bias (or zero): planes STRIDE_D qd on to
+    // STRIDE_D (qd + 1) (to the last, by the last qd), rows STRIDE_H qh0 on to STRIDE_H (qh0 + ROWS) (to the last, by
+    // the last row block), every column, the block's channels; every output element lies in one program's region, and
+    // the layer's only phase is this one. Segment s: channel s % COB of the region's plane s / COB, the planes without
+    // lattice points first, by evict-first stores, the lattice plane last, by plain ones, so that write_tile's stores
+    // may find its sectors in the L2 (on the H200 problem 77's forward took 0.318-0.323 ms so against 0.336-0.342 with
+    // plain stores throughout, TF32 off: benchmarks/diag_region_fill.py, seventy-sixth session); the barriers before
+    // write_tile order them after every thread's fill.
+    // FILL_BESIDE_LOADS: in KD x LOAD_ROUNDS parts, each while a round of the window plane's loads is in flight, so
+    // that the next plane's loads do not queue behind a depth tap's whole part; else in KD parts, part kd while the
+    // tensor cores run depth tap kd's MMAs. On an H100 (seventy-eighth session) problem 77's forward took 0.348-0.361
+    // ms beside the loads (ten rounds of 100 calls) against 0.368-0.375 after the MMAs (five of six; the sixth 0.445)
+    // in 3xFP16, reading the window; in FP16, reading the input by 16 scalar loads a unit, it was slower beside the
+    // loads in each of six rounds (0.375-0.460 against 0.352-0.390). The FP16 kernel on the window is untimed.
+    // FILL_WARPGROUP (FP16, fill_warpgroup()): the program is two warpgroups, the second filling the region while the
+    // first computes, which then fills nothing; the planes without lattice points at once, the lattice plane once the
+    // first warpgroup begins its last depth tap (barrier 3: so that its zeros are still in the L2 when write_tile's
+    // stores come), then barrier 2, which the first waits at before write_tile. Two such programs a multiprocessor
+    // (the first warpgroup in 128 registers a thread) instead of three of one. On the H200 (seventy-ninth session)
+    // problem 77's forward took 0.2508-0.2521 ms so against 0.2618-0.2644 with a fill first and 0.279-0.280 with the
+    // fill in the computing warps; with the lattice plane filled at once, 0.302-0.309 (benchmarks/diag_region_fill.py).
+    #define FILL_BESIDE_LOADS (!INPUT_DIRECT)
+    #define FILL_PARTS (FILL_BESIDE_LOADS ? KD * LOAD_ROUNDS : KD)
+    float* const out = y - phase[9];
+    const long long plane_floats = syd / STRIDE_D, row_floats = syh / STRIDE_H;
+    const int row0 = STRIDE_H * qh0, region_rows = (qh0 + ROWS >= QH ? OUT_H : STRIDE_H * (qh0 + ROWS)) - row0;
+    const int region_planes = (qd == QD - 1 ? OUT_D : STRIDE_D * (qd + 1)) - STRIDE_D * qd;
+    const int segments = COB * region_planes;
+    auto fill_segments = [&](int first, int end) {
+        for (int s = first + warp; s < end; s += THREADS / 32) {
+            const int k = s / COB, c = s % COB;
+            const int d = STRIDE_D * qd + (k == region_planes - 1 ? LATTICE_D : k + (k >= LATTICE_D));
+            float* const at = out + n * syn + (long long)(ob * COB + c) * syc + d * plane_floats + row0 * row_floats;
+            const float value = HAS_BIAS ? bias[ob * COB + c] : 0.f;
+            if (k == region_planes - 1) fill_run<false>(at, region_rows * OUT_W, value, lane);
+            else fill_run<true>(at, region_rows * OUT_W, value, lane);
+        }
+    };
+    auto fill_part = [&](int part) {  // (the computing warpgroup's: none beside a fill warpgroup)
+        if (!FILL_WARPGROUP) fill_segments(segments * part / FILL_PARTS, segments * (part + 1) / FILL_PARTS);
+    };
+#if FILL_WARPGROUP
+    // The fill warpgroup gives up registers for the computing one (launched with 128 a thread, as two programs of 256
+    // threads a multiprocessor allow): ptxas then fits the computing warpgroup without spills.
+    if (threadIdx.x >= THREADS) {  // the fill warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(FILL_REGISTERS));
+        fill_segments(0, segments - COB);  // the planes without lattice points
+        asm volatile("bar.sync 3, %0;\n" :: "n"(2 * THREADS) : "memory");  // the last depth tap begun
+        fill_segments(segments - COB, segments);  // the lattice plane
+        __threadfence_block();
+        asm volatile("bar.arrive 2, %0;\n" :: "n"(2 * THREADS) : "memory");
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(2 * 128 - FILL_REGISTERS));
+#endif
+#endif
     copy_weights(0);
     for (int e = HH * XW * (ROW / 4) + tid; e < PLANE_POS * (ROW / 4); e += THREADS) plane[e] = 0u;
 
@@ -165,46 +233,15 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
                                         lane), a_inverse);
     }
     const unsigned weights_addr = smem_addr(weights), plane_addr = smem_addr((float*)plane);
-#if REGION_FILL
-    // The output around this program's lattice tile, filled with the bias (or zero): planes STRIDE_D qd on to
-    // STRIDE_D (qd + 1) (to the last, by the last qd), rows STRIDE_H qh0 on to STRIDE_H (qh0 + ROWS) (to the last, by
-    // the last row block), every column, the block's channels; every output element lies in one program's region, and
-    // the layer's only phase is this one. Segment s: channel s % COB of the region's plane s / COB, the planes without
-    // lattice points first, by evict-first stores, the lattice plane last, by plain ones, so that write_tile's stores
-    // may find its sectors in the L2 (on the H200 problem 77's forward took 0.318-0.323 ms so against 0.336-0.342 with
-    // plain stores throughout, TF32 off: benchmarks/diag_region_fill.py, seventy-sixth session); the barriers before
-    // write_tile order them after every thread's fill.
-    // FILL_BESIDE_LOADS: in KD x LOAD_ROUNDS parts, each while a round of the window plane's loads is in flight, so
-    // that the next plane's loads do not queue behind a depth tap's whole part; else in KD parts, part kd while the
-    // tensor cores run depth tap kd's MMAs. On an H100 (seventy-eighth session) problem 77's forward took 0.348-0.361
-    // ms beside the loads (ten rounds of 100 calls) against 0.368-0.375 after the MMAs (five of six; the sixth 0.445)
-    // in 3xFP16, reading the window; in FP16, reading the input by 16 scalar loads a unit, it was slower beside the
-    // loads in each of six rounds (0.375-0.460 against 0.352-0.390). The FP16 kernel on the window is untimed.
-    #define FILL_BESIDE_LOADS (!INPUT_DIRECT)
-    #define FILL_PARTS (FILL_BESIDE_LOADS ? KD * LOAD_ROUNDS : KD)
-    float* const out = y - phase[9];
-    const long long plane_floats = syd / STRIDE_D, row_floats = syh / STRIDE_H;
-    const int row0 = STRIDE_H * qh0, region_rows = (qh0 + ROWS >= QH ? OUT_H : STRIDE_H * (qh0 + ROWS)) - row0;
-    const int region_planes = (qd == QD - 1 ? OUT_D : STRIDE_D * (qd + 1)) - STRIDE_D * qd;
-    const int segments = COB * region_planes;
-    auto fill_part = [&](int part) {
-        const int first = segments * part / FILL_PARTS, end = segments * (part + 1) / FILL_PARTS;
-        for (int s = first + warp; s < end; s += THREADS / 32) {
-            const int k = s / COB, c = s % COB;
-            const int d = STRIDE_D * qd + (k == region_planes - 1 ? LATTICE_D : k + (k >= LATTICE_D));
-            float* const at = out + n * syn + (long long)(ob * COB + c) * syc + d * plane_floats + row0 * row_floats;
-            const float value = HAS_BIAS ? bias[ob * COB + c] : 0.f;
-            if (k == region_planes - 1) fill_run<false>(at, region_rows * OUT_W, value, lane);
-            else fill_run<true>(at, region_rows * OUT_W, value, lane);
-        }
-    };
-#endif
 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
+#if FILL_WARPGROUP
+        if (kd == KD - 1) asm volatile("bar.arrive 3, %0;\n" :: "n"(2 * THREADS) : "memory");  // the lattice plane's turn
+#endif
         if (kd > 0) {
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-            __syncthreads();  // every MMA reading the previous depth tap's plane and weights is done
+            compute_sync();  // every MMA reading the previous depth tap's plane and weights is done
             copy_weights(kd);
         }
         if (SPLIT == 2)
@@ -290,7 +327,7 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         cp_wait<0>();  // this depth tap's weights
         // The plane's stores and the copies visible to the tensor cores.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
+        compute_sync();
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
         #pragma unroll
         for (int tap = 0; tap < KH * KW; tap++) {
@@ -326,7 +363,7 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     if (PARTIALS) add_partial();  // the last partial
-    __syncthreads();  // shared memory free: the tile goes there
+    compute_sync();  // shared memory free: the tile goes there
 
     // d[4 j + e]: output channel 16 warp + g + 8 (e / 2) of the block, position 8 j + 2 t + e % 2. Staged as
     // [channel][position], the bias added and the sums scaled back (FP16's two inverses multiplied apart: their
@@ -344,7 +381,11 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
             staged[o * OCS + 8 * j + 2 * t + 1] = d[4 * j + 2 * hf + 1] * s * a_unit + b;
         }
     }
+#if FILL_WARPGROUP
+    asm volatile("bar.sync 2, %0;\n" :: "n"(2 * THREADS) : "memory");  // and the fill warpgroup's stores done
+#else
     __syncthreads();
+#endif
     float* y_tile = y + n * syn + (long long)(ob * COB) * syc + qd * syd + (long long)lane * syw;
     write_tile<ROWS, COB, THREADS>(staged, OCS, XW, y_tile, syc, syh, qh0, QH, lane < QW, warp, lane);
 }
@@ -381,10 +422,28 @@ def shared_bytes(taps, dilation, window_columns: int, split: int) -> int:
                4 * 64 * (positions(window_columns) + 4))
 
 
-def programs_per_multiprocessor(split: int, window_columns: int) -> int:
+# A fill warpgroup's registers a thread (setmaxnreg): its code needs about 40.
+FILL_REGISTERS = 56
+
+
+def fill_warpgroup(split: int, window_columns: int, region) -> bool:
+    """Whether a program that fills its region (REGION_FILL: region given) has a second warpgroup to do it
+    (FILL_WARPGROUP): in FP16 up to N = 136, where two programs of two warpgroups a multiprocessor leave the
+    computing warpgroup 2 x 128 - FILL_REGISTERS registers a thread."""
+    return region is not None and split == 3 and positions(window_columns) <= 136
+
+
+def block_threads(split: int, window_columns: int, region=None) -> int:
+    """A program's threads: one warpgroup, or two with a fill warpgroup."""
+    return THREADS * (2 if fill_warpgroup(split, window_columns, region) else 1)
+
+
+def programs_per_multiprocessor(split: int, window_columns: int, region=None) -> int:
     """The programs a multiprocessor holds (as __launch_bounds__ tells ptxas): FP16 three up to N = 136 (its N / 2 sums
-    within 170 registers a thread), else two. On the H200 (sixty-fourth session) problem 77's FP16 correlation took
-    0.096 ms with three, 0.104 with two."""
+    within 170 registers a thread), else two; two with a fill warpgroup. On the H200 (sixty-fourth session) problem
+    77's FP16 correlation took 0.096 ms with three, 0.104 with two."""
+    if fill_warpgroup(split, window_columns, region):
+        return 2
     return 3 if split == 3 and positions(window_columns) <= 136 else 2
 
 
@@ -395,14 +454,17 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
     sizes, the window's start in it, its strides N, C, D, H in elements: its rows contiguous), from the input itself;
     sizes as macros, so that every loop unrolls and the input's offsets fold into its loads (INPUT_DIRECT above).
     region (REGION_FILL), where given: ((D, H, W) of an output whose planes and rows are contiguous, the lattice's
-    steps along D and H, its first plane), for a launch of the layer's only phase that fills the output itself."""
+    steps along D and H, its first plane), for a launch of the layer's only phase that fills the output itself; the
+    kernel then runs in blocks of block_threads()."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     input_defines = input_macros(input_geometry) if input_geometry is not None else {}
     region_defines = region_macros(region) if region is not None else {}
     defines = dict(C_IN=32, C_OUT=c_out, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, XW=window_columns, ROWS=ROWS,
                    HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
-                   **input_defines, REGION_FILL=int(region is not None), **region_defines, PROMOTE=PROMOTE,
-                   THREADS=THREADS, MIN_BLOCKS=programs_per_multiprocessor(split, window_columns),
+                   **input_defines, REGION_FILL=int(region is not None), **region_defines,
+                   FILL_WARPGROUP=int(fill_warpgroup(split, window_columns, region)), FILL_REGISTERS=FILL_REGISTERS,
+                   PROMOTE=PROMOTE,
+                   THREADS=THREADS, MIN_BLOCKS=programs_per_multiprocessor(split, window_columns, region),
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return (head + COPY_HELPERS + FP16_HELPERS + TILE_HELPERS + PHASE_HELPERS + REGION_HELPERS
