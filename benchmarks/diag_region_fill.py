@@ -1,5 +1,6 @@
 """Problem 77's forward with no fill before the correlation: each of row_runs.py's programs fills the output around
-its own lattice tile, the stores issued while it computes (cuda.REGION_FILL: by default with TF32 off only). (GPU)
+its own lattice tile, the stores issued while it computes (cuda.REGION_FILL: by default with TF32 off, and in TF32
+mode by a fill warpgroup). (GPU)
 
     PYTHONPATH=src python3 benchmarks/diag_region_fill.py [--iters 100] [--rounds 2]
     PYTHONPATH=src:tests python3 benchmarks/diag_region_fill.py --registers   # on a CPU with NVRTC: ptxas's report
@@ -18,32 +19,32 @@ output element in exactly one region (row_runs.py's REGION_FILL). The region is 
 (3xFP16) or after a depth tap's MMAs are issued (FP16, reading the input: FILL_BESIDE_LOADS); the lattice plane's
 segments come last, so that the zeros of the lattice's sectors may still be in the L2 when
 write_tile's half-sector stores come. If the fill runs at the DRAM's rate in the correlation's shadow, the forward
-moves about 605 MB instead of about 880.
+moves about 605 MB instead of about 880. In FP16 (row_runs.py's FILL_WARPGROUP, seventy-ninth session) a second
+warpgroup of each program fills the region instead, its lattice plane once the computing warpgroup begins its last
+depth tap.
 
 Forms, each the library's forward (backend="torch"): a fill first (zero_(), the pass, the correlation); REGION_FILL
-on (the planes without lattice points by evict-first stores, so that the L2 keeps the lattice plane's zeros: the
-seventy-sixth session's "streamed" form, the library's since; its parts placed as above since the seventy-eighth); and
-six patches of its code: each part after a depth tap's MMAs in both precisions ("after the MMAs", the library's before
-the seventy-eighth session) or beside the loads in both ("beside the plane's loads"), plain stores throughout (the
-seventy-sixth session's plain REGION_FILL), every part once the last depth tap's MMAs are issued ("at the end"), the
-planes without lattice points stored by bulk copies of zeros from shared memory ("bulk copies", seventy-fifth
-session: the tensor memory accelerator's stores instead of the warps'), and every plane so ("bulk copies, lattice plane
-too": the warps then store only write_tile's sums, after waiting for the copies), both with the library's placement;
-in FP16 also the parts after the MMAs with the next input plane copied into shared memory during them
-(diag_plane_prefetch.py's PLANE_COPY: slower without the region fill in the seventy-third session, but the fill's
-stores may lengthen the loads that it takes out of the program's path: no faster on an H100, seventy-eighth session);
-in 3xFP16 also the parts issued where the warps wait for a partial sum's MMAs ("at the partial sums' waits",
-seventy-eighth session); and the planes without lattice points filled by whole planes, shared among a depth's
-programs, instead of each program's row blocks ("by whole planes"), or in memory order by the whole grid ("by the
-whole grid"): seventy-ninth session, where the fill's stores alone ran at 78% of zero_()'s rate on an H100
-(diag_region_pattern.py). Neither was faster than the library's form there (benchmarks/RESULTS.md).
+on, the library's (the planes without lattice points by evict-first stores, so that the L2 keeps the lattice plane's
+zeros: the seventy-sixth session's "streamed" form; in 3xFP16 its parts beside the loads since the seventy-eighth, in
+FP16 by a fill warpgroup since the seventy-ninth); in FP16 the fill in the computing warps, three programs a
+multiprocessor, each part after a depth tap's MMAs (the library's before the seventy-ninth session: "in the computing
+warps"); and in 3xFP16 six patches of the library's code: each part after a depth tap's MMAs ("after the MMAs", the
+library's before the seventy-eighth session), plain stores throughout (the seventy-sixth session's plain
+REGION_FILL), every part once the last depth tap's MMAs are issued ("at the end"), the planes without lattice points
+stored by bulk copies of zeros from shared memory ("bulk copies", seventy-fifth session: the tensor memory
+accelerator's stores instead of the warps'), and every plane so ("bulk copies, lattice plane too": the warps then
+store only write_tile's sums, after waiting for the copies), and the parts issued where the warps wait for a partial
+sum's MMAs ("at the partial sums' waits", seventy-eighth session). The FP16 forms of those patches, the next input
+plane copied during the MMAs (diag_plane_prefetch.py's PLANE_COPY), the planes without lattice points by whole planes
+or in memory order by the whole grid (diag_region_pattern.py), and a fill warpgroup in 3xFP16 (one program a
+multiprocessor) were measured and dropped in the seventy-sixth to seventy-ninth sessions (benchmarks/RESULTS.md).
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
 round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
 before its first call, is compared with the default's (bitwise), float64 and F.conv_transpose3d (KernelBench's check),
 and the row says whether the call filled the whole output first (where a REGION_FILL form does, its kernel failed).
 With --profile, each mode runs each form's forward once, untimed: under Nsight Compute (gpu_session.sh's
-region_fill_ncu step) the correlations' DRAM bytes and times, nine launches a mode, in the forms' order.
+region_fill_ncu step) the correlations' DRAM bytes and times, a launch a form, in the forms' order.
 """
 
 from convt3d.backends.cuda import row_runs

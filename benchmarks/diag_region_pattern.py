@@ -15,8 +15,8 @@ loads or lattice stores, in three patterns:
 
 - "region pattern": the library's, each program's region by runs of a row block (2,080 bytes);
 - "whole planes": the planes without lattice points by whole planes (16.9 KB runs), a depth's eight programs sharing
-  its 64 channels' planes, the lattice plane by the program's own rows as before (diag_region_fill.py's "by whole
-  planes" form, in the kernel);
+  its 64 channels' planes, the lattice plane by the program's own rows as before (in the kernel: diag_region_fill.py's
+  "by whole planes" form of the seventy-ninth session, since removed);
 - "contiguous": one contiguous chunk of the output a program, in pieces of a row block's floats, the warps taking
   turns: the same code, grid and stores without the pattern's jumps.
 
@@ -29,7 +29,8 @@ the fill back. At 3 a multiprocessor the region pattern took 0.225 ms (2.54 TB/s
 plain stores 0.227, at 16 a multiprocessor 0.249-0.289; whole planes 0.221; contiguous chunks 0.201 (0.221 at 16);
 the whole output in grid-stride order (program b every gridDim.x-th row block from b on) 0.194 (2.95 TB/s). With the
 lattice planes' rows left to their programs, as row_runs.py needs, the grid-stride order for the other planes took
-0.228: no gain. In the kernel neither whole planes nor the grid order was faster (diag_region_fill.py).
+0.228: no gain. In the kernel neither whole planes nor the grid order was faster (diag_region_fill.py's forms of
+the seventy-ninth session, removed since; benchmarks/RESULTS.md).
 """
 
 import argparse
@@ -68,7 +69,8 @@ region_pattern(float* __restrict__ out, int QD, int QH, int qh_blocks, long long
     // 2: this program's chunk; 3: every gridDim.x-th piece from its own on.
     const long long chunk = (total + gridDim.x - 1) / gridDim.x, start = PATTERN == 2 ? chunk * blockIdx.x : 0;
     const long long end = PATTERN == 2 ? min(start + chunk, total) : total;
-    const long long first = PATTERN == 2 ? start + warp * piece_floats : (blockIdx.x + (long long)warp * gridDim.x) * piece_floats;
+    const long long first = PATTERN == 2 ? start + warp * piece_floats
+                                         : (blockIdx.x + (long long)warp * gridDim.x) * piece_floats;
     const long long step = PATTERN == 2 ? 4 * piece_floats : 4LL * gridDim.x * piece_floats;
     for (long long at = first; at < end; at += step)
         fill_run<EVICT_FIRST != 0>(out + at, (int)min(piece_floats, end - at), 0.f, lane);
@@ -80,7 +82,8 @@ region_pattern(float* __restrict__ out, int QD, int QH, int qh_blocks, long long
     // Every plane without lattice points of the output, (sample, channel, plane, row block) in memory order, cut in
     // row blocks: this program's are every gridDim.x-th from its own on.
     const int zero_planes = OUT_D - QD;
-    const long long pieces = (long long)(gridDim.x / (QD * qh_blocks * (C_OUT / COB))) * C_OUT * zero_planes * qh_blocks;
+    const long long samples = gridDim.x / (QD * qh_blocks * (C_OUT / COB));
+    const long long pieces = samples * C_OUT * zero_planes * qh_blocks;
     const int own = (int)max(0LL, (pieces - blockIdx.x + gridDim.x - 1) / gridDim.x);
 #else
     const int own = 0, first = 0;
@@ -94,8 +97,9 @@ region_pattern(float* __restrict__ out, int QD, int QH, int qh_blocks, long long
             const int z = piece % zero_planes; piece /= zero_planes;
             const int c = piece % C_OUT, qz = min(z / (STRIDE_D - 1), QD - 1), k = z - qz * (STRIDE_D - 1);
             const int r0 = STRIDE_H * ROWS * rb, rows = (rb == qh_blocks - 1 ? OUT_H : STRIDE_H * ROWS * (rb + 1)) - r0;
-            fill_run<EVICT_FIRST != 0>(out + piece / C_OUT * syn + c * syc + (STRIDE_D * qz + k + (k >= LATTICE_D)) * syd
-                                       + r0 * syh, rows * OUT_W, 0.f, lane);
+            const int d = STRIDE_D * qz + k + (k >= LATTICE_D);
+            float* const at = out + piece / C_OUT * syn + c * syc + d * syd + r0 * syh;
+            fill_run<EVICT_FIRST != 0>(at, rows * OUT_W, 0.f, lane);
             continue;
         }
 #else

@@ -67,10 +67,9 @@ for step in $steps; do
     # session).
     prefetch) python3 benchmarks/diag_plane_prefetch.py --iters 100 --rounds 3 2>&1 | tee "$OUT/prefetch.log" ;;
     # Problem 77's forward with no fill: each correlation program fills the output around its own lattice tile while
-    # it computes (cuda.REGION_FILL, by default with TF32 off only, and variants of it; seventy-sixth session on
-    # the H200: slower than a fill first in TF32 mode, up to 0.03 ms faster with TF32 off; seventy-eighth on an H100:
-    # 0.06 faster with TF32 off, the parts beside the plane's loads); the GPU tests
-    # and the bench with it on in both modes; the correlations' DRAM bytes under Nsight Compute.
+    # it computes (cuda.REGION_FILL, by default with TF32 off and, by a fill warpgroup, in TF32 mode; and variants of
+    # it: seventy-sixth to seventy-ninth sessions, benchmarks/RESULTS.md); the GPU tests and the bench with it on in
+    # both modes; the correlations' DRAM bytes under Nsight Compute.
     region_fill) python3 benchmarks/diag_region_fill.py --iters 100 --rounds 2 2>&1 | tee "$OUT/region_fill.log" ;;
     region_fill_tests) CONVT3D_REGION_FILL=1 PYTHONPATH=$PWD/src:$PWD/tests python3 -m pytest -p no:warnings -n 4 -rfs \
                            tests/test_gpu.py > "$OUT/pytest_region_fill.log" 2>&1
@@ -86,8 +85,8 @@ for step in $steps; do
                               python3 benchmarks/profile_layer.py kernelbench_l1_77_dilated torch $mode 2>&1 \
                               | tee "$OUT/region_fill_stalls$mode.log"
                         done ;;
-    # Problem 77's output filled in the region fill's pattern by programs that only fill: at the correlation's three
-    # programs a multiprocessor and at sixteen, beside zero_() (prepared in the seventy-eighth session, not run).
+    # Problem 77's output filled by programs that only fill, in the region fill's pattern and others, beside zero_()
+    # (seventy-ninth session: the pattern held the fill at 78% of zero_()'s rate on an H100).
     region_pattern) python3 benchmarks/diag_region_pattern.py --iters 100 --rounds 2 2>&1 | tee "$OUT/region_pattern.log" ;;
     region_fill_ncu) ncu --clock-control none -k regex:phase_conv_rows --metrics \
                          dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \

@@ -57,10 +57,10 @@ DIRECT_INPUT = environment.switch("CONVT3D_DIRECT_INPUT", True)
 # Whether row_runs.py's kernel, where it computes a layer's only phase (problem 77), fills the rest of the output itself
 # (row_runs.py, REGION_FILL; phases.region_fill says where) rather than after a fill of the whole output: True, False,
 # or None (the default): with TF32 off (3xFP16), and in TF32 mode (FP16) where a fill warpgroup does it
-# (row_runs.fill_warpgroup: N up to 136). On the H200 problem 77's forward took 0.318-0.323 ms with it against
-# 0.349-0.350 with TF32 off (seventy-sixth session; 0.2996-0.3003 against 0.3469-0.3490 with its parts beside the
-# plane's loads, seventy-ninth); in TF32 mode 0.2508-0.2521 against 0.2618-0.2644 with a fill warpgroup, but
-# 0.279-0.280 with the fill in the computing warps, where the correlation, shorter than in 3xFP16, hid less of the fill
+# (row_runs.fill_warpgroup: N up to 136). Problem 77's forward with TF32 off took 0.2997-0.3003 ms with it against
+# 0.3469-0.3490 on the H200; in TF32 mode, by a fill warpgroup, 0.2933-0.2944 against 0.3384-0.3436 on an H100 (the
+# library's form) and 0.2508-0.2521 against 0.2618-0.2644 on the H200 (a form without setmaxnreg), where the fill in
+# the computing warps, which the shorter FP16 correlation hid less of, took 0.352 and 0.279-0.280
 # (benchmarks/diag_region_fill.py, seventy-ninth session).
 REGION_FILL = environment.switch("CONVT3D_REGION_FILL", None)
 # Where compiled kernels are kept for later processes (kernel_cache.py): CONVT3D_CACHE_DIR, by default

@@ -11,14 +11,14 @@ multiple of 8 (m64n136k16 for problem 77, XW = 34). Each row's last XW - QW posi
 the MMAs on problem 77), and each tap (kh, kw) reads the run from position kh * DH * XW + kw * DW on: wgmma reads a
 swizzled operand from any row. A grid of QW <= 32 columns, then, one column block.
 
-A program (one warpgroup; two where a second one fills the output around the tile, FILL_WARPGROUP below) owns ROWS
-rows of one qd plane and 64 output channels. Per depth tap it copies the weights
-of the tap's KH x KW taps into shared memory (16-byte cp.async) and reads the window plane (ROWS + (KH - 1) * DH rows)
-into registers, scales and splits it into FP16 halves as phase_conv.py's split_plane does (the weight's channel
-order), and stores each position as a row: 64 bytes of hi halves in FP16 (64-byte swizzle), 128 bytes of hi then lo
-halves in 3xFP16 (128-byte swizzle), as the weight's rows. Then it issues every MMA of the depth tap without a wait
-between them (3xFP16: PROMOTE k-steps into a partial sum, then a wait and the partial added, as phase_conv.py's). The
-tile is staged in shared memory and written row by row, each warp's 32 lanes over 32 consecutive columns.
+A program (one warpgroup; two where a second one fills the output around the tile, FILL_WARPGROUP below) owns ROWS rows
+of one qd plane and 64 output channels. Per depth tap it copies the weights of the tap's KH x KW taps into shared memory
+(16-byte cp.async) and reads the window plane (ROWS + (KH - 1) * DH rows) into registers, scales and splits it into FP16
+halves as phase_conv.py's split_plane does (the weight's channel order), and stores each position as a row: 64 bytes of
+hi halves in FP16 (64-byte swizzle), 128 bytes of hi then lo halves in 3xFP16 (128-byte swizzle), as the weight's rows.
+Then it issues every MMA of the depth tap without a wait between them (3xFP16: PROMOTE k-steps into a partial sum, then
+a wait and the partial added, as phase_conv.py's). The tile is staged in shared memory and written row by row, each
+warp's 32 lanes over 32 consecutive columns.
 
 INPUT_DIRECT (the forward in FP16, on an input whose rows are contiguous: cuda.reads_input): the kernel reads each
 plane from the input itself, (N, C, D, H, W) through its strides, zero outside it, rather than from the operand
@@ -173,9 +173,10 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     // first computes, which then fills nothing; the planes without lattice points at once, the lattice plane once the
     // first warpgroup begins its last depth tap (barrier 3: so that its zeros are still in the L2 when write_tile's
     // stores come), then barrier 2, which the first waits at before write_tile. Two such programs a multiprocessor
-    // (the first warpgroup in 128 registers a thread) instead of three of one. On the H200 (seventy-ninth session)
-    // problem 77's forward took 0.2508-0.2521 ms so against 0.2618-0.2644 with a fill first and 0.279-0.280 with the
-    // fill in the computing warps; with the lattice plane filled at once, 0.302-0.309 (benchmarks/diag_region_fill.py).
+    // instead of three of one. Problem 77's forward (seventy-ninth session, benchmarks/diag_region_fill.py) took
+    // 0.2933-0.2944 ms so on an H100 against 0.3384-0.3436 with a fill first and 0.352 with the fill in the computing
+    // warps; on the H200, a form without setmaxnreg, 0.2508-0.2521 against 0.2618-0.2644 and 0.279-0.280, and with the
+    // lattice plane filled at once (its zeros gone from the L2 when write_tile's stores came) 0.302-0.309.
     #define FILL_BESIDE_LOADS (!INPUT_DIRECT)
     #define FILL_PARTS (FILL_BESIDE_LOADS ? KD * LOAD_ROUNDS : KD)
     float* const out = y - phase[9];
@@ -237,7 +238,8 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
 #if FILL_WARPGROUP
-        if (kd == KD - 1) asm volatile("bar.arrive 3, %0;\n" :: "n"(2 * THREADS) : "memory");  // the lattice plane's turn
+        if (kd == KD - 1)  // the fill warpgroup's turn for the lattice plane
+            asm volatile("bar.arrive 3, %0;\n" :: "n"(2 * THREADS) : "memory");
 #endif
         if (kd > 0) {
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
