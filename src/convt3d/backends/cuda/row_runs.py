@@ -198,8 +198,8 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         if (!FILL_WARPGROUP) fill_segments(segments * part / FILL_PARTS, segments * (part + 1) / FILL_PARTS);
     };
 #if FILL_WARPGROUP
-    // The fill warpgroup gives up registers for the computing one (launched with 128 a thread, as two programs of 256
-    // threads a multiprocessor allow): ptxas then fits the computing warpgroup without spills.
+    // The fill warpgroup gives up registers to the computing one (FILL_REGISTERS, COMPUTE_REGISTERS): at the 128 a
+    // thread that two programs of 256 threads a multiprocessor launch with, ptxas spilled up to 144 bytes.
     if (threadIdx.x >= THREADS) {  // the fill warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(FILL_REGISTERS));
         fill_segments(0, segments - COB);  // the planes without lattice points
@@ -209,7 +209,7 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         asm volatile("bar.arrive 2, %0;\n" :: "n"(2 * THREADS) : "memory");
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(2 * 128 - FILL_REGISTERS));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(COMPUTE_REGISTERS));
 #endif
 #endif
     copy_weights(0);
@@ -424,14 +424,17 @@ def shared_bytes(taps, dilation, window_columns: int, split: int) -> int:
                4 * 64 * (positions(window_columns) + 4))
 
 
-# A fill warpgroup's registers a thread (setmaxnreg): its code needs about 40.
+# With a fill warpgroup (FILL_WARPGROUP) two programs of 2 x THREADS threads a multiprocessor are launched with
+# 65536 / (4 THREADS) = 128 registers a thread; the fill warpgroup keeps FILL_REGISTERS (its code needs about 40) and
+# gives the rest to the computing warpgroup (setmaxnreg).
 FILL_REGISTERS = 56
+COMPUTE_REGISTERS = 2 * (65536 // (4 * THREADS)) - FILL_REGISTERS
 
 
 def fill_warpgroup(split: int, window_columns: int, region) -> bool:
     """Whether a program that fills its region (REGION_FILL: region given) has a second warpgroup to do it
-    (FILL_WARPGROUP): in FP16 up to N = 136, where two programs of two warpgroups a multiprocessor leave the
-    computing warpgroup 2 x 128 - FILL_REGISTERS registers a thread."""
+    (FILL_WARPGROUP): in FP16 up to N = 136, in which the computing warpgroup's COMPUTE_REGISTERS registers a thread
+    hold it without spills."""
     return region is not None and split == 3 and positions(window_columns) <= 136
 
 
@@ -465,8 +468,8 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
                    HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
                    **input_defines, REGION_FILL=int(region is not None), **region_defines,
                    FILL_WARPGROUP=int(fill_warpgroup(split, window_columns, region)), FILL_REGISTERS=FILL_REGISTERS,
-                   PROMOTE=PROMOTE,
-                   THREADS=THREADS, MIN_BLOCKS=programs_per_multiprocessor(split, window_columns, region),
+                   COMPUTE_REGISTERS=COMPUTE_REGISTERS, PROMOTE=PROMOTE, THREADS=THREADS,
+                   MIN_BLOCKS=programs_per_multiprocessor(split, window_columns, region),
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return (head + COPY_HELPERS + FP16_HELPERS + TILE_HELPERS + PHASE_HELPERS + REGION_HELPERS
