@@ -23,20 +23,21 @@ moves about 605 MB instead of about 880. In FP16 (row_runs.py's FILL_WARPGROUP, 
 warpgroup of each program fills the region instead, its lattice plane once the computing warpgroup begins its last
 depth tap.
 
-Forms, each the library's forward (backend="torch"): a fill first (zero_(), the pass, the correlation); REGION_FILL
-on, the library's (the planes without lattice points by evict-first stores, so that the L2 keeps the lattice plane's
-zeros: the seventy-sixth session's "streamed" form; in 3xFP16 its parts beside the loads since the seventy-eighth, in
-FP16 by a fill warpgroup since the seventy-ninth); in FP16 the fill in the computing warps, three programs a
-multiprocessor, each part after a depth tap's MMAs (the library's before the seventy-ninth session: "in the computing
-warps"); and in 3xFP16 six patches of the library's code: each part after a depth tap's MMAs ("after the MMAs", the
-library's before the seventy-eighth session), plain stores throughout (the seventy-sixth session's plain
-REGION_FILL), every part once the last depth tap's MMAs are issued ("at the end"), the planes without lattice points
-stored by bulk copies of zeros from shared memory ("bulk copies", seventy-fifth session: the tensor memory
-accelerator's stores instead of the warps'), and every plane so ("bulk copies, lattice plane too": the warps then
-store only write_tile's sums, after waiting for the copies), and the parts issued where the warps wait for a partial
-sum's MMAs ("at the partial sums' waits", seventy-eighth session). The FP16 forms of those patches, the next input
-plane copied during the MMAs (diag_plane_prefetch.py's PLANE_COPY), the planes without lattice points by whole planes
-or in memory order by the whole grid (diag_region_pattern.py), and a fill warpgroup in 3xFP16 (one program a
+Forms, each the library's forward (backend="torch"): a fill first (zero_(), the pass, the correlation); REGION_FILL on,
+the library's (the planes without lattice points by evict-first stores, so that the L2 keeps the lattice plane's zeros:
+the seventy-sixth session's "streamed" form; in 3xFP16 its parts beside the loads since the seventy-eighth, in FP16 by a
+fill warpgroup since the seventy-ninth); in FP16 the fill in the computing warps, three programs a multiprocessor, each
+part after a depth tap's MMAs (the library's before the seventy-ninth session: "in the computing warps"); and in 3xFP16
+six patches of the library's code: each part after a depth tap's MMAs ("after the MMAs", the library's before the
+seventy-eighth session), plain stores throughout (the seventy-sixth session's plain REGION_FILL), every part once the
+last depth tap's MMAs are issued ("at the end"), the planes without lattice points stored by bulk copies of zeros from
+shared memory ("bulk copies", seventy-fifth session: the tensor memory accelerator's stores instead of the warps'), and
+every plane so ("bulk copies, lattice plane too": the warps then store only write_tile's sums, after waiting for the
+copies), and the parts issued where the warps wait for a partial sum's MMAs ("at the partial sums' waits",
+seventy-eighth session); also in 3xFP16 a fill warpgroup as FP16's, two programs a multiprocessor by setmaxnreg
+(prepared in the seventy-ninth session, not run). The FP16 forms of those patches, the next input plane copied during
+the MMAs (diag_plane_prefetch.py's PLANE_COPY), the planes without lattice points by whole planes or in memory order by
+the whole grid (diag_region_pattern.py), and a fill warpgroup in 3xFP16 without setmaxnreg (one program a
 multiprocessor) were measured and dropped in the seventy-sixth to seventy-ninth sessions (benchmarks/RESULTS.md).
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
@@ -144,6 +145,12 @@ BULK_ALL = (
 # one warpgroup a multiprocessor), instead of a fill warpgroup (row_runs.py's FILL_WARPGROUP).
 COMPUTING_WARPS = (("#define FILL_WARPGROUP 1\n", "#define FILL_WARPGROUP 0\n"),
                    ("#define MIN_BLOCKS 2\n", "#define MIN_BLOCKS 3\n"))
+# 3xFP16 only: a fill warpgroup as FP16's (two programs of two warpgroups a multiprocessor, launched at 128 registers a
+# thread), the fill warpgroup down to 40 registers and the computing one up to 216, where ptxas spills 8 bytes (at
+# 24 / 232, 104 bytes; the computing warpgroup of the library's 3xFP16 kernel takes 243 registers).
+FILL_WARPGROUP_3XFP16 = (("#define FILL_WARPGROUP 0\n", "#define FILL_WARPGROUP 1\n"),
+                         ("#define FILL_REGISTERS 56\n", "#define FILL_REGISTERS 40\n"),
+                         ("#define COMPUTE_REGISTERS 200\n", "#define COMPUTE_REGISTERS 216\n"))
 # (name, REGION_FILL, patches of row_runs.py's source, the one precision (split) they serve or None for both); the
 # bulk forms after the library's placements, the ones most likely to fault; the plane copy reads the input (FP16),
 # the partial sums are 3xFP16's.
@@ -157,6 +164,7 @@ FORMS = (
     ("REGION_FILL, bulk copies (3xFP16 only)", True, BULK, 2),
     ("REGION_FILL, bulk copies, lattice plane too (3xFP16 only)", True, BULK_ALL, 2),
     ("REGION_FILL at the partial sums' waits (3xFP16 only)", True, AT_THE_PROMOTIONS, 2),
+    ("REGION_FILL by a fill warpgroup (3xFP16 only)", True, FILL_WARPGROUP_3XFP16, 2),
 )
 P77_REGION = ((33, 65, 65), (2, 2), 1)
 
@@ -177,7 +185,9 @@ def builder(patches):
     if not patches:
         return LIBRARY_ROW_RUNS_KERNEL
     shared_bytes = bulk_shared_bytes if patches in (BULK, BULK_ALL) else None
-    return patched_row_runs(*patches, head=head(patches), exactly_once=True, shared_bytes=shared_bytes)
+    threads = 2 * row_runs.THREADS if patches is FILL_WARPGROUP_3XFP16 else row_runs.THREADS
+    return patched_row_runs(*patches, head=head(patches), exactly_once=True, shared_bytes=shared_bytes,
+                            threads=threads)
 
 
 def registers() -> None:
