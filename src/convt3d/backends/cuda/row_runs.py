@@ -271,9 +271,6 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
                 #pragma unroll
                 for (int j = 0; j < 16; j++) v[h][j] = inside ? at[(long long)j * X_SC] : 0.f;
             }
-#if REGION_FILL && FILL_BESIDE_LOADS
-            fill_part(kd * LOAD_ROUNDS + base / (2 * THREADS));
-#endif
             #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int u = base + h * THREADS + tid;
