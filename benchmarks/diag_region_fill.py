@@ -63,7 +63,7 @@ AFTER_THE_MMAS = (PLACEMENT, PLACEMENT.replace("(!INPUT_DIRECT)", "0"))
 # 3xFP16 only: the parts issued where the warps wait for the MMAs of a partial sum (after steps 4, 8, 12 and 16 of a
 # depth tap's 18 k-steps at PROMOTE 4), that is while the tensor cores run, instead of beside the loads.
 AT_THE_PROMOTIONS = (
-    (PLACEMENT, PLACEMENT.replace("(!INPUT_DIRECT)", "0")),
+    AFTER_THE_MMAS,
     ("    #define FILL_PARTS (FILL_BESIDE_LOADS ? KD * LOAD_ROUNDS : KD)\n",
      "    #define FILL_WAITS ((2 * KH * KW - 1) / PROMOTE)\n    #define FILL_PARTS (KD * FILL_WAITS)\n"),
     ('''                    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
@@ -149,11 +149,10 @@ COMPUTING_WARPS = (("#define FILL_WARPGROUP 1\n", "#define FILL_WARPGROUP 0\n"),
 # thread), the fill warpgroup down to 40 registers and the computing one up to 216, where ptxas spills 8 bytes (at
 # 24 / 232, 104 bytes; the computing warpgroup of the library's 3xFP16 kernel takes 243 registers).
 FILL_WARPGROUP_3XFP16 = (("#define FILL_WARPGROUP 0\n", "#define FILL_WARPGROUP 1\n"),
-                         ("#define FILL_REGISTERS 56\n", "#define FILL_REGISTERS 40\n"),
-                         ("#define COMPUTE_REGISTERS 200\n", "#define COMPUTE_REGISTERS 216\n"))
+                         (f"#define FILL_REGISTERS {row_runs.FILL_REGISTERS}\n", "#define FILL_REGISTERS 40\n"),
+                         (f"#define COMPUTE_REGISTERS {row_runs.COMPUTE_REGISTERS}\n", "#define COMPUTE_REGISTERS 216\n"))
 # (name, REGION_FILL, patches of row_runs.py's source, the one precision (split) they serve or None for both); the
-# bulk forms after the library's placements, the ones most likely to fault; the plane copy reads the input (FP16),
-# the partial sums are 3xFP16's.
+# bulk forms after the library's placements, the ones most likely to fault.
 FORMS = (
     ("default: zero_(), pass, correlation", False, (), None),
     ("REGION_FILL (the library's: evict-first stores off the lattice plane; FP16 by a fill warpgroup)", True, (), None),
