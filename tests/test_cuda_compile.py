@@ -209,8 +209,9 @@ def test_row_runs_correlation_compiles_without_spills(c_in, c_out, taps, dilatio
         source = row_runs.source(c_out, taps, dilation, columns, has_bias, split, input_geometry, region)
         registers, spilled = registers_and_spills(source)
         assert spilled == 0, (columns, registers, spilled)
-        threads = row_runs.block_threads(split, columns, region)
-        assert registers * threads * row_runs.programs_per_multiprocessor(split, columns, region) <= 65536, registers
+        threads = row_runs.block_threads(split, columns, region, input_geometry)
+        programs = row_runs.programs_per_multiprocessor(split, columns, region, input_geometry)
+        assert registers * threads * programs <= 65536, registers
 
 
 @pytest.mark.parametrize("c_in, c_out, taps, dilation", WEIGHT)

@@ -16,8 +16,9 @@ parts instead (3xTF32, twice the MMAs). CONVT3D_ROW_RUNS=0 (or cuda.ROW_RUNS = F
 where row_runs.py's would serve; CONVT3D_DIRECT_INPUT=0 (or cuda.DIRECT_INPUT = False) has row_runs.py's forward read
 the operand pass's window rather than the input itself. row_runs.py's kernel fills the output around a layer's only
 phase itself rather than after a fill of the whole output: with TF32 off, and in TF32 mode where a second warpgroup of
-each program does it (row_runs.fill_warpgroup); CONVT3D_REGION_FILL=1 (or cuda.REGION_FILL = True) has it do so in
-TF32 mode wherever it computes such a phase, CONVT3D_REGION_FILL=0 (False) nowhere.
+each program does it (row_runs.fill_warpgroup, which with TF32 off serves every such phase); CONVT3D_REGION_FILL=1 (or
+cuda.REGION_FILL = True) has it do so in TF32 mode wherever it computes such a phase, CONVT3D_REGION_FILL=0 (False)
+nowhere.
 """
 
 from __future__ import annotations
@@ -230,7 +231,7 @@ def _row_runs_spec(c_out: int, taps, dilation, window_columns: int, has_bias: bo
     if shared > MAX_SHARED_BYTES // 2 - 1024:
         return None
     return (row_runs.source(c_out, taps, dilation, window_columns, has_bias, split, input_geometry, region),
-            "phase_conv_rows", shared, row_runs.block_threads(split, window_columns, region))
+            "phase_conv_rows", shared, row_runs.block_threads(split, window_columns, region, input_geometry))
 
 
 def _programs(batch: int, grid, rows: int, c_out: int, cob: int) -> int:

@@ -93,6 +93,9 @@ template <bool STREAMED> __device__ __forceinline__ void fill_run(float* p, int 
     const int quads = (count - head) >> 2, tail = (count - head) & 3;
     float4* at = (float4*)(p + head);
     if (lane < head) put<STREAMED>(p + lane, value);
+    // (Not unrolled: a fill warpgroup's 40 registers then hold it, and one store a few instructions is still far
+    // more than the DRAM takes.)
+    #pragma unroll 1
     for (int i = lane; i < quads; i += 32) put<STREAMED>(at + i, make_float4(value, value, value, value));
     if (lane < tail) put<STREAMED>(p + head + 4 * quads + lane, value);
 }
@@ -169,14 +172,17 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     // ms beside the loads (ten rounds of 100 calls) against 0.368-0.375 after the MMAs (five of six; the sixth 0.445)
     // in 3xFP16, reading the window; in FP16, reading the input by 16 scalar loads a unit, it was slower beside the
     // loads in each of six rounds (0.375-0.460 against 0.352-0.390). The FP16 kernel on the window is untimed.
-    // FILL_WARPGROUP (FP16, fill_warpgroup()): the program is two warpgroups, the second filling the region while the
+    // FILL_WARPGROUP (fill_warpgroup()): the program is two warpgroups, the second filling the region while the
     // first computes, which then fills nothing; the planes without lattice points at once, the lattice plane once the
     // first warpgroup begins its last depth tap (barrier 3: so that its zeros are still in the L2 when write_tile's
     // stores come), then barrier 2, which the first waits at before write_tile. Two such programs a multiprocessor
-    // instead of three of one. Problem 77's forward (seventy-ninth session, benchmarks/diag_region_fill.py) took
+    // (FP16: instead of three of one). Problem 77's forward in FP16 (benchmarks/diag_region_fill.py) took
     // 0.2933-0.2944 ms so on an H100 against 0.3384-0.3436 with a fill first and 0.352 with the fill in the computing
-    // warps; on the H200, a form without setmaxnreg, 0.2508-0.2521 against 0.2618-0.2644 and 0.279-0.280, and with the
-    // lattice plane filled at once (its zeros gone from the L2 when write_tile's stores came) 0.302-0.309.
+    // warps (seventy-ninth session); on the H200 (eightieth session, a noisy machine) 0.240-0.320 mean (0.233-0.235
+    // fastest call) against 0.263-0.328 (0.256-0.261) and 0.284-0.409 (0.275-0.284). In 3xFP16 on the H200 a form
+    // with fill_run's loop unrolled and 8 bytes spilled had medians of 0.307-0.330 ms (fastest 0.289-0.314) against
+    // 0.326-0.399 (0.298-0.335) with the fill in the computing warps. With the lattice plane filled at once (its zeros
+    // gone from the L2 when write_tile's stores came) FP16's took 0.302-0.309 against 0.2508-0.2521 on the H200.
     #define FILL_BESIDE_LOADS (!INPUT_DIRECT)
     #define FILL_PARTS (FILL_BESIDE_LOADS ? KD * LOAD_ROUNDS : KD)
     float* const out = y - phase[9];
@@ -422,29 +428,33 @@ def shared_bytes(taps, dilation, window_columns: int, split: int) -> int:
 
 
 # With a fill warpgroup (FILL_WARPGROUP) two programs of 2 x THREADS threads a multiprocessor are launched with
-# 65536 / (4 THREADS) = 128 registers a thread; the fill warpgroup keeps FILL_REGISTERS (its code needs about 40) and
-# gives the rest to the computing warpgroup (setmaxnreg).
-FILL_REGISTERS = 56
+# 65536 / (4 THREADS) = 128 registers a thread; the fill warpgroup keeps FILL_REGISTERS and gives the rest to the
+# computing warpgroup (setmaxnreg), which in 3xFP16 needs about 243 without a limit. Compiled here for sm_90a, at 40 /
+# 216 neither spills on any correlation the kernel serves (tests/test_cuda_compile.py); at 32 / 224 the fill
+# warpgroup spilled 16-152 bytes.
+FILL_REGISTERS = 40
 COMPUTE_REGISTERS = 2 * (65536 // (4 * THREADS)) - FILL_REGISTERS
 
 
-def fill_warpgroup(split: int, window_columns: int, region) -> bool:
+def fill_warpgroup(split: int, window_columns: int, region, input_geometry=None) -> bool:
     """Whether a program that fills its region (REGION_FILL: region given) has a second warpgroup to do it
-    (FILL_WARPGROUP): in FP16 up to N = 136, in which the computing warpgroup's COMPUTE_REGISTERS registers a thread
-    hold it without spills."""
-    return region is not None and split == 3 and positions(window_columns) <= 136
+    (FILL_WARPGROUP): up to N = 136 (3xFP16's MAX_POSITIONS), in which the computing warpgroup's COMPUTE_REGISTERS
+    registers a thread hold it without spills; in 3xFP16 reading the window only (reading the input itself, which the
+    library does in FP16 only, cuda.reads_input, it spilled 156 bytes on problem 77)."""
+    return (region is not None and positions(window_columns) <= 136
+            and (split == 3 or input_geometry is None))
 
 
-def block_threads(split: int, window_columns: int, region=None) -> int:
+def block_threads(split: int, window_columns: int, region=None, input_geometry=None) -> int:
     """A program's threads: one warpgroup, or two with a fill warpgroup."""
-    return THREADS * (2 if fill_warpgroup(split, window_columns, region) else 1)
+    return THREADS * (2 if fill_warpgroup(split, window_columns, region, input_geometry) else 1)
 
 
-def programs_per_multiprocessor(split: int, window_columns: int, region=None) -> int:
+def programs_per_multiprocessor(split: int, window_columns: int, region=None, input_geometry=None) -> int:
     """The programs a multiprocessor holds (as __launch_bounds__ tells ptxas): FP16 three up to N = 136 (its N / 2 sums
     within 170 registers a thread), else two; two with a fill warpgroup. On the H200 (sixty-fourth session) problem
     77's FP16 correlation took 0.096 ms with three, 0.104 with two."""
-    if fill_warpgroup(split, window_columns, region):
+    if fill_warpgroup(split, window_columns, region, input_geometry):
         return 2
     return 3 if split == 3 and positions(window_columns) <= 136 else 2
 
@@ -464,9 +474,10 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
     defines = dict(C_IN=32, C_OUT=c_out, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, XW=window_columns, ROWS=ROWS,
                    HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
                    **input_defines, REGION_FILL=int(region is not None), **region_defines,
-                   FILL_WARPGROUP=int(fill_warpgroup(split, window_columns, region)), FILL_REGISTERS=FILL_REGISTERS,
+                   FILL_WARPGROUP=int(fill_warpgroup(split, window_columns, region, input_geometry)),
+                   FILL_REGISTERS=FILL_REGISTERS,
                    COMPUTE_REGISTERS=COMPUTE_REGISTERS, PROMOTE=PROMOTE, THREADS=THREADS,
-                   MIN_BLOCKS=programs_per_multiprocessor(split, window_columns, region),
+                   MIN_BLOCKS=programs_per_multiprocessor(split, window_columns, region, input_geometry),
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
     return (head + COPY_HELPERS + FP16_HELPERS + TILE_HELPERS + PHASE_HELPERS + REGION_HELPERS
