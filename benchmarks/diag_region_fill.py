@@ -28,11 +28,11 @@ the library's (the planes without lattice points by evict-first stores, so that 
 the seventy-sixth session's "streamed" form; by a fill warpgroup, FP16 since the seventy-ninth session, 3xFP16 since
 the eightieth); the fill in the computing warps, each part after a depth tap's MMAs in FP16 (three programs a
 multiprocessor: the library's before the seventy-ninth session) or beside a round of the window plane's loads in 3xFP16
-(the library's before the eightieth); and in FP16 the seventy-ninth session's fill warpgroup (56 / 200 registers,
-fill_run's loop unrolled). Other placements and kinds of the fill (after the MMAs, at the end or at the partial sums'
+(the library's before the eightieth). Other placements and kinds of the fill (after the MMAs, at the end or at the partial sums'
 waits in 3xFP16, plain stores throughout, bulk copies of zeros from shared memory, whole planes or the whole grid in
-memory order, the next input plane copied during the MMAs, a fill warpgroup without setmaxnreg) were measured and
-dropped in the seventy-fifth to eightieth sessions (benchmarks/RESULTS.md).
+memory order, the next input plane copied during the MMAs, a fill warpgroup without setmaxnreg, FP16's fill warpgroup
+at 3xFP16's register split) were measured and dropped in the seventy-fifth to eightieth sessions
+(benchmarks/RESULTS.md).
 
 Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
 round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
@@ -46,24 +46,18 @@ from convt3d.backends.cuda import row_runs
 from p77_correlation import (LIBRARY_DIRECT_INPUT, LIBRARY_ROW_RUNS_KERNEL, P77, Timings, arguments, modes,
                              patched_row_runs, patched_row_runs_source, problem_77, use_row_runs)
 
-# fill_run's loop unrolled, as before the eightieth session.
-UNROLLED = ("    #pragma unroll 1\n    for (int i = lane; i < quads; i += 32)", "    for (int i = lane; i < quads; i += 32)")
 # The fill in the computing warps instead of a fill warpgroup (row_runs.py's FILL_WARPGROUP): FP16 three programs of
-# one warpgroup a multiprocessor, 3xFP16 two.
-COMPUTING_WARPS = (UNROLLED, ("#define FILL_WARPGROUP 1\n", "#define FILL_WARPGROUP 0\n"))
-COMPUTING_WARPS_FP16 = COMPUTING_WARPS + (("#define MIN_BLOCKS 2\n", "#define MIN_BLOCKS 3\n"),)
-# FP16: the seventy-ninth session's fill warpgroup, its register split 56 / 200.
-FILL_WARPGROUP_56 = (UNROLLED,
-                     (f"#define FILL_REGISTERS {row_runs.FILL_REGISTERS}\n", "#define FILL_REGISTERS 56\n"),
-                     (f"#define COMPUTE_REGISTERS {row_runs.COMPUTE_REGISTERS}\n", "#define COMPUTE_REGISTERS 200\n"))
+# one warpgroup a multiprocessor, 3xFP16 two, fill_run's loop unrolled, as before the eightieth session.
+WITHOUT_FILL_WARPGROUP = ("#define FILL_WARPGROUP 1\n", "#define FILL_WARPGROUP 0\n")
+COMPUTING_WARPS_FP16 = (WITHOUT_FILL_WARPGROUP, ("#define MIN_BLOCKS 2\n", "#define MIN_BLOCKS 3\n"))
+COMPUTING_WARPS_3XFP16 = (WITHOUT_FILL_WARPGROUP, ("#if SPLIT == 2\n", "#if 0\n"))
 # (name, REGION_FILL, patches of row_runs.py's source, the one precision (split) they serve or None for both).
 FORMS = (
     ("default: zero_(), pass, correlation", False, (), None),
     ("REGION_FILL, the library's: a fill warpgroup", True, (), None),
     ("REGION_FILL in the computing warps (FP16: the library's before the 79th session)", True, COMPUTING_WARPS_FP16, 3),
-    ("REGION_FILL in the computing warps (3xFP16: the library's before the 80th session)", True, COMPUTING_WARPS, 2),
-    ("a fill warpgroup at 56 / 200 registers, fill_run unrolled (FP16: the 79th session's)", True, FILL_WARPGROUP_56,
-     3),
+    ("REGION_FILL in the computing warps (3xFP16: the library's before the 80th session)", True,
+     COMPUTING_WARPS_3XFP16, 2),
 )
 P77_REGION = ((33, 65, 65), (2, 2), 1)
 
@@ -72,7 +66,7 @@ def builder(patches):
     """cuda._row_runs_kernel's stand-in for a form: the library's own where it patches nothing."""
     if not patches:
         return LIBRARY_ROW_RUNS_KERNEL
-    threads = row_runs.THREADS if COMPUTING_WARPS[1] in patches else 2 * row_runs.THREADS
+    threads = row_runs.THREADS if WITHOUT_FILL_WARPGROUP in patches else 2 * row_runs.THREADS
     return patched_row_runs(*patches, exactly_once=True, threads=threads)
 
 

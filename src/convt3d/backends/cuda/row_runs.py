@@ -93,9 +93,11 @@ template <bool STREAMED> __device__ __forceinline__ void fill_run(float* p, int 
     const int quads = (count - head) >> 2, tail = (count - head) & 3;
     float4* at = (float4*)(p + head);
     if (lane < head) put<STREAMED>(p + lane, value);
-    // (Not unrolled: a fill warpgroup's 40 registers then hold it, and one store a few instructions is still far
-    // more than the DRAM takes.)
+#if SPLIT == 2
+    // (Not unrolled in 3xFP16, so that its fill warpgroup's 40 registers hold it: FILL_REGISTERS. One store every few
+    // instructions is still far more than the DRAM takes.)
     #pragma unroll 1
+#endif
     for (int i = lane; i < quads; i += 32) put<STREAMED>(at + i, make_float4(value, value, value, value));
     if (lane < tail) put<STREAMED>(p + head + 4 * quads + lane, value);
 }
@@ -428,12 +430,14 @@ def shared_bytes(taps, dilation, window_columns: int, split: int) -> int:
 
 
 # With a fill warpgroup (FILL_WARPGROUP) two programs of 2 x THREADS threads a multiprocessor are launched with
-# 65536 / (4 THREADS) = 128 registers a thread; the fill warpgroup keeps FILL_REGISTERS and gives the rest to the
-# computing warpgroup (setmaxnreg), which in 3xFP16 needs about 243 without a limit. Compiled here for sm_90a, at 40 /
-# 216 neither spills on any correlation the kernel serves (tests/test_cuda_compile.py); at 32 / 224 the fill
-# warpgroup spilled 16-152 bytes.
-FILL_REGISTERS = 40
-COMPUTE_REGISTERS = 2 * (65536 // (4 * THREADS)) - FILL_REGISTERS
+# 65536 / (4 THREADS) = 128 registers a thread; the fill warpgroup keeps FILL_REGISTERS (per precision, split) and
+# gives the rest to the computing warpgroup (setmaxnreg), which in 3xFP16 needs about 243 without a limit. Compiled
+# here for sm_90a, neither spills on any correlation the kernel serves (tests/test_cuda_compile.py); in 3xFP16 only
+# with fill_run's loop not unrolled (unrolled, the fill warpgroup spilled up to 100 bytes at 40, 16-152 not unrolled at
+# 32). In FP16, 40 / 216 with the loop not unrolled took 0.2957-0.2962 ms (median) on an H100 against 0.2941-0.2944
+# at 56 / 200 unrolled (benchmarks/diag_region_fill.py, eightieth session).
+FILL_REGISTERS = {3: 56, 2: 40}
+COMPUTE_REGISTERS = {split: 2 * (65536 // (4 * THREADS)) - registers for split, registers in FILL_REGISTERS.items()}
 
 
 def fill_warpgroup(split: int, window_columns: int, region, input_geometry=None) -> bool:
@@ -475,8 +479,8 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
                    HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
                    **input_defines, REGION_FILL=int(region is not None), **region_defines,
                    FILL_WARPGROUP=int(fill_warpgroup(split, window_columns, region, input_geometry)),
-                   FILL_REGISTERS=FILL_REGISTERS,
-                   COMPUTE_REGISTERS=COMPUTE_REGISTERS, PROMOTE=PROMOTE, THREADS=THREADS,
+                   FILL_REGISTERS=FILL_REGISTERS[split], COMPUTE_REGISTERS=COMPUTE_REGISTERS[split], PROMOTE=PROMOTE,
+                   THREADS=THREADS,
                    MIN_BLOCKS=programs_per_multiprocessor(split, window_columns, region, input_geometry),
                    MAX_PHASES=MAX_PHASES, PHASE_FIELDS=PHASE_FIELDS)
     head = "".join(f"#define {name} {value}\n" for name, value in defines.items())
