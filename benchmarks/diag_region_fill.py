@@ -28,13 +28,13 @@ the library's (the planes without lattice points by evict-first stores, so that 
 the seventy-sixth session's "streamed" form; by a fill warpgroup, FP16 since the seventy-ninth session, 3xFP16 since
 the eightieth); the fill in the computing warps, each part after a depth tap's MMAs in FP16 (three programs a
 multiprocessor: the library's before the seventy-ninth session) or beside a round of the window plane's loads in 3xFP16
-(the library's before the eightieth). Other placements and kinds of the fill (after the MMAs, at the end or at the partial sums'
-waits in 3xFP16, plain stores throughout, bulk copies of zeros from shared memory, whole planes or the whole grid in
-memory order, the next input plane copied during the MMAs, a fill warpgroup without setmaxnreg, FP16's fill warpgroup
-at 3xFP16's register split) were measured and dropped in the seventy-fifth to eightieth sessions
+(the library's before the eightieth). Other placements and kinds of the fill (after the MMAs, at the end or at the
+partial sums' waits in 3xFP16, plain stores throughout, bulk copies of zeros from shared memory, whole planes or the
+whole grid in memory order, the next input plane copied during the MMAs, a fill warpgroup without setmaxnreg, FP16's
+fill warpgroup at 3xFP16's register split) were measured and dropped in the seventy-fifth to eightieth sessions
 (benchmarks/RESULTS.md).
 
-Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed before each call), the forms taking turns per
+Rows: bench.protocol.time_cuda's mean, median and minimum in ms (L2 flushed before each call), the forms taking turns per
 round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
 before its first call, is compared with the default's (bitwise), float64 and F.conv_transpose3d (KernelBench's check),
 and the row says whether the call filled the whole output first (where a REGION_FILL form does, its kernel failed).

@@ -58,11 +58,13 @@ DIRECT_INPUT = environment.switch("CONVT3D_DIRECT_INPUT", True)
 # Whether row_runs.py's kernel, where it computes a layer's only phase (problem 77), fills the rest of the output itself
 # (row_runs.py, REGION_FILL; phases.region_fill says where) rather than after a fill of the whole output: True, False,
 # or None (the default): with TF32 off (3xFP16), and in TF32 mode (FP16) where a fill warpgroup does it
-# (row_runs.fill_warpgroup: N up to 136). Problem 77's forward with TF32 off took 0.2997-0.3003 ms with it against
-# 0.3469-0.3490 on the H200; in TF32 mode, by a fill warpgroup, 0.2933-0.2944 against 0.3384-0.3436 on an H100 (the
-# library's form) and 0.2508-0.2521 against 0.2618-0.2644 on the H200 (a form without setmaxnreg), where the fill in
-# the computing warps, which the shorter FP16 correlation hid less of, took 0.352 and 0.279-0.280
-# (benchmarks/diag_region_fill.py, seventy-ninth session).
+# (row_runs.fill_warpgroup: N up to 136; with TF32 off it always does). Problem 77's forward with TF32 off took
+# 0.2997-0.3003 ms with the fill in the computing warps against 0.3469-0.3490 on the H200 (seventy-ninth session), and
+# by a fill warpgroup 0.3417-0.3440 (median) against 0.3494-0.3500 and 0.410-0.415 on an H100 (eightieth); in TF32
+# mode, by a fill warpgroup, 0.2933-0.2944 against 0.3384-0.3436 with a fill first on an H100 and, on a noisy H200,
+# medians of 0.250-0.283 against 0.268-0.310 (fastest calls 0.233-0.235 against 0.256-0.261), where the fill in the
+# computing warps, which the shorter FP16 correlation hid less of, took 0.352 on the H100 and 0.275-0.284 at the
+# fastest on the H200 (benchmarks/diag_region_fill.py, seventy-ninth and eightieth sessions).
 REGION_FILL = environment.switch("CONVT3D_REGION_FILL", None)
 # Where compiled kernels are kept for later processes (kernel_cache.py): CONVT3D_CACHE_DIR, by default
 # $XDG_CACHE_HOME/convt3d or ~/.cache/convt3d; an empty CONVT3D_CACHE_DIR (or cuda.CACHE_DIR = "") keeps none.

@@ -181,10 +181,12 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     // (FP16: instead of three of one). Problem 77's forward in FP16 (benchmarks/diag_region_fill.py) took
     // 0.2933-0.2944 ms so on an H100 against 0.3384-0.3436 with a fill first and 0.352 with the fill in the computing
     // warps (seventy-ninth session); on the H200 (eightieth session, a noisy machine) 0.240-0.320 mean (0.233-0.235
-    // fastest call) against 0.263-0.328 (0.256-0.261) and 0.284-0.409 (0.275-0.284). In 3xFP16 on the H200 a form
-    // with fill_run's loop unrolled and 8 bytes spilled had medians of 0.307-0.330 ms (fastest 0.289-0.314) against
-    // 0.326-0.399 (0.298-0.335) with the fill in the computing warps. With the lattice plane filled at once (its zeros
-    // gone from the L2 when write_tile's stores came) FP16's took 0.302-0.309 against 0.2508-0.2521 on the H200.
+    // fastest call) against 0.263-0.328 (0.256-0.261) and 0.284-0.409 (0.275-0.284). In 3xFP16 (eightieth session)
+    // it took 0.3417-0.3440 ms (median) on an H100 against 0.3494-0.3500 in the computing warps and 0.410-0.415 with a
+    // fill first; on the H200 a form with fill_run's loop unrolled and 8 bytes spilled had medians of 0.307-0.330 ms
+    // (fastest 0.289-0.314) against 0.326-0.399 (0.298-0.335) in the computing warps. With the lattice plane filled at
+    // once (its zeros gone from the L2 when write_tile's stores came) FP16's took 0.302-0.309 against 0.2508-0.2521
+    // on the H200.
     #define FILL_BESIDE_LOADS (!INPUT_DIRECT)
     #define FILL_PARTS (FILL_BESIDE_LOADS ? KD * LOAD_ROUNDS : KD)
     float* const out = y - phase[9];
@@ -433,9 +435,9 @@ def shared_bytes(taps, dilation, window_columns: int, split: int) -> int:
 # 65536 / (4 THREADS) = 128 registers a thread; the fill warpgroup keeps FILL_REGISTERS (per precision, split) and
 # gives the rest to the computing warpgroup (setmaxnreg), which in 3xFP16 needs about 243 without a limit. Compiled
 # here for sm_90a, neither spills on any correlation the kernel serves (tests/test_cuda_compile.py); in 3xFP16 only
-# with fill_run's loop not unrolled (unrolled, the fill warpgroup spilled up to 100 bytes at 40, 16-152 not unrolled at
-# 32). In FP16, 40 / 216 with the loop not unrolled took 0.2957-0.2962 ms (median) on an H100 against 0.2941-0.2944
-# at 56 / 200 unrolled (benchmarks/diag_region_fill.py, eightieth session).
+# with fill_run's loop not unrolled (unrolled, the fill warpgroup spilled up to 100 bytes at 40; not unrolled, 16 on
+# problem 77's at 32). In FP16, 40 / 216 with the loop not unrolled took 0.2957-0.2962 ms (median) on an H100
+# against 0.2941-0.2944 at 56 / 200 unrolled (benchmarks/diag_region_fill.py, eightieth session).
 FILL_REGISTERS = {3: 56, 2: 40}
 COMPUTE_REGISTERS = {split: 2 * (65536 // (4 * THREADS)) - registers for split, registers in FILL_REGISTERS.items()}
 
