@@ -193,11 +193,11 @@ P77_REGION = ((33, 65, 65), (2, 2), 1)  # (row_runs.source's region: cuda.phases
 @pytest.mark.parametrize("region", [None, P77_REGION], ids=["lattice", "region_fill"])
 def test_row_runs_correlation_compiles_without_spills(c_in, c_out, taps, dilation, split, input_geometry, region):
     """row_runs.py's kernel on the correlations it serves (32 input channels, blocks of 64 output channels), reading
-    the window or the input itself, writing the lattice alone or filling the rest of the output too (REGION_FILL; in
-    FP16 up to N = 136 by a second warpgroup, FILL_WARPGROUP, two programs of 256 threads a multiprocessor), at
-    its narrowest window (32 columns and the taps' reach) and its widest (the most its N allows), with and without a
-    bias: no spills, and registers that leave room for its programs per multiprocessor. By default (run_in_sample)
-    the most taps of each channel pair and dilation."""
+    the window or the input itself, writing the lattice alone or filling the rest of the output too (REGION_FILL; up
+    to N = 136 by a second warpgroup, in 3xFP16 where it reads the window, FILL_WARPGROUP: two programs of 256
+    threads a multiprocessor), at its narrowest window (32 columns and the taps' reach) and its widest (the most its N
+    allows), with and without a bias: no spills, and registers that leave room for its programs per multiprocessor.
+    By default (run_in_sample) the most taps of each channel pair and dilation."""
     run_in_sample(taps == max((case[2] for case in ROW_RUNS if case[:2] == (c_in, c_out) and case[3] == dilation),
                               key=math.prod))
     reach = (taps[2] - 1) * dilation[2]

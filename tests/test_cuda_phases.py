@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from convt3d.backends import cuda
-from convt3d.backends.cuda import phases as cuda_phases
+from convt3d.backends.cuda import phases as cuda_phases, row_runs
 from convt3d.backends.torch_phase import (_backward_phases, _lattice_geometry, _regions, aten_phase_backward,
                                          conv_transpose3d_backward, phase_grad_input)
 from convt3d.plan import make_plan
@@ -480,8 +480,6 @@ def test_row_runs_kernel_takes_32_channels_into_blocks_of_64_in_fp16(monkeypatch
     """Which correlations may run row_runs.py's kernel (tile_rows then gives its rows, whatever the grid's programs):
     32 input channels into whole blocks of 64 output channels, FP16 or 3xFP16, one column block; and where the window
     is too wide for its N or its shared memory too large, none is built (phase_conv.py's kernel serves)."""
-    from convt3d.backends.cuda import row_runs
-
     for split in (2, 3):
         assert cuda.tile_rows(32, 64, (3, 3, 3), (1, 1, 1), split, 16, (16, 32, 32)) == row_runs.ROWS
         assert cuda.tile_rows(32, 128, (1, 1, 1), (1, 1, 1), split, 1, (1, 2, 3)) == row_runs.ROWS
@@ -542,6 +540,23 @@ def test_region_fill_serves_a_layers_only_phase_on_row_runs_kernel(monkeypatch):
     assert cuda_phases.region_fill(k3s2, k3s2_phases, torch.empty(k3s2.output_shape, device="meta").stride()) is None
     wide, wide_phases = _only_phases((2, 64, 16, 32, 32), (64, 64, 3, 3, 3), 2, 1, 2)
     assert cuda_phases.region_fill(wide, wide_phases, torch.empty(wide.output_shape, device="meta").stride()) is None
+
+
+def test_fill_warpgroup_where_its_registers_hold_the_kernel():
+    """row_runs.fill_warpgroup: a program that fills its region does it by a second warpgroup (256 threads, two
+    programs a multiprocessor) up to N = 136, in FP16 reading the window or the input and in 3xFP16 reading the window;
+    not without a region, past N = 136 (a window 36 columns wide), or in 3xFP16 reading the input, where its computing
+    warpgroup spilled (one warpgroup then, FP16 three programs a multiprocessor up to N = 136, else two)."""
+    region = ((33, 65, 65), (2, 2), 1)
+    p77_input = ((16, 32, 32), (-1, -1, -1), (32 * 16 * 32 * 32, 16 * 32 * 32, 32 * 32, 32))
+    cases = [(3, 34, region, None, True), (3, 34, region, p77_input, True), (2, 34, region, None, True),
+             (2, 34, region, p77_input, False), (3, 34, None, None, False), (3, 36, region, p77_input, False)]
+    for split, columns, region_, input_geometry, expected in cases:
+        case = (split, columns, region_, input_geometry)
+        assert row_runs.fill_warpgroup(*case) is expected, case
+        assert row_runs.block_threads(*case) == row_runs.THREADS * (2 if expected else 1), case
+        one_warpgroup = 3 if split == 3 and columns == 34 else 2
+        assert row_runs.programs_per_multiprocessor(*case) == (2 if expected else one_warpgroup), case
 
 
 def test_only_the_weight_gradient_needs_tf32(monkeypatch):
