@@ -59,7 +59,6 @@ FORMS = (
     ("REGION_FILL in the computing warps (3xFP16: the library's before the 80th session)", True,
      COMPUTING_WARPS_3XFP16, 2),
 )
-P77_REGION = ((33, 65, 65), (2, 2), 1)
 
 
 def builder(patches):
@@ -72,7 +71,7 @@ def builder(patches):
 
 def registers() -> None:
     """ptxas's registers and spills per form and precision for problem 77 (NVRTC on this machine)."""
-    from test_cuda_compile import P77_INPUT, registers_and_spills
+    from test_cuda_compile import P77_INPUT, P77_REGION, registers_and_spills
     for split, geometry, mode in ((3, P77_INPUT, "FP16, input"), (2, None, "3xFP16, window")):
         for name, region_fill, patches, only in FORMS:
             if only not in (None, split):

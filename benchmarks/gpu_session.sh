@@ -67,9 +67,9 @@ for step in $steps; do
     # session).
     prefetch) python3 benchmarks/diag_plane_prefetch.py --iters 100 --rounds 3 2>&1 | tee "$OUT/prefetch.log" ;;
     # Problem 77's forward with no fill: each correlation program fills the output around its own lattice tile while
-    # it computes (cuda.REGION_FILL, by default with TF32 off and, by a fill warpgroup, in TF32 mode; and variants of
-    # it: seventy-sixth to seventy-ninth sessions, benchmarks/RESULTS.md); the GPU tests and the bench with it on in
-    # both modes; the correlations' DRAM bytes under Nsight Compute.
+    # it computes (cuda.REGION_FILL, by default by a fill warpgroup with TF32 off and, where it serves, in TF32 mode;
+    # and variants of it: seventy-sixth to eightieth sessions, benchmarks/RESULTS.md); the GPU tests and the bench with
+    # it on in both modes; the correlations' DRAM bytes under Nsight Compute.
     region_fill) python3 benchmarks/diag_region_fill.py --iters 100 --rounds ${ROUNDS:-2} 2>&1 | tee "$OUT/region_fill.log" ;;
     region_fill_tests) CONVT3D_REGION_FILL=1 PYTHONPATH=$PWD/src:$PWD/tests python3 -m pytest -p no:warnings -n 4 -rfs \
                            tests/test_gpu.py > "$OUT/pytest_region_fill.log" 2>&1
