@@ -22,7 +22,9 @@ Forms:
   library's: each warp its own segment, four channels' runs at once); fill_run's store loop unrolled by 4 (FP16 only:
   3xFP16's is not unrolled, so that its 40 registers hold it); the planes without lattice points by bulk copies of
   zeros from shared memory (the tensor memory accelerator's stores); the lattice plane by the computing warpgroup
-  once it has issued its last MMAs;
+  once it has issued its last MMAs; the fill in grid order (GRID_FILL below: the programs that run together write
+  neighbouring memory, the lattice rows left to the computing warpgroup, which writes them whole) and, as a what-if,
+  that fill alone (prepared in the eighty-first session, not run: no device time was left);
 - the output's zero_() alone (the floor in this process).
 
 What it found (eighty-first session, an H100, five calls of three rounds, benchmarks/RESULTS.md; medians in ms, FP16 /
@@ -110,6 +112,82 @@ def bulk_shared_bytes(taps, dilation, window_columns, split):
     return -(-row_runs.shared_bytes(taps, dilation, window_columns, split) // 16) * 16 + 4 * 2 * 5 * 65
 
 
+# The fill warpgroup's fill in grid order (problem 77's lattice only, no bias; prepared in the eighty-first session,
+# not run): units of 8 output rows, unit 4 b + w + 4 G i for warp w of program b (G programs), so that the programs
+# that run together write neighbouring memory as zero_() does (diag_region_pattern.py: 0.194 ms in grid order against
+# 0.225 in the region pattern, the fill alone on an H100); the lattice rows (odd rows of odd planes) left out, and with
+# each the ends of its neighbour rows up to the 32-byte sectors it shares with them. The computing warpgroup writes
+# each lattice row whole instead (its values at the odd columns, zeros between), from its first sector's start to its
+# last sector's end. So every sector is written by one warp (or by two neighbouring units' warps at about the same
+# time), and no warpgroup waits for the other: no barriers between them. GRID_COMPUTE 0: the fill alone (the
+# computing warpgroup skips its depth taps and writes nothing; wrong results).
+GRID_HEAD = "#define LATTICE_H 1\n#define LATTICE_W 1\n#define STRIDE_W 2\n"
+GRID_FILL_WARPGROUP = r"""        fill_segments(0, segments - COB);  // the planes without lattice points
+        asm volatile("bar.sync 3, %0;\n" :: "n"(2 * THREADS) : "memory");  // the last depth tap begun
+        fill_segments(segments - COB, segments);  // the lattice plane
+        __threadfence_block();
+        asm volatile("bar.arrive 2, %0;\n" :: "n"(2 * THREADS) : "memory");
+"""
+GRID_FILL_WARPGROUP_NEW = r"""        const int batch = gridDim.x / (C_OUT / COB * phase_count * qh_blocks * QD);
+        const int rows_total = batch * C_OUT * OUT_D * OUT_H;  // (rows, not floats: within an int)
+        auto lattice_row = [&](int r) {
+            const int plane_row = r % (OUT_D * OUT_H), d = plane_row / OUT_H, h = plane_row % OUT_H;
+            return d % STRIDE_D == LATTICE_D && d / STRIDE_D < QD && h % STRIDE_H == LATTICE_H && h / STRIDE_H < QH;
+        };
+        for (int unit = 4 * blockIdx.x + warp; unit < (rows_total + 7) / 8; unit += 4 * gridDim.x) {
+            long long run = -1;  // the open run's first float
+            const int end_row = min(8 * unit + 8, rows_total);
+            #pragma unroll 1
+            for (int r = 8 * unit; r < end_row; r++) {
+                const long long start = (long long)r * OUT_W;
+                if (lattice_row(r)) {  // the run ends at the lattice row's first sector
+                    if (run >= 0) fill_run<true>(out + run, (int)((start & ~7LL) - run), 0.f, lane);
+                    run = -1;
+                } else if (run < 0) {  // a run begins, after the last sector of a lattice row before it
+                    run = r > 0 && lattice_row(r - 1) ? (start + 7) & ~7LL : start;
+                }
+            }
+            if (run >= 0) {
+                const long long end = (long long)end_row * OUT_W;
+                const bool before_lattice = end_row < rows_total && lattice_row(end_row);
+                fill_run<true>(out + run, (int)((before_lattice ? end & ~7LL : end) - run), 0.f, lane);
+            }
+        }
+"""
+GRID_LATTICE_TURN = r"""#if FILL_WARPGROUP
+        if (kd == KD - 1)  // the fill warpgroup's turn for the lattice plane
+            asm volatile("bar.arrive 3, %0;\n" :: "n"(2 * THREADS) : "memory");
+#endif
+"""
+GRID_LATTICE_TURN_NEW = "#if !GRID_COMPUTE\n        continue;\n#endif\n"
+GRID_WRITE = ('    asm volatile("bar.sync 2, %0;\\n" :: "n"(2 * THREADS) : "memory");'
+              "  // and the fill warpgroup's stores done\n")
+GRID_WRITE_NEW = r"""    compute_sync();
+    for (int job = warp; GRID_COMPUTE && job < ROWS * COB; job += THREADS / 32) {
+        const int r = job % ROWS, o = job / ROWS, qh = qh0 + r;
+        if (qh >= QH) continue;  // (the same for the whole warp)
+        const long long f0 = n * syn + (long long)(ob * COB + o) * syc
+                             + (long long)(STRIDE_D * qd + LATTICE_D) * plane_floats
+                             + (long long)(STRIDE_H * qh + LATTICE_H) * row_floats;  // the row's first float
+        const float* tile_row = staged + o * OCS + r * XW;
+        float* const from = out + (f0 & ~7LL);  // the row's first sector
+        const int lead = (int)(f0 & 7), span = (lead + OUT_W + 7) & ~7;
+        #pragma unroll 1
+        for (int i = lane; i < span / 4; i += 32) {  // 16-byte stores: one a lane, 18-20 lanes a row
+            float v[4];
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = 4 * i + e - lead, q = (col - LATTICE_W) / STRIDE_W;
+                const bool on = col >= LATTICE_W && col < OUT_W && (col - LATTICE_W) % STRIDE_W == 0 && q < QW;
+                v[e] = on ? tile_row[q] : 0.f;
+            }
+            ((float4*)from)[i] = make_float4(v[0], v[1], v[2], v[3]);
+        }
+    }
+    return;
+"""
+GRID_FILL = ((GRID_FILL_WARPGROUP, GRID_FILL_WARPGROUP_NEW), (GRID_LATTICE_TURN, GRID_LATTICE_TURN_NEW),
+             (GRID_WRITE, GRID_WRITE_NEW))
 UNROLLED_4 = (("    for (int i = lane; i < quads; i += 32)",
                "    #pragma unroll 4\n    for (int i = lane; i < quads; i += 32)"),)
 # (name, patches, checked: whether its result is right, the one precision (split) it serves or None for both)
@@ -125,16 +203,22 @@ FORMS = (
     ("fill: bulk copies of zeros for the planes without lattice points", BULK, True, None),
     ("fill: the lattice plane by the computing warpgroup after its last MMAs", LATTICE_PLANE_BY_COMPUTING_WARPS, True,
      None),
+    ("fill: in grid order, the lattice rows whole by the computing warpgroup", GRID_FILL, True, None),
+    ("what-if: the grid-order fill alone", GRID_FILL, False, None),
 )
+# The head put before a form's source (GRID_FILL's macros: GRID_COMPUTE 0 for its what-if).
+HEADS = {"fill: in grid order, the lattice rows whole by the computing warpgroup":
+         GRID_HEAD + "#define GRID_COMPUTE 1\n",
+         "what-if: the grid-order fill alone": GRID_HEAD + "#define GRID_COMPUTE 0\n"}
 
 
-def builder(patches):
+def builder(name, patches):
     if not patches:
         return LIBRARY_ROW_RUNS_KERNEL
     if patches is BULK:
         return patched_row_runs(*patches, head=BULK_HEAD, exactly_once=True, shared_bytes=bulk_shared_bytes,
                                 threads=2 * row_runs.THREADS)
-    return patched_row_runs(*patches, exactly_once=True, threads=2 * row_runs.THREADS)
+    return patched_row_runs(*patches, head=HEADS.get(name, ""), exactly_once=True, threads=2 * row_runs.THREADS)
 
 
 def registers() -> None:
@@ -145,7 +229,8 @@ def registers() -> None:
             if only not in (None, split):
                 continue
             text = patched_row_runs_source(patches, split=split, input_geometry=geometry, region=P77_REGION,
-                                           head=BULK_HEAD if patches is BULK else "", exactly_once=True)
+                                           head=BULK_HEAD if patches is BULK else HEADS.get(name, ""),
+                                           exactly_once=True)
             print(f"{mode}, {name}: (registers, spilled bytes) {registers_and_spills(text)}")
 
 
@@ -157,7 +242,7 @@ def main():
 
     x, w, _, _ = problem_77()
     forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-    builders = [(name, builder(patches), right, only) for name, patches, right, only in FORMS]
+    builders = [(name, builder(name, patches), right, only) for name, patches, right, only in FORMS]
     timings = Timings(args.iters)
     library_region_fill = cuda.REGION_FILL
     cuda.REGION_FILL = True
