@@ -190,47 +190,42 @@ GRID_FILL = ((GRID_FILL_WARPGROUP, GRID_FILL_WARPGROUP_NEW), (GRID_LATTICE_TURN,
              (GRID_WRITE, GRID_WRITE_NEW))
 UNROLLED_4 = (("    for (int i = lane; i < quads; i += 32)",
                "    #pragma unroll 4\n    for (int i = lane; i < quads; i += 32)"),)
-# (name, patches, checked: whether its result is right, the one precision (split) it serves or None for both)
+# (name, patches, checked: whether its result is right, the one precision (split) it serves or None for both, the
+# head put before its source)
 FORMS = (
-    ("the library's", (), True, None),
-    ("what-if: no fill", NO_FILL, False, None),
-    ("what-if: fill only (and the tile of bias values)", FILL_ONLY, False, None),
-    ("what-if: no tile write", NO_TILE_WRITE, False, None),
-    ("what-if: the region fill alone (no correlation, no tile write)", FILL_ONLY + NO_TILE_WRITE, False, None),
-    ("fill: plain stores throughout", PLAIN_STORES, True, None),
-    ("fill: the warpgroup over one segment at a time", WARPGROUP_SEGMENTS, True, None),
-    ("fill: its store loop unrolled by 4", UNROLLED_4, True, 3),
-    ("fill: bulk copies of zeros for the planes without lattice points", BULK, True, None),
+    ("the library's", (), True, None, ""),
+    ("what-if: no fill", NO_FILL, False, None, ""),
+    ("what-if: fill only (and the tile of bias values)", FILL_ONLY, False, None, ""),
+    ("what-if: no tile write", NO_TILE_WRITE, False, None, ""),
+    ("what-if: the region fill alone (no correlation, no tile write)", FILL_ONLY + NO_TILE_WRITE, False, None, ""),
+    ("fill: plain stores throughout", PLAIN_STORES, True, None, ""),
+    ("fill: the warpgroup over one segment at a time", WARPGROUP_SEGMENTS, True, None, ""),
+    ("fill: its store loop unrolled by 4", UNROLLED_4, True, 3, ""),
+    ("fill: bulk copies of zeros for the planes without lattice points", BULK, True, None, BULK_HEAD),
     ("fill: the lattice plane by the computing warpgroup after its last MMAs", LATTICE_PLANE_BY_COMPUTING_WARPS, True,
-     None),
-    ("fill: in grid order, the lattice rows whole by the computing warpgroup", GRID_FILL, True, None),
-    ("what-if: the grid-order fill alone", GRID_FILL, False, None),
+     None, ""),
+    ("fill: in grid order, the lattice rows whole by the computing warpgroup", GRID_FILL, True, None,
+     GRID_HEAD + "#define GRID_COMPUTE 1\n"),
+    ("what-if: the grid-order fill alone", GRID_FILL, False, None, GRID_HEAD + "#define GRID_COMPUTE 0\n"),
 )
-# The head put before a form's source (GRID_FILL's macros: GRID_COMPUTE 0 for its what-if).
-HEADS = {"fill: in grid order, the lattice rows whole by the computing warpgroup":
-         GRID_HEAD + "#define GRID_COMPUTE 1\n",
-         "what-if: the grid-order fill alone": GRID_HEAD + "#define GRID_COMPUTE 0\n"}
 
 
-def builder(name, patches):
+def builder(patches, head):
     if not patches:
         return LIBRARY_ROW_RUNS_KERNEL
-    if patches is BULK:
-        return patched_row_runs(*patches, head=BULK_HEAD, exactly_once=True, shared_bytes=bulk_shared_bytes,
-                                threads=2 * row_runs.THREADS)
-    return patched_row_runs(*patches, head=HEADS.get(name, ""), exactly_once=True, threads=2 * row_runs.THREADS)
+    return patched_row_runs(*patches, head=head, exactly_once=True, threads=2 * row_runs.THREADS,
+                            shared_bytes=bulk_shared_bytes if patches is BULK else None)
 
 
 def registers() -> None:
     """ptxas's registers and spills per form and precision for problem 77 (NVRTC on this machine)."""
     from test_cuda_compile import P77_INPUT, P77_REGION, registers_and_spills
     for split, geometry, mode in ((3, P77_INPUT, "FP16, input"), (2, None, "3xFP16, window")):
-        for name, patches, _, only in FORMS:
+        for name, patches, _, only, head in FORMS:
             if only not in (None, split):
                 continue
             text = patched_row_runs_source(patches, split=split, input_geometry=geometry, region=P77_REGION,
-                                           head=BULK_HEAD if patches is BULK else HEADS.get(name, ""),
-                                           exactly_once=True)
+                                           head=head, exactly_once=True)
             print(f"{mode}, {name}: (registers, spilled bytes) {registers_and_spills(text)}")
 
 
@@ -242,7 +237,7 @@ def main():
 
     x, w, _, _ = problem_77()
     forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-    builders = [(name, builder(name, patches), right, only) for name, patches, right, only in FORMS]
+    builders = [(name, builder(patches, head), right, only) for name, patches, right, only, head in FORMS]
     timings = Timings(args.iters)
     library_region_fill = cuda.REGION_FILL
     cuda.REGION_FILL = True
