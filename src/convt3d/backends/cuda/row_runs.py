@@ -447,7 +447,7 @@ def fill_warpgroup(split: int, window_columns: int, region, input_geometry=None)
     (FILL_WARPGROUP): up to N = 136 (3xFP16's MAX_POSITIONS), in which the computing warpgroup's COMPUTE_REGISTERS
     registers a thread hold it without spills; in 3xFP16 reading the window only (reading the input itself, which the
     library does in FP16 only, cuda.reads_input, it spilled 156 bytes on problem 77)."""
-    return (region is not None and positions(window_columns) <= 136
+    return (region is not None and positions(window_columns) <= MAX_POSITIONS[2]
             and (split == 3 or input_geometry is None))
 
 
