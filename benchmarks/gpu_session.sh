@@ -71,9 +71,9 @@ for step in $steps; do
     # and variants of it: seventy-sixth to eightieth sessions, benchmarks/RESULTS.md); the GPU tests and the bench with
     # it on in both modes; the correlations' DRAM bytes under Nsight Compute.
     region_fill) python3 benchmarks/diag_region_fill.py --iters 100 --rounds ${ROUNDS:-2} 2>&1 | tee "$OUT/region_fill.log" ;;
-    # The fill-warpgroup kernel taken apart (what-ifs: no fill, the fill alone, no tile write) and the fill warpgroup's
-    # stores done other ways (eighty-first session: none faster but its loop unrolled by 4, by about 1% on an H100; the
-    # fill in grid order with the lattice rows whole prepared then, not run).
+    # The fill-warpgroup kernel taken apart (what-ifs: no fill, the fill alone, no tile write) and persistent programs
+    # (eighty-first and eighty-second sessions: every other form of the fill slower, but its loop unrolled by 4 in
+    # FP16, the library's since).
     fused_parts) PYTHONPATH=$PWD/src:$PWD/tests:$PWD/benchmarks python3 benchmarks/diag_fused_parts.py --iters 100 \
                      --rounds ${ROUNDS:-2} 2>&1 | tee "$OUT/fused_parts.log" ;;
     region_fill_tests) CONVT3D_REGION_FILL=1 PYTHONPATH=$PWD/src:$PWD/tests python3 -m pytest -p no:warnings -n 4 -rfs \
