@@ -55,10 +55,10 @@ NO_TILE_WRITE = (("    write_tile<ROWS, COB, THREADS>(staged", "    if (0) write
 # library's form the multiprocessor loses that program's fill during the tile write: "fill only" took 0.04 ms more
 # than "the region fill alone" in the eighty-first and eighty-second sessions, H100). Per tile, the library's
 # barriers: the fill warpgroup fills the planes without lattice points, waits at barrier 3 for the computing
-# warpgroup's last depth tap (LATTICE_TURN), fills the lattice plane (its zeros still in the L2 when the tile's stores
+# warpgroup's last depth tap, fills the lattice plane (its zeros still in the L2 when the tile's stores
 # come) and arrives at barrier 2, where the computing warpgroup waits before its tile write; neither barrier is ahead
 # of the other by more than one tile. A first form let the fill warpgroup fill the next lattice plane as soon as the
-# tile before was written (no wait for a depth tap): 0.401-0.410 ms (FP16) and 0.476-0.487 (3xFP16) against the
+# tile before was written (no wait for a depth tap): 0.402-0.410 ms (FP16) and 0.476-0.487 (3xFP16) against the
 # library's 0.29 / 0.34, as slow with no barriers at all; without its tile write 0.285 / 0.320: the tile's stores into
 # lattice planes filled a whole tile before, their zeros gone from the L2. Problem 77's 2,048 tiles:
 # PERSISTENT_TILES (the kernel has no batch argument).
