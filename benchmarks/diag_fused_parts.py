@@ -43,7 +43,7 @@ per round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading 
 
 from convt3d.backends.cuda import row_runs
 from p77_correlation import (LIBRARY_DIRECT_INPUT, LIBRARY_ROW_RUNS_KERNEL, P77, Timings, arguments, modes,
-                             patched_row_runs, patched_row_runs_source, problem_77, use_row_runs)
+                             patched_row_runs, print_registers, problem_77, use_row_runs)
 
 NO_FILL = (("fill_segments(0, segments - COB);  // the planes", "// the planes"),
            ("fill_segments(segments - COB, segments);  // the lattice plane", "// the lattice plane"))
@@ -200,14 +200,8 @@ def builder(patches, head):
 
 def registers() -> None:
     """ptxas's registers and spills per form and precision for problem 77 (NVRTC on this machine)."""
-    from test_cuda_compile import P77_INPUT, P77_REGION, registers_and_spills
-    for split, geometry, mode in ((3, P77_INPUT, "FP16, input"), (2, None, "3xFP16, window")):
-        for name, patches, _, only, head in FORMS:
-            if only not in (None, split):
-                continue
-            text = patched_row_runs_source(patches, split=split, input_geometry=geometry, region=P77_REGION,
-                                           head=head, exactly_once=True)
-            print(f"{mode}, {name}: (registers, spilled bytes) {registers_and_spills(text)}")
+    from test_cuda_compile import P77_REGION
+    print_registers((name, patches, P77_REGION, head, only) for name, patches, _, only, head in FORMS)
 
 
 def main():

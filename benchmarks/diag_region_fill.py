@@ -44,7 +44,7 @@ region_fill_ncu step) the correlations' DRAM bytes and times, a launch a form, i
 
 from convt3d.backends.cuda import row_runs
 from p77_correlation import (LIBRARY_DIRECT_INPUT, LIBRARY_ROW_RUNS_KERNEL, P77, Timings, arguments, modes,
-                             patched_row_runs, patched_row_runs_source, problem_77, use_row_runs)
+                             patched_row_runs, print_registers, problem_77, use_row_runs)
 
 # The fill in the computing warps instead of a fill warpgroup (row_runs.py's FILL_WARPGROUP): FP16 three programs of
 # one warpgroup a multiprocessor, 3xFP16 two, fill_run's loop unrolled, as before the eightieth session.
@@ -71,14 +71,9 @@ def builder(patches):
 
 def registers() -> None:
     """ptxas's registers and spills per form and precision for problem 77 (NVRTC on this machine)."""
-    from test_cuda_compile import P77_INPUT, P77_REGION, registers_and_spills
-    for split, geometry, mode in ((3, P77_INPUT, "FP16, input"), (2, None, "3xFP16, window")):
-        for name, region_fill, patches, only in FORMS:
-            if only not in (None, split):
-                continue
-            text = patched_row_runs_source(patches, split=split, input_geometry=geometry,
-                                           region=P77_REGION if region_fill else None, exactly_once=True)
-            print(f"{mode}, {name}: (registers, spilled bytes) {registers_and_spills(text)}")
+    from test_cuda_compile import P77_REGION
+    print_registers((name, patches, P77_REGION if region_fill else None, "", only)
+                    for name, region_fill, patches, only in FORMS)
 
 
 def fills_first(forward) -> bool:

@@ -101,6 +101,20 @@ def patched_row_runs_source(patches, c_out=64, taps=(3, 3, 3), dilation=(1, 1, 1
     return head + text
 
 
+def print_registers(forms) -> None:
+    """ptxas's registers and spills (NVRTC on this machine, tests/test_cuda_compile.py's) of each (name, patches,
+    region, head, only) of forms: patched_row_runs_source's problem 77 with that region, in FP16 reading the input and
+    in 3xFP16 reading the window (as the library reads them), or only in the one precision (split) only names."""
+    from test_cuda_compile import P77_INPUT, registers_and_spills
+    forms = tuple(forms)
+    for split, geometry, mode in ((3, P77_INPUT, "FP16, input"), (2, None, "3xFP16, window")):
+        for name, patches, region, head, only in forms:
+            if only in (None, split):
+                text = patched_row_runs_source(patches, split=split, input_geometry=geometry, region=region,
+                                               head=head, exactly_once=True)
+                print(f"{mode}, {name}: (registers, spilled bytes) {registers_and_spills(text)}")
+
+
 def arguments(rounds: int, registers=None, profile: bool = False) -> argparse.Namespace:
     """The command line of a diagnostic that times forms in turns: --iters, --rounds, where it has registers (a
     function printing ptxas's report of its forms) --registers, which runs that alone (on a CPU with NVRTC), and where
