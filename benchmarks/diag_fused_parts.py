@@ -63,16 +63,9 @@ NO_TILE_WRITE = (("    write_tile<ROWS, COB, THREADS>(staged", "    if (0) write
 # lattice planes filled a whole tile before, their zeros gone from the L2. Problem 77's 2,048 tiles:
 # PERSISTENT_TILES (the kernel has no batch argument).
 PERSISTENT_TILES = 2048
-PERSISTENT_PARAMETERS = (
-    "const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ w_lo,\n"
-    "                const float* __restrict__ bias, const float* __restrict__ block_max,\n"
-    "                const float* __restrict__ w_inverse, float* __restrict__ y, int XD, int XH, int XW_, int KHF, "
-    "int KWF,\n"
-    "                int QD, int QH, int QW, int qh_blocks, int qw_blocks, int max_block, int max_blocks, "
-    "int phase_count,\n"
-    "                long long syn, long long syc, long long syd, long long syh, long long syw, const Phases phases)")
-PERSISTENT_ARGUMENTS = ("x, w, w_lo, bias, block_max, w_inverse, y, XD, XH, XW_, KHF, KWF, QD, QH, QW, qh_blocks, "
-                        "qw_blocks, max_block, max_blocks, phase_count, syn, syc, syd, syh, syw, phases")
+# The kernel's parameters as row_runs.py declares them, and their names (the persistent wrapper passes them on).
+PERSISTENT_PARAMETERS = row_runs.SOURCE.split("\nphase_conv_rows(", 1)[1].split(")\n{", 1)[0]
+PERSISTENT_ARGUMENTS = ", ".join(parameter.split()[-1] for parameter in PERSISTENT_PARAMETERS.split(","))
 SET_FILL_REGISTERS = '        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\\n" :: "n"(FILL_REGISTERS));\n'
 SET_COMPUTE_REGISTERS = '    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\\n" :: "n"(COMPUTE_REGISTERS));\n'
 TILE_WRITE = ("    write_tile<ROWS, COB, THREADS>(staged, OCS, XW, y_tile, syc, syh, qh0, QH, lane < QW, warp, lane);"
@@ -85,7 +78,7 @@ PERSISTENT = (
     (SET_COMPUTE_REGISTERS, ""),
     (TILE_WRITE, TILE_WRITE + f"""
 extern "C" __global__ void __launch_bounds__(THREADS * (1 + FILL_WARPGROUP), MIN_BLOCKS)
-phase_conv_rows({PERSISTENT_PARAMETERS}
+phase_conv_rows({PERSISTENT_PARAMETERS})
 {{
     if (threadIdx.x >= THREADS) {{  // the fill warpgroup
 {SET_FILL_REGISTERS}        #pragma unroll 1
