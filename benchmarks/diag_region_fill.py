@@ -34,8 +34,8 @@ whole grid in memory order, the next input plane copied during the MMAs, a fill 
 fill warpgroup at 3xFP16's register split) were measured and dropped in the seventy-fifth to eightieth sessions
 (benchmarks/RESULTS.md).
 
-Rows: bench.protocol.time_cuda's mean, median and minimum in ms (L2 flushed before each call), the forms taking turns per
-round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
+Rows: bench.protocol.time_cuda's mean, median and minimum in ms (L2 flushed before each call), the forms taking turns
+per round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window). Every output, NaN-poisoned
 before its first call, is compared with the default's (bitwise), float64 and F.conv_transpose3d (KernelBench's check),
 and the row says whether the call filled the whole output first (where a REGION_FILL form does, its kernel failed).
 With --profile, each mode runs each form's forward once, untimed: under Nsight Compute (gpu_session.sh's
@@ -47,10 +47,12 @@ from p77_correlation import (LIBRARY_DIRECT_INPUT, LIBRARY_ROW_RUNS_KERNEL, P77,
                              patched_row_runs, print_registers, problem_77, use_row_runs)
 
 # The fill in the computing warps instead of a fill warpgroup (row_runs.py's FILL_WARPGROUP): FP16 three programs of
-# one warpgroup a multiprocessor, 3xFP16 two, fill_run's loop unrolled, as before the eightieth session.
+# one warpgroup a multiprocessor, 3xFP16 two, fill_run's loop unrolled as NVRTC unrolls it unasked (no pragma, FP16's
+# unroll by 4 since the eighty-second session left out), as before the eightieth session.
 WITHOUT_FILL_WARPGROUP = ("#define FILL_WARPGROUP 1\n", "#define FILL_WARPGROUP 0\n")
-COMPUTING_WARPS_FP16 = (WITHOUT_FILL_WARPGROUP, ("#define MIN_BLOCKS 2\n", "#define MIN_BLOCKS 3\n"))
-COMPUTING_WARPS_3XFP16 = (WITHOUT_FILL_WARPGROUP, ("#if SPLIT == 2\n", "#if 0\n"))
+UNROLLED_UNASKED = ("    #pragma unroll 4\n", "")
+COMPUTING_WARPS_FP16 = (WITHOUT_FILL_WARPGROUP, ("#define MIN_BLOCKS 2\n", "#define MIN_BLOCKS 3\n"), UNROLLED_UNASKED)
+COMPUTING_WARPS_3XFP16 = (WITHOUT_FILL_WARPGROUP, ("#if SPLIT == 2\n", "#if 0\n"), UNROLLED_UNASKED)
 # (name, REGION_FILL, patches of row_runs.py's source, the one precision (split) they serve or None for both).
 FORMS = (
     ("default: zero_(), pass, correlation", False, (), None),
