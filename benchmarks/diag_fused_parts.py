@@ -17,8 +17,9 @@ Forms:
   (the computing warpgroup skips every depth tap: no plane loads, weights or MMAs, and writes its tile of bias
   values); no tile write (the computing warpgroup computes but does not write its lattice tile); the region fill alone
   (both of the last two);
-- the lattice plane written once, whole, by the fill warpgroup from the staged tile (LATTICE_BY_FILL below; prepared in
-  the eighty-second session, not run) and, as a what-if, that without the correlation;
+- the lattice plane written once, whole, from the staged tile, by the fill warpgroup (LATTICE_BY_FILL below; prepared
+  in the eighty-second session, not run) or by both warpgroups (LATTICE_BY_BOTH; eighty-third session, not run) and,
+  as what-ifs, each without the correlation;
 - persistent programs (PERSISTENT below, right results, checked), with the fill warpgroup's turn for the lattice plane
   as the library's or a depth tap earlier; and as what-ifs, fill only and no tile write in that form;
 - the output's zero_() alone (the floor in this process).
@@ -114,53 +115,74 @@ class PersistentKernel:
         self.kernel.launch(min(grid, self.programs), *arguments)
 
 
-# The lattice plane written once, whole, by the fill warpgroup (prepared in the eighty-second session; problem 77's
-# lattice: LATTICE_HEAD): the computing warpgroup stages its tile, arrives at barrier 3 and ends; the fill warpgroup,
-# having filled the planes without lattice points, waits there and writes the lattice plane's region from the staged
-# tile (its values at the lattice's rows and columns, zeros or the bias between) in 16-byte evict-first stores. No
-# half-written sectors for the L2 to merge and no lattice plane written twice (the library's zeros, then its tile
-# write: "fill only" took 0.04 ms more than "the region fill alone"), but the lattice plane no longer written while
-# the computing warpgroup runs its last depth tap.
+# The lattice plane written once, whole, from the staged tile (prepared in the eighty-second and eighty-third
+# sessions; problem 77's lattice: LATTICE_HEAD): its values at the lattice's rows and columns, zeros or the bias
+# between, in 16-byte evict-first stores. No half-written sectors for the L2 to merge and no lattice plane written
+# twice (the library's zeros, then its tile write: "fill only" took 0.04 ms more than "the region fill alone"), but
+# the lattice plane no longer written while the computing warpgroup runs its last depth tap. The computing warpgroup
+# stages its tile and arrives at barrier 3; the fill warpgroup, having filled the planes without lattice points, waits
+# there and writes the lattice plane's channels: all of them (lattice_whole(False)), or every other group of four,
+# the computing warpgroup the others as soon as its tile is staged (lattice_whole(True): its warps idle otherwise).
 LATTICE_HEAD = "#define LATTICE_H 1\n#define LATTICE_W 1\n#define STRIDE_W 2\n"
-LATTICE_BY_FILL = (
-    ("        if (kd == KD - 1)  // the fill warpgroup's turn for the lattice plane\n"
-     '            asm volatile("bar.arrive 3, %0;\\n" :: "n"(2 * THREADS) : "memory");\n', ""),
-    ('    asm volatile("bar.sync 2, %0;\\n" :: "n"(2 * THREADS) : "memory");  // and the fill warpgroup\'s '
-     'stores done\n',
-     "    __threadfence_block();\n"
-     '    asm volatile("bar.arrive 3, %0;\\n" :: "n"(2 * THREADS) : "memory");  // the tile staged\n'
-     "    return;\n"),
-    ("        fill_segments(segments - COB, segments);  // the lattice plane\n"
-     "        __threadfence_block();\n"
-     '        asm volatile("bar.arrive 2, %0;\\n" :: "n"(2 * THREADS) : "memory");\n', r"""        {
-            const float* staged = (const float*)smem4;
-            const int count = region_rows * OUT_W;
-            for (int c = warp; c < COB; c += THREADS / 32) {
-                float* const p = out + n * syn + (long long)(ob * COB + c) * syc
-                                 + (STRIDE_D * qd + LATTICE_D) * plane_floats + row0 * row_floats;
-                const float base = HAS_BIAS ? bias[ob * COB + c] : 0.f;
-                const float* tile_c = staged + c * OCS;
-                auto value_at = [&](int e) {  // element e of the region's rows
-                    const int r = e / OUT_W, hr = row0 + r - LATTICE_H, wc = e - r * OUT_W - LATTICE_W;
-                    const int qr = hr / STRIDE_H - qh0, q = wc / STRIDE_W;
-                    const bool on = hr >= 0 && hr % STRIDE_H == 0 && qr < ROWS && qh0 + qr < QH && wc >= 0
-                                    && wc % STRIDE_W == 0 && q < QW;
-                    return on ? tile_c[qr * XW + q] : base;
-                };
-                const int head = min((int)((16 - ((unsigned long long)p & 15)) & 15) >> 2, count);
-                const int quads = (count - head) >> 2, tail = (count - head) & 3;
-                if (lane < head) __stcs(p + lane, value_at(lane));
-                float4* at = (float4*)(p + head);
-                #pragma unroll 1
-                for (int i = lane; i < quads; i += 32) {
-                    const int e = head + 4 * i;
-                    __stcs(at + i, make_float4(value_at(e), value_at(e + 1), value_at(e + 2), value_at(e + 3)));
-                }
-                if (lane < tail) __stcs(p + head + 4 * quads + lane, value_at(head + 4 * quads + lane));
+WRITE_LATTICE = r"""    // The lattice plane's region, channels first, first + step, ... of the block, a warp a channel.
+    auto write_lattice = [&](int first, int step) {
+        const float* staged = (const float*)smem4;
+        const int count = region_rows * OUT_W;
+        for (int c = first; c < COB; c += step) {
+            float* const p = out + n * syn + (long long)(ob * COB + c) * syc
+                             + (STRIDE_D * qd + LATTICE_D) * plane_floats + row0 * row_floats;
+            const float base = HAS_BIAS ? bias[ob * COB + c] : 0.f;
+            const float* tile_c = staged + c * OCS;
+            auto value_at = [&](int e) {  // element e of the region's rows
+                const int r = e / OUT_W, hr = row0 + r - LATTICE_H, wc = e - r * OUT_W - LATTICE_W;
+                const int qr = hr / STRIDE_H - qh0, q = wc / STRIDE_W;
+                const bool on = hr >= 0 && hr % STRIDE_H == 0 && qr < ROWS && qh0 + qr < QH && wc >= 0
+                                && wc % STRIDE_W == 0 && q < QW;
+                return on ? tile_c[qr * XW + q] : base;
+            };
+            const int head = min((int)((16 - ((unsigned long long)p & 15)) & 15) >> 2, count);
+            const int quads = (count - head) >> 2, tail = (count - head) & 3;
+            if (lane < head) __stcs(p + lane, value_at(lane));
+            float4* at = (float4*)(p + head);
+            #pragma unroll 1
+            for (int i = lane; i < quads; i += 32) {
+                const int e = head + 4 * i;
+                __stcs(at + i, make_float4(value_at(e), value_at(e + 1), value_at(e + 2), value_at(e + 3)));
             }
+            if (lane < tail) __stcs(p + head + 4 * quads + lane, value_at(head + 4 * quads + lane));
         }
-"""),
-)
+    };
+"""
+
+
+def lattice_whole(computing_warpgroup_writes: bool) -> tuple:
+    """The patches of the lattice plane written whole: by the fill warpgroup, or by both warpgroups."""
+    warps = row_runs.THREADS // 32
+    if computing_warpgroup_writes:
+        compute_part = f"    compute_sync();  // every thread's values staged\n    write_lattice(warp, {2 * warps});\n"
+        fill_part = f"write_lattice({warps} + warp, {2 * warps});"
+    else:
+        compute_part, fill_part = "", f"write_lattice(warp, {warps});"
+    return (
+        ("    if (threadIdx.x >= THREADS) {  // the fill warpgroup\n",
+         WRITE_LATTICE + "    if (threadIdx.x >= THREADS) {  // the fill warpgroup\n"),
+        ("        if (kd == KD - 1)  // the fill warpgroup's turn for the lattice plane\n"
+         '            asm volatile("bar.arrive 3, %0;\\n" :: "n"(2 * THREADS) : "memory");\n', ""),
+        ('    asm volatile("bar.sync 2, %0;\\n" :: "n"(2 * THREADS) : "memory");  // and the fill warpgroup\'s '
+         'stores done\n',
+         "    __threadfence_block();\n"
+         '    asm volatile("bar.arrive 3, %0;\\n" :: "n"(2 * THREADS) : "memory");  // the tile staged\n'
+         + compute_part + "    return;\n"),
+        ("        fill_segments(segments - COB, segments);  // the lattice plane\n"
+         "        __threadfence_block();\n"
+         '        asm volatile("bar.arrive 2, %0;\\n" :: "n"(2 * THREADS) : "memory");\n',
+         f"        {fill_part}  // the lattice plane\n"),
+    )
+
+
+LATTICE_BY_FILL, LATTICE_BY_BOTH = lattice_whole(False), lattice_whole(True)
+# (the correlation left out: the computing warpgroup skips every depth tap)
+NO_CORRELATION = (("#if FILL_WARPGROUP\n#endif\n", "        continue;\n"),)
 # (name, patches, checked: whether its result is right, the one precision (split) it serves or None for both, the
 # head put before its source)
 FORMS = (
@@ -171,7 +193,10 @@ FORMS = (
     ("what-if: the region fill alone (no correlation, no tile write)", FILL_ONLY + NO_TILE_WRITE, False, None, ""),
     ("the lattice plane written whole by the fill warpgroup", LATTICE_BY_FILL, True, None, LATTICE_HEAD),
     ("what-if: the lattice plane written whole by the fill warpgroup, no correlation",
-     LATTICE_BY_FILL + (("#if FILL_WARPGROUP\n#endif\n", "        continue;\n"),), False, None, LATTICE_HEAD),
+     LATTICE_BY_FILL + NO_CORRELATION, False, None, LATTICE_HEAD),
+    ("the lattice plane written whole by both warpgroups", LATTICE_BY_BOTH, True, None, LATTICE_HEAD),
+    ("what-if: the lattice plane written whole by both warpgroups, no correlation",
+     LATTICE_BY_BOTH + NO_CORRELATION, False, None, LATTICE_HEAD),
     ("persistent programs", PERSISTENT, True, None, PERSISTENT_HEAD),
     ("persistent, the lattice plane's turn a depth tap earlier", PERSISTENT + EARLY_TURN, True, None,
      PERSISTENT_HEAD),
