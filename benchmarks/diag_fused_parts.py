@@ -173,6 +173,8 @@ def lattice_whole(computing_warpgroup_writes: bool) -> tuple:
          "    __threadfence_block();\n"
          '    asm volatile("bar.arrive 3, %0;\\n" :: "n"(2 * THREADS) : "memory");  // the tile staged\n'
          + compute_part + "    return;\n"),
+        ('asm volatile("bar.sync 3, %0;\\n" :: "n"(2 * THREADS) : "memory");  // the last depth tap begun\n',
+         'asm volatile("bar.sync 3, %0;\\n" :: "n"(2 * THREADS) : "memory");  // the tile staged\n'),
         ("        fill_segments(segments - COB, segments);  // the lattice plane\n"
          "        __threadfence_block();\n"
          '        asm volatile("bar.arrive 2, %0;\\n" :: "n"(2 * THREADS) : "memory");\n',
