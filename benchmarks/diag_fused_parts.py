@@ -43,7 +43,7 @@ per round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading 
 """
 
 from convt3d.backends.cuda import row_runs
-from p77_correlation import (LIBRARY_DIRECT_INPUT, LIBRARY_ROW_RUNS_KERNEL, P77, Timings, arguments, modes,
+from p77_correlation import (LIBRARY_DIRECT_INPUT, LIBRARY_ROW_RUNS_KERNEL, P77, Timings, arguments, chosen, modes,
                              patched_row_runs, print_registers, problem_77, use_row_runs)
 
 NO_FILL = (("fill_segments(0, segments - COB);  // the planes", "// the planes"),
@@ -225,14 +225,16 @@ def registers() -> None:
 
 
 def main():
-    args = arguments(2, registers)
+    args = arguments(2, registers, forms=True)
+    forms = chosen(FORMS, args.forms)
     import convt3d
     from convt3d.backends import cuda
     from diag_overlap import checked
 
     x, w, _, _ = problem_77()
     forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-    builders = [(name, builder(patches, head), right, only) for name, patches, right, only, head in FORMS]
+    builders = [(name, builder(patches, head), right, only)
+                for name, patches, right, only, head in forms]
     timings = Timings(args.iters)
     library_region_fill = cuda.REGION_FILL
     cuda.REGION_FILL = True

@@ -115,10 +115,11 @@ def print_registers(forms) -> None:
                 print(f"{mode}, {name}: (registers, spilled bytes) {registers_and_spills(text)}")
 
 
-def arguments(rounds: int, registers=None, profile: bool = False) -> argparse.Namespace:
+def arguments(rounds: int, registers=None, profile: bool = False, forms: bool = False) -> argparse.Namespace:
     """The command line of a diagnostic that times forms in turns: --iters, --rounds, where it has registers (a
-    function printing ptxas's report of its forms) --registers, which runs that alone (on a CPU with NVRTC), and where
-    profile --profile (each form once, untimed, for Nsight Compute)."""
+    function printing ptxas's report of its forms) --registers, which runs that alone (on a CPU with NVRTC), where
+    profile --profile (each form once, untimed, for Nsight Compute), and where forms --forms (words: only the forms
+    whose names hold one of them, besides the first; see chosen)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=rounds)
@@ -126,11 +127,25 @@ def arguments(rounds: int, registers=None, profile: bool = False) -> argparse.Na
         parser.add_argument("--registers", action="store_true", help="only ptxas's report, on a CPU with NVRTC")
     if profile:
         parser.add_argument("--profile", action="store_true", help="each form once, untimed (for Nsight Compute)")
+    if forms:
+        parser.add_argument("--forms", nargs="+", metavar="WORD",
+                            help="only the forms whose names hold one of these words, and the first (the baseline)")
     args = parser.parse_args()
     if registers is not None and args.registers:
         registers()
         raise SystemExit(0)
     return args
+
+
+def chosen(forms, words) -> tuple:
+    """forms' first (the baseline) and those whose name (each form's first item) holds one of words; all where words
+    is None (no --forms)."""
+    if words is None:
+        return tuple(forms)
+    kept = tuple(form for k, form in enumerate(forms) if k == 0 or any(word in form[0] for word in words))
+    if len(kept) == 1 and len(forms) > 1:
+        raise SystemExit(f"--forms {' '.join(words)}: no form's name holds any of these words")
+    return kept
 
 
 def alternate_forms(x, w, forms, timings, mode: str, rounds: int, reference, eager) -> None:
