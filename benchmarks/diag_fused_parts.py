@@ -233,8 +233,7 @@ def main():
 
     x, w, _, _ = problem_77()
     forward = lambda: convt3d.conv_transpose3d(x, w, None, backend="torch", **P77)
-    builders = [(name, builder(patches, head), right, only)
-                for name, patches, right, only, head in forms]
+    builders = [(name, builder(patches, head), right, only) for name, patches, right, only, head in forms]
     timings = Timings(args.iters)
     library_region_fill = cuda.REGION_FILL
     cuda.REGION_FILL = True
