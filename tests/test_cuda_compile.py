@@ -31,7 +31,7 @@ from convt3d.backends.cuda import grad_weight, phase_conv, row_runs
 from convt3d.backends.cuda.phases import _taps
 from convt3d.plan import make_plan, triple
 from conftest import FULL_TESTS, run_in_sample
-from test_cuda_phases import LAYERS
+from test_cuda_phases import LAYERS, P77_INPUT, P77_REGION
 
 
 def _nvrtc():
@@ -180,11 +180,6 @@ def test_phase_correlation_compiles_without_spills(c_in, c_out, taps, dilation, 
 
 
 ROW_RUNS = [case for case in FORWARD if case[0] == 32 and case[1] % 64 == 0]
-
-# Problem 77's input (N, 32, 16, 32, 32), contiguous, for the kernel that reads it itself: its sizes, the window's start
-# in it, its strides.
-P77_INPUT = ((16, 32, 32), (-1, -1, -1), (32 * 16 * 32 * 32, 16 * 32 * 32, 32 * 32, 32))
-P77_REGION = ((33, 65, 65), (2, 2), 1)  # (row_runs.source's region: cuda.phases.region_fill's for problem 77)
 
 
 @pytest.mark.parametrize("c_in, c_out, taps, dilation", ROW_RUNS)

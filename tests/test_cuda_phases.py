@@ -542,17 +542,21 @@ def test_region_fill_serves_a_layers_only_phase_on_row_runs_kernel(monkeypatch):
     assert cuda_phases.region_fill(wide, wide_phases, torch.empty(wide.output_shape, device="meta").stride()) is None
 
 
+# Problem 77's input (N, 32, 16, 32, 32), contiguous, for the kernel that reads it itself: its sizes, the window's start
+# in it, its strides.
+P77_INPUT = ((16, 32, 32), (-1, -1, -1), (32 * 16 * 32 * 32, 16 * 32 * 32, 32 * 32, 32))
+P77_REGION = ((33, 65, 65), (2, 2), 1)  # (row_runs.source's region: cuda.phases.region_fill's for problem 77)
+
+
 def test_fill_warpgroup_where_its_registers_hold_the_kernel():
     """row_runs.fill_warpgroup: a program that fills its region does it by a second warpgroup (256 threads, two
     programs a multiprocessor) up to N = 136, in FP16 reading the window or the input and in 3xFP16 reading the window;
     not without a region, past N = 136 (a window 36 columns wide), or in 3xFP16 reading the input, where its computing
     warpgroup spilled (one warpgroup then, FP16 three programs a multiprocessor up to N = 136, else two)."""
-    region = ((33, 65, 65), (2, 2), 1)
-    p77_input = ((16, 32, 32), (-1, -1, -1), (32 * 16 * 32 * 32, 16 * 32 * 32, 32 * 32, 32))
-    cases = [(3, 34, region, None, True), (3, 34, region, p77_input, True), (2, 34, region, None, True),
-             (2, 34, region, p77_input, False), (3, 34, None, None, False), (3, 36, region, p77_input, False)]
-    for split, columns, region_, input_geometry, expected in cases:
-        case = (split, columns, region_, input_geometry)
+    cases = [(3, 34, P77_REGION, None, True), (3, 34, P77_REGION, P77_INPUT, True), (2, 34, P77_REGION, None, True),
+             (2, 34, P77_REGION, P77_INPUT, False), (3, 34, None, None, False), (3, 36, P77_REGION, P77_INPUT, False)]
+    for split, columns, region, input_geometry, expected in cases:
+        case = (split, columns, region, input_geometry)
         assert row_runs.fill_warpgroup(*case) is expected, case
         assert row_runs.block_threads(*case) == row_runs.THREADS * (2 if expected else 1), case
         one_warpgroup = 3 if split == 3 and columns == 34 else 2
