@@ -124,11 +124,11 @@ class PersistentKernel:
 # there and writes the lattice plane's channels: all of them (lattice_whole(False)), or every other group of four,
 # the computing warpgroup the others as soon as its tile is staged (lattice_whole(True): its warps idle otherwise).
 LATTICE_HEAD = "#define LATTICE_H 1\n#define LATTICE_W 1\n#define STRIDE_W 2\n"
-WRITE_LATTICE = r"""    // The lattice plane's region, channels first, first + step, ... of the block, a warp a channel.
-    auto write_lattice = [&](int first, int step) {
+WRITE_LATTICE = r"""    // The lattice plane's region, channels first, first + step, ... before end, a warp a channel.
+    auto write_lattice = [&](int first, int step, int end) {
         const float* staged = (const float*)smem4;
         const int count = region_rows * OUT_W;
-        for (int c = first; c < COB; c += step) {
+        for (int c = first; c < end; c += step) {
             float* const p = out + n * syn + (long long)(ob * COB + c) * syc
                              + (STRIDE_D * qd + LATTICE_D) * plane_floats + row0 * row_floats;
             const float base = HAS_BIAS ? bias[ob * COB + c] : 0.f;
@@ -155,14 +155,21 @@ WRITE_LATTICE = r"""    // The lattice plane's region, channels first, first + s
 """
 
 
-def lattice_whole(computing_warpgroup_writes: bool) -> tuple:
-    """The patches of the lattice plane written whole: by the fill warpgroup, or by both warpgroups."""
+def lattice_whole(computing_channels=None) -> tuple:
+    """The patches of the lattice plane written whole: by the fill warpgroup (computing_channels None), or by both
+    warpgroups, the computing one every other group of four channels ("interleaved") or the block's first
+    computing_channels (a number), the fill warpgroup the others."""
     warps = row_runs.THREADS // 32
-    if computing_warpgroup_writes:
-        compute_part = f"    compute_sync();  // every thread's values staged\n    write_lattice(warp, {2 * warps});\n"
-        fill_part = f"write_lattice({warps} + warp, {2 * warps});"
+    if computing_channels is None:
+        compute_part, fill_part = "", f"write_lattice(warp, {warps}, COB);"
     else:
-        compute_part, fill_part = "", f"write_lattice(warp, {warps});"
+        if computing_channels == "interleaved":
+            compute_writes, fill_writes = f"warp, {2 * warps}, COB", f"{warps} + warp, {2 * warps}, COB"
+        else:
+            compute_writes = f"warp, {warps}, {computing_channels}"
+            fill_writes = f"{computing_channels} + warp, {warps}, COB"
+        compute_part = f"    compute_sync();  // every thread's values staged\n    write_lattice({compute_writes});\n"
+        fill_part = f"write_lattice({fill_writes});"
     return (
         ("    if (threadIdx.x >= THREADS) {  // the fill warpgroup\n",
          WRITE_LATTICE + "    if (threadIdx.x >= THREADS) {  // the fill warpgroup\n"),
@@ -182,7 +189,7 @@ def lattice_whole(computing_warpgroup_writes: bool) -> tuple:
     )
 
 
-LATTICE_BY_FILL, LATTICE_BY_BOTH = lattice_whole(False), lattice_whole(True)
+LATTICE_BY_FILL, LATTICE_BY_BOTH = lattice_whole(), lattice_whole("interleaved")
 # (the correlation left out: the computing warpgroup skips every depth tap)
 NO_CORRELATION = (("#if FILL_WARPGROUP\n#endif\n", "        continue;\n"),)
 # (name, patches, checked: whether its result is right, the one precision (split) it serves or None for both, the
@@ -199,6 +206,8 @@ FORMS = (
     ("the lattice plane written whole by both warpgroups", LATTICE_BY_BOTH, True, None, LATTICE_HEAD),
     ("what-if: the lattice plane written whole by both warpgroups, no correlation",
      LATTICE_BY_BOTH + NO_CORRELATION, False, None, LATTICE_HEAD),
+    *((f"the lattice plane written whole, its first {channels} channels by the computing warpgroup",
+       lattice_whole(channels), True, 3, LATTICE_HEAD) for channels in (16, 32, 48)),
     ("persistent programs", PERSISTENT, True, None, PERSISTENT_HEAD),
     ("persistent, the lattice plane's turn a depth tap earlier", PERSISTENT + EARLY_TURN, True, None,
      PERSISTENT_HEAD),
