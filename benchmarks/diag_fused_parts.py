@@ -17,9 +17,9 @@ Forms:
   (the computing warpgroup skips every depth tap: no plane loads, weights or MMAs, and writes its tile of bias
   values); no tile write (the computing warpgroup computes but does not write its lattice tile); the region fill alone
   (both of the last two);
-- the lattice plane written once, whole, from the staged tile, by the fill warpgroup (LATTICE_BY_FILL below; prepared
-  in the eighty-second session, not run) or by both warpgroups (LATTICE_BY_BOTH; eighty-third session, not run) and,
-  as what-ifs, each without the correlation;
+- the lattice plane written once, whole, from the staged tile, by the fill warpgroup (LATTICE_BY_FILL below) or by
+  both warpgroups (LATTICE_BY_BOTH, and in FP16 with the computing warpgroup's share as its first 16, 32 or 48
+  channels) and, as what-ifs, the first two without the correlation;
 - persistent programs (PERSISTENT below, right results, checked), with the fill warpgroup's turn for the lattice plane
   as the library's or a depth tap earlier; and as what-ifs, fill only and no tile write in that form;
 - the output's zero_() alone (the floor in this process).
@@ -36,7 +36,11 @@ lattice rows written whole by the computing warpgroup 0.523-0.549 / 0.612-0.617 
 0.459-0.463). Persistent programs took 0.311 / 0.360 with the library's turn, 0.351 / 0.454 a depth tap earlier,
 0.402-0.410 / 0.476-0.487 with none (below), and their fill only 0.301-0.302 / 0.311: slower than one program a tile.
 FP16's fill loop unrolled by 4 had the lower median in 17 of 20 rounds and the faster fastest call in all 20
-(0.2865-0.2896 against 0.2882-0.2919): about 1%, row_runs.py's since the eighty-second session.
+(0.2865-0.2896 against 0.2882-0.2919): about 1%, row_runs.py's since the eighty-second session. The lattice plane
+written whole (eighty-fourth session, H100): by both warpgroups FP16 0.2813-0.2882 against the library's 0.2905-0.2916
+in each of 8 rounds (its first 16 or 48 channels by the computing warpgroup 0.2813-0.2857), but 3xFP16 0.408-0.413
+against 0.3425-0.3446; by the fill warpgroup alone 0.300 / 0.437-0.439. Not the library's: untimed on an H200, where
+the fill's share of the time should be smaller, as in 3xFP16 on the H100.
 
 Rows: bench.protocol.time_cuda's mean, median and minimum in ms (L2 flushed before each call), the forms taking turns
 per round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window).
