@@ -127,8 +127,7 @@ class PersistentKernel:
 # stages its tile and arrives at barrier 3; the fill warpgroup, having filled the planes without lattice points, waits
 # there and writes the lattice plane's channels: all of them (lattice_whole()), or its share, the computing warpgroup
 # the others as soon as its tile is staged (lattice_whole("interleaved") or lattice_whole(16): its warps idle
-# otherwise). Eighty-fourth session (H100): by both, faster than the library's form in FP16 by 1-3%; by the fill
-# warpgroup alone, 3% slower; in 3xFP16 either slower by 19-28%.
+# otherwise).
 LATTICE_HEAD = "#define LATTICE_H 1\n#define LATTICE_W 1\n#define STRIDE_W 2\n"
 WRITE_LATTICE = r"""    // The lattice plane's region, channels first, first + step, ... before end, a warp a channel.
     auto write_lattice = [&](int first, int step, int end) {
