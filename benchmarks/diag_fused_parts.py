@@ -39,8 +39,9 @@ FP16's fill loop unrolled by 4 had the lower median in 17 of 20 rounds and the f
 (0.2865-0.2896 against 0.2882-0.2919): about 1%, row_runs.py's since the eighty-second session. The lattice plane
 written whole (eighty-fourth session, H100): by both warpgroups FP16 0.2813-0.2882 against the library's 0.2905-0.2916
 in each of 8 rounds (its first 16 or 48 channels by the computing warpgroup 0.2813-0.2857), but 3xFP16 0.408-0.413
-against 0.3425-0.3446; by the fill warpgroup alone 0.300 / 0.437-0.439. Not the library's: untimed on an H200, where
-the fill's share of the time should be smaller, as in 3xFP16 on the H100.
+against 0.3425-0.3446; by the fill warpgroup alone 0.300 / 0.437-0.439. On the H200 (eighty-seventh session) every
+such form lost in both precisions: FP16 0.2551-0.2793 against the library's 0.2316-0.2318, 3xFP16 by 0.07-0.11 ms;
+there no fill took 0.157 / 0.251, the region fill alone 0.178 / 0.190, zero_() 0.124. Not the library's.
 
 Rows: bench.protocol.time_cuda's mean, median and minimum in ms (L2 flushed before each call), the forms taking turns
 per round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window).

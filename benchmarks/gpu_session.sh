@@ -74,8 +74,8 @@ for step in $steps; do
     # The fill-warpgroup kernel taken apart (what-ifs: no fill, the fill alone, no tile write) and persistent programs
     # (eighty-first and eighty-second sessions: every other form of the fill slower, but its loop unrolled by 4 in
     # FP16, the library's since); the lattice plane written whole from the staged tile (eighty-fourth session, H100:
-    # faster in FP16, slower in 3xFP16; untimed on an H200). FORMS: words, only the forms whose names hold one (and
-    # the library's): FORMS="both channels fill tile", the lattice plane's forms and the what-ifs.
+    # faster in FP16, slower in 3xFP16; eighty-seventh, H200: slower in both). FORMS: words, only the forms whose names
+    # hold one (and the library's): FORMS="both channels fill tile", the lattice plane's forms and the what-ifs.
     fused_parts) PYTHONPATH=$PWD/src:$PWD/tests:$PWD/benchmarks python3 benchmarks/diag_fused_parts.py --iters 100 \
                      --rounds ${ROUNDS:-2} ${FORMS:+--forms $FORMS} 2>&1 | tee "$OUT/fused_parts.log" ;;
     region_fill_tests) CONVT3D_REGION_FILL=1 PYTHONPATH=$PWD/src:$PWD/tests python3 -m pytest -p no:warnings -n 4 -rfs \
