@@ -33,7 +33,7 @@ def test_timing_statistics():
     t = Timing.of([1.0, 2.0, 3.0])
     assert (t.mean_ms, t.min_ms, t.max_ms, t.median_ms) == (2.0, 1.0, 3.0, 2.0)
     assert t.std_ms == pytest.approx(1.0)
-    assert t.slow_calls is None  # no host times given (the CPU's timings)
+    assert t.slow_calls is None and t.host_median_ms is None  # no host times given (the CPU's timings)
     slow_first = Timing.of([9.0, 1.0, 1.2, 1.1])  # a slow call moves the mean, not the median
     assert (slow_first.mean_ms, slow_first.median_ms) == (pytest.approx(3.075), pytest.approx(1.15))
 
@@ -44,6 +44,7 @@ def test_timing_names_the_slow_calls_with_their_host_times():
     t = Timing.of(samples, host, [None, None, 0, 1, None, None])
     # above twice the fastest, slowest first, with the generation collected during the call
     assert t.slow_calls == [(3, 9.0, 8.9, 1), (5, 3.0, 0.7, None), (1, 2.5, 0.4, None)]
+    assert t.host_median_ms == pytest.approx(0.55)  # the median host time of all the timed calls
     assert Timing.of([1.0] * 5, [0.1] * 5).slow_calls == []
     many = Timing.of([1.0] + [5.0 + i for i in range(20)], [0.0] * 21).slow_calls
     assert len(many) == 10 and many[0] == (20, 24.0, 0.0, None)
@@ -70,9 +71,10 @@ def test_table_lists_slow_calls_with_their_host_times():
 def test_table_gives_host_times_where_measured():
     row = dict(implementation="x", mean_ms=1.0, std_ms=0.1, speedup_vs_eager=None, ratio_to_floor=None,
                rel_err_fp64=None, kernelbench_check=None)
-    lines = table([dict(row, host_ms=0.0421), row]).splitlines()
-    assert lines[0].split(" | ")[-1].strip() == "host ms"
-    assert [line.split(" | ")[-1].strip() for line in lines[2:4]] == ["0.0421", "-"]
+    lines = table([dict(row, host_ms=0.0421, timed_host_ms=0.0634), row]).splitlines()
+    assert [cell.strip() for cell in lines[0].split(" | ")[-2:]] == ["host ms", "timed host ms"]
+    assert [[cell.strip() for cell in line.split(" | ")[-2:]] for line in lines[2:4]] == [["0.0421", "0.0634"],
+                                                                                           ["-", "-"]]
     assert lines[-1].startswith("host ms:")
     assert "host ms:" not in table([row])
 
@@ -175,7 +177,8 @@ def test_cpu_mode_end_to_end(tmp_path, capsys, monkeypatch):
             full_float32 = tf32 and "backend=torch" in row["implementation"] and row["rel_err_fp64"] < 1e-5
             assert row["kernelbench_check"] is True or full_float32
             # (host times are measured on CUDA only: on the CPU the wall-clock timing is all host)
-            assert (row["host_ms"] > 0) if torch.cuda.is_available() else ("host_ms" not in row)
+            for host in ("host_ms", "timed_host_ms"):
+                assert (row[host] > 0) if torch.cuda.is_available() else (host not in row)
     if plot is not None:
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -45,6 +45,9 @@ class Timing:
     slow_calls: list[tuple[int, float, float, int | None]] | None = None
     # The median call: unlike the mean (KernelBench's figure), it does not move with a few slow calls.
     median_ms: float | None = None
+    # CUDA: the median host time of the timed calls themselves, from the call to its return. A slow spell of the host
+    # during the timing shows here even where every call was slow, so that none is listed in slow_calls.
+    host_median_ms: float | None = None
 
     @classmethod
     def of(cls, samples_ms: list[float], host_ms: list[float] | None = None,
@@ -55,6 +58,7 @@ class Timing:
             collected = collected or [None] * len(samples_ms)
             slow = sorted((i for i, ms in enumerate(samples_ms) if ms > SLOW * fastest), key=lambda i: -samples_ms[i])
             extra["slow_calls"] = [(i, samples_ms[i], host_ms[i], collected[i]) for i in slow[:SLOW_CALLS]]
+            extra["host_median_ms"] = statistics.median(host_ms)
         return cls(statistics.fmean(samples_ms), std, fastest, max(samples_ms), median_ms=statistics.median(samples_ms),
                    **extra)
 

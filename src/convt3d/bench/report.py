@@ -55,7 +55,7 @@ def _fmt(value, spec):
 
 
 def table(rows: list[dict]) -> str:
-    header = ("implementation", "mean ± std ms", "speed-up", "× floor", "rel err fp64", "KB check", "host ms")
+    header = ("implementation", "mean ± std ms", "speed-up", "× floor", "rel err fp64", "KB check", "host ms", "timed host ms")
     lines = []
     for r in rows:
         timing = f"{r['mean_ms']:.4f} ± {r['std_ms']:.4f}" if r["mean_ms"] is not None else "-"
@@ -64,13 +64,15 @@ def table(rows: list[dict]) -> str:
         check = {True: "pass", False: "FAIL", None: "-"}[r["kernelbench_check"]]
         lines.append((_name(r), timing, _fmt(r["speedup_vs_eager"], ".2f") + "×" if r["speedup_vs_eager"] else "-",
                       _fmt(r["ratio_to_floor"], ".2f"), _fmt(r["rel_err_fp64"], ".1e"), check,
-                      _fmt(r.get("host_ms"), ".4f")))
+                      _fmt(r.get("host_ms"), ".4f"), _fmt(r.get("timed_host_ms"), ".4f")))
     widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
     out = [" | ".join(h.ljust(w) for h, w in zip(header, widths)), "-+-".join("-" * w for w in widths)]
     out += [" | ".join(str(c).ljust(w) for c, w in zip(line, widths)) for line in lines]
     if any(r.get("host_ms") is not None for r in rows):
         out.append("host ms: the median host time of a call that starts on an idle GPU, from a synchronisation to "
-                   "its return; a timed call's mean includes what of it exceeds the L2 flush's GPU time before it")
+                   "its return; a timed call's mean includes what of it exceeds the L2 flush's GPU time before it. "
+                   "timed host ms: the same median over the timed calls themselves (a slow spell of the host while "
+                   "they ran shows there)")
     if any(r.get("device_allocations") for r in rows):
         out.append("* the caching allocator called cudaMalloc/cudaFree (which synchronise) during the timed calls: "
                    + ", ".join(f"{r['implementation']} {r['device_allocations']}" for r in rows

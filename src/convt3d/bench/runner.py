@@ -41,6 +41,8 @@ def _row(name: str, timing: Timing | None, **extra) -> dict:
             row["median_ms"] = timing.median_ms
         if timing.device_allocations is not None:
             row["device_allocations"] = timing.device_allocations
+        if timing.host_median_ms is not None:
+            row["timed_host_ms"] = timing.host_median_ms
         if timing.slow_calls:
             row["slow_calls"] = [dict(call=i, ms=ms, host_ms=host, gc_generation=generation)
                                  for i, ms, host, generation in timing.slow_calls]
