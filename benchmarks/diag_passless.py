@@ -1,27 +1,31 @@
-"""A prototype: TF32 mode's stride-1 layer (k3s1p1) in one kernel that reads the float32 input as given, with no
+"""Prototypes: TF32 mode's stride-1 layer (k3s1p1) in one kernel that reads the float32 input as given, with no
 operand pass over the input (GPU; the CPU under TRITON_INTERPRET=1 for --check).
 
 The library's TF32 mode runs two kernels on such layers: a pass that lays the input out channels-last as FP16 scaled
 by one power of two per tensor (a grid-wide barrier finds the scale), then the GEMM. On the H100 the pass took 10-11.5
 us of k3s1p1's and video_k3s2p1op1's 34-37 (benchmarks/RESULTS.md, eighty-eighth session). Here each program finds
-its own scale instead: it reads the input planes and rows its outputs reach, all channels, takes their largest
-magnitude, and then loads its operand tiles from the input itself (NCDHW, positions contiguous), TF32-rounds and
-scales them into FP16 in registers, and multiplies them with the weight as FP16 on tensor cores, accumulating in
-float32; its epilogue scales the sums back and adds the bias. Every value within 2^28 of its program's largest is
-then exactly its TF32 rounding, as in the library's per-tensor form. The weight (tap-major, FP16, one scale per
-tensor) is made once beforehand here; a real form would need a small pass for it (its time is the "weight prepared
-by PyTorch ops" row).
+its own scale instead: it reads the input planes and rows its outputs reach, all channels, and takes their largest
+magnitude. Every value within 2^28 of it is then exactly its TF32 rounding, as in the library's per-tensor form.
+Two forms:
+- "registers" (passless_kernel) loads its operand tiles from the input itself (NCDHW, positions contiguous) at each
+  tap, TF32-rounds and scales them into FP16 in registers, and multiplies them with the weight on tensor cores;
+- "staged" (staged_kernel) converts that input region once into a scratch slot of its own, channels-last FP16 with
+  zeros outside the input, and runs the GEMM on the slot.
+Both accumulate in float32 and scale the sums back in the epilogue, adding the bias. The weight (tap-major, FP16, one
+scale per tensor) is made once beforehand here; a real form would need a small pass for it (the "weight prepared by
+PyTorch ops" row times one way).
 
 The GEMM is C[co, m] = sum over taps t and input channels ci of W[t, co, ci] X[ci, m shifted by t], m the output
 positions of BLOCK_H whole rows of one output plane, so that stores run along the output's rows. Stride 1 only,
 groups 1, dilation 1: enough to see whether one kernel reading the input as given can beat the two.
 
-On the H100 (benchmarks/RESULTS.md, eighty-eighth session) its best config took 0.093 ms queued on k3s1p1 against
-0.036 for the library's whole call: not kept.
+On the H100 (benchmarks/RESULTS.md, eighty-eighth session) neither did, on k3s1p1, queued means: "registers" 0.093 ms
+and "staged" 0.056 (its staging alone 0.034, three times the library's pass) against 0.035-0.036 for the library's
+whole call. Not kept.
 
 Rows: bench.protocol.time_cuda's cold-L2 mean / minimum and the queued mean in ms; eager; the library
 (backend="triton"); the prototype per config (KernelBench's check against eager on 5 fresh inputs, float64 error, the
-output NaN-filled first).
+output NaN-filled first), and for "staged" its staging and its GEMM alone (staged_kernel's PART).
 
     PYTHONPATH=src python3 benchmarks/diag_passless.py [--layers k3s1p1] [--iters 100]
     TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/diag_passless.py --check   # small shapes, on the CPU
@@ -108,6 +112,88 @@ def passless_kernel(
     tl.store(out_ptr + offs, out, mask=(co < COUT)[:, None] & ((oh < OH) & (ow < OW))[None, :])
 
 
+@triton.jit
+def staged_kernel(
+    x_ptr, w_ptr, w_exp_ptr, b_ptr, out_ptr, scratch_ptr,
+    CIN, COUT, D, H, W, OD, OH, OW, H_BLOCKS, HALO_COLS,
+    KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr,
+    BLOCK_CO: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_CI: tl.constexpr,
+    HALO_P2: tl.constexpr, HAS_BIAS: tl.constexpr, PART: tl.constexpr = 0,
+):
+    """passless_kernel's program, its input region converted once: the KD planes by BLOCK_H + KH - 1 rows by
+    HALO_COLS (W + KW - 1) columns its outputs reach, zeros outside the input, stored channels-last as FP16 in a
+    scratch slot of its own (L2-resident), then the GEMM reads its tiles from there (rows of C_in contiguous FP16, no
+    masks for the input's edges). PART (timing only; the output is then wrong): 1 the staging alone, 2 the GEMM
+    alone on what the slot holds, scaled by 1."""
+    QR: tl.constexpr = BLOCK_H + KH - 1
+    BLOCK_M: tl.constexpr = BLOCK_H * BLOCK_W
+    pid = tl.program_id(0)
+    n = pid // (OD * H_BLOCKS)
+    od = pid // H_BLOCKS % OD
+    h0 = pid % H_BLOCKS * BLOCK_H
+    co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
+    ci = tl.arange(0, BLOCK_CI)
+    x_n = x_ptr + n.to(tl.int64) * CIN * D * H * W
+    slot = scratch_ptr + (pid * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * (KD * QR * HALO_COLS * CIN)
+    j = tl.arange(0, HALO_P2)
+    i_w = j + PW - (KW - 1)
+
+    largest = tl.zeros((BLOCK_CI, HALO_P2), tl.float32)
+    for p in range(KD if PART < 2 else 0):
+        i_d = od + PD - (KD - 1) + p
+        for q in range(QR):
+            i_h = h0 + PH - (KH - 1) + q
+            cols_in = W * ((i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H))
+            for c0 in range(0, CIN, BLOCK_CI):
+                ok = ((c0 + ci)[:, None] < CIN) & ((i_w >= 0) & (i_w < cols_in))[None, :]
+                v = tl.load(x_n + (c0 + ci)[:, None] * (D * H * W) + i_d * (H * W) + i_h * W + i_w[None, :],
+                            mask=ok, other=0.0)
+                largest = tl.maximum(largest, tl.abs(v))
+    e_x = _fp16_scale_exponent(tl.max(tl.max(largest, axis=1), axis=0))  # (with PART 2: the clamp, 126)
+    if PART == 2:
+        e_x = tl.full((), 0, tl.int32)
+    scale_x = _power_of_2(e_x)
+    for p in range(KD if PART < 2 else 0):
+        i_d = od + PD - (KD - 1) + p
+        for q in range(QR):
+            i_h = h0 + PH - (KH - 1) + q
+            cols_in = W * ((i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H))
+            for c0 in range(0, CIN, BLOCK_CI):
+                ok = ((c0 + ci)[:, None] < CIN) & ((i_w >= 0) & (i_w < cols_in))[None, :]
+                v = tl.load(x_n + (c0 + ci)[:, None] * (D * H * W) + i_d * (H * W) + i_h * W + i_w[None, :],
+                            mask=ok, other=0.0)
+                tl.store(slot + ((p * QR + q) * HALO_COLS + j)[None, :] * CIN + (c0 + ci)[:, None],
+                         (_round_to_tf32(v) * scale_x).to(tl.float16),
+                         mask=((c0 + ci)[:, None] < CIN) & (j < HALO_COLS)[None, :])
+    tl.debug_barrier()  # (the slot's stores seen by every thread of the program before the GEMM reads them)
+
+    m = tl.arange(0, BLOCK_M)
+    r = m // BLOCK_W
+    oh = h0 + r
+    ow = m % BLOCK_W
+    acc = tl.zeros((BLOCK_CO, BLOCK_M), tl.float32)
+    ci_steps = tl.cdiv(CIN, BLOCK_CI)
+    for k in range(KD * KH * KW * ci_steps if PART != 1 else 0):
+        tap = k // ci_steps
+        c0 = k % ci_steps * BLOCK_CI
+        kd = tap // (KH * KW)
+        kh = tap // KW % KH
+        kw = tap % KW
+        position = ((KD - 1 - kd) * QR + r + KH - 1 - kh) * HALO_COLS + ow + KW - 1 - kw
+        b = tl.load(slot + position[None, :] * CIN + (c0 + ci)[:, None],
+                    mask=((c0 + ci)[:, None] < CIN) & (ow < OW)[None, :], other=0.0)
+        a = tl.load(w_ptr + (tap * COUT + co)[:, None] * CIN + (c0 + ci)[None, :],
+                    mask=(co[:, None] < COUT) & ((c0 + ci)[None, :] < CIN), other=0.0)
+        acc = tl.dot(a, b, acc)
+    e = e_x + tl.load(w_exp_ptr)
+    half = e >> 1
+    out = acc * _power_of_2(-half) * _power_of_2(half - e)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + co, mask=co < COUT, other=0.0)[:, None]
+    offs = (n.to(tl.int64) * COUT + co)[:, None] * (OD * OH * OW) + od * (OH * OW) + (oh * OW + ow)[None, :]
+    tl.store(out_ptr + offs, out, mask=(co < COUT)[:, None] & ((oh < OH) & (ow < OW))[None, :])
+
+
 def fp16_weight(weight: torch.Tensor):
     """(w as FP16, tap-major (taps, C_out, C_in), TF32-rounded and scaled by 2**e; e as an int32 tensor): the
     library's per-tensor rule (tensor_scaled.py), by PyTorch ops."""
@@ -120,19 +206,34 @@ def fp16_weight(weight: torch.Tensor):
     return scaled.permute(2, 3, 4, 1, 0).reshape(-1, c_out, c_in).contiguous().half(), e.reshape(1)
 
 
-def launch(config, x, w16, w_exp, bias, out, layer: Layer):
-    block_co, block_h, block_ci, warps, stages = config
+_scratch = {}
+
+
+def launch(config, x, w16, w_exp, bias, out, layer: Layer, part: int = 0):
+    """config: (form, BLOCK_CO, BLOCK_H, BLOCK_CI, warps, stages), form "registers" (passless_kernel) or "staged"
+    (staged_kernel, its scratch kept per size; part its PART)."""
+    form, block_co, block_h, block_ci, warps, stages = config
     n, c_in, d, h, w = x.shape
     c_out, od, oh, ow = out.shape[1:]
     kd, kh, kw = layer.plan().kernel_size
     pd, ph, pw = layer.plan().padding
     h_blocks = triton.cdiv(oh, block_h)
     grid = (n * od * h_blocks, triton.cdiv(c_out, block_co))
-    passless_kernel[grid](
-        x, w16, w_exp, bias if bias is not None else out, out, c_in, c_out, d, h, w, od, oh, ow, h_blocks,
-        KD=kd, KH=kh, KW=kw, PD=pd, PH=ph, PW=pw, BLOCK_CO=block_co, BLOCK_H=block_h,
-        BLOCK_W=triton.next_power_of_2(ow), BLOCK_CI=block_ci, HALO_W=triton.next_power_of_2(w),
-        HAS_BIAS=bias is not None, num_warps=warps, num_stages=stages)
+    bias_or_any = bias if bias is not None else out
+    common = dict(KD=kd, KH=kh, KW=kw, PD=pd, PH=ph, PW=pw, BLOCK_CO=block_co, BLOCK_H=block_h,
+                  BLOCK_W=triton.next_power_of_2(ow), BLOCK_CI=block_ci, HAS_BIAS=bias is not None, num_warps=warps,
+                  num_stages=stages)
+    if form == "registers":
+        passless_kernel[grid](x, w16, w_exp, bias_or_any, out, c_in, c_out, d, h, w, od, oh, ow, h_blocks,
+                              HALO_W=triton.next_power_of_2(w), **common)
+        return out
+    halo_cols = w + kw - 1
+    size = grid[0] * grid[1] * kd * (block_h + kh - 1) * halo_cols * c_in
+    scratch = _scratch.get((size, x.device))
+    if scratch is None:
+        scratch = _scratch[size, x.device] = torch.empty(size, dtype=torch.float16, device=x.device)
+    staged_kernel[grid](x, w16, w_exp, bias_or_any, out, scratch, c_in, c_out, d, h, w, od, oh, ow, h_blocks,
+                        halo_cols, HALO_P2=triton.next_power_of_2(halo_cols), PART=part, **common)
     return out
 
 
@@ -172,9 +273,9 @@ def check(config, layer: Layer, device) -> tuple[bool, float, float]:
     return passed, worst, worst_rounded
 
 
-CONFIGS = [  # (BLOCK_CO, BLOCK_H, BLOCK_CI, warps, stages)
-    (64, 4, 64, 4, 2), (64, 4, 64, 4, 3), (64, 4, 32, 4, 3), (64, 2, 64, 4, 3), (64, 4, 64, 8, 3),
-    (64, 8, 64, 8, 2), (64, 4, 16, 4, 4),
+CONFIGS = [  # (form, BLOCK_CO, BLOCK_H, BLOCK_CI, warps, stages)
+    ("registers", 64, 4, 64, 4, 2),
+    ("staged", 64, 4, 64, 4, 2), ("staged", 64, 4, 64, 4, 3), ("staged", 64, 8, 64, 8, 3), ("staged", 64, 2, 64, 4, 3),
 ]
 
 
@@ -191,7 +292,8 @@ def main():
                        padding=(0, 1, 0), dilation=1, bias=False, input_shape=[1, 24, 4, 5, 4])]
         for layer in cases:
             assert supported(layer), layer
-            for config in [(32, 2, 16, 4, 2), (16, 4, 16, 4, 2)]:
+            for config in [("registers", 32, 2, 16, 4, 2), ("registers", 16, 4, 16, 4, 2), ("staged", 32, 2, 16, 4, 2),
+                           ("staged", 16, 4, 16, 4, 2)]:
                 _, err, err_rounded = check(config, layer, "cpu")
                 print(layer.name, config, f"float64 error {err:.1e}, on TF32-rounded operands {err_rounded:.1e}")
                 # (float32 sums of exact products: a few float32 ulps; the TF32 rounding itself: about 3e-4)
@@ -232,6 +334,12 @@ def main():
                 rows.append((layer.name, f"prototype {config}", cold.mean_ms, cold.min_ms, queued.mean_ms, passed,
                              f"{err:.1e}"))
                 print(rows[-1], flush=True)
+                for part, what in ((1, "staging alone"), (2, "GEMM alone")) if config[0] == "staged" else ():
+                    cold = time_cuda(lambda: launch(config, x, w16, w_exp, bias, out, layer, part), iters=args.iters)
+                    queued = time_cuda(lambda: launch(config, x, w16, w_exp, bias, out, layer, part),
+                                       iters=args.iters, synchronize=False)
+                    rows.append((layer.name, f"  {what}", cold.mean_ms, cold.min_ms, queued.mean_ms, "-", "-"))
+                    print(rows[-1], flush=True)
     print(markdown_table(["layer", "implementation", "cold mean", "cold min", "queued mean", "KB check",
                           "float64 error"], rows))
 
