@@ -55,7 +55,8 @@ def _fmt(value, spec):
 
 
 def table(rows: list[dict]) -> str:
-    header = ("implementation", "mean ± std ms", "speed-up", "× floor", "rel err fp64", "KB check", "host ms", "timed host ms")
+    header = ("implementation", "mean ± std ms", "speed-up", "× floor", "rel err fp64", "KB check", "host ms",
+              "timed host ms")
     lines = []
     for r in rows:
         timing = f"{r['mean_ms']:.4f} ± {r['std_ms']:.4f}" if r["mean_ms"] is not None else "-"
