@@ -46,6 +46,53 @@ from convt3d.bench.workloads import Layer, sweep_layers
 
 
 @triton.jit
+def _program_tile(OD, H_BLOCKS, BLOCK_H: tl.constexpr, BLOCK_CO: tl.constexpr):
+    """(sample, output plane, first output row, output channels) of this program's tile."""
+    pid = tl.program_id(0)
+    return (pid // (OD * H_BLOCKS), pid // H_BLOCKS % OD, pid % H_BLOCKS * BLOCK_H,
+            tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO))
+
+
+@triton.jit
+def _input_row(x_n, c0, ci, i_d, i_h, i_w, CIN, D, H, W):
+    """Input channels c0 + ci of sample x_n at plane i_d, row i_h, columns i_w: (channels, columns), zeros outside
+    the input. (The plane's and row's tests as a bound on the columns: a scalar and a tensor mask do not combine in
+    the interpreter.)"""
+    cols_in = W * ((i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H))
+    ok = ((c0 + ci)[:, None] < CIN) & ((i_w >= 0) & (i_w < cols_in))[None, :]
+    return tl.load(x_n + (c0 + ci)[:, None] * (D * H * W) + i_d * (H * W) + i_h * W + i_w[None, :], mask=ok,
+                   other=0.0)
+
+
+@triton.jit
+def _region_largest(x_n, od, h0, ci, i_w, CIN, D, H, W, KD: tl.constexpr, KH: tl.constexpr, PD: tl.constexpr,
+                    PH: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_CI: tl.constexpr, COLUMNS: tl.constexpr):
+    """The largest magnitude among the input planes and rows that a program's outputs (plane od, rows h0 to h0 +
+    BLOCK_H - 1) reach (input index = output index + padding - tap), every channel, columns i_w (which cover the
+    rows whole; COLUMNS of them)."""
+    largest = tl.zeros((BLOCK_CI, COLUMNS), tl.float32)
+    for p in range(KD):
+        i_d = od + PD - (KD - 1) + p
+        for q in range(BLOCK_H + KH - 1):
+            i_h = h0 + PH - (KH - 1) + q
+            for c0 in range(0, CIN, BLOCK_CI):
+                largest = tl.maximum(largest, tl.abs(_input_row(x_n, c0, ci, i_d, i_h, i_w, CIN, D, H, W)))
+    return tl.max(tl.max(largest, axis=1), axis=0)
+
+
+@triton.jit
+def _store_output(acc, e_x, w_exp_ptr, b_ptr, out_ptr, n, co, od, oh, ow, COUT, OD, OH, OW, HAS_BIAS: tl.constexpr):
+    """The sums scaled back by 2**-(e_x + the weight's exponent), the bias added, stored at (n, co, od, oh, ow)."""
+    e = e_x + tl.load(w_exp_ptr)
+    half = e >> 1
+    out = acc * _power_of_2(-half) * _power_of_2(half - e)  # (each factor in float32's normal range)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + co, mask=co < COUT, other=0.0)[:, None]
+    offs = (n.to(tl.int64) * COUT + co)[:, None] * (OD * OH * OW) + od * (OH * OW) + (oh * OW + ow)[None, :]
+    tl.store(out_ptr + offs, out, mask=(co < COUT)[:, None] & ((oh < OH) & (ow < OW))[None, :])
+
+
+@triton.jit
 def passless_kernel(
     x_ptr, w_ptr, w_exp_ptr, b_ptr, out_ptr,
     CIN, COUT, D, H, W, OD, OH, OW, H_BLOCKS,
@@ -54,29 +101,13 @@ def passless_kernel(
     HALO_W: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_H * BLOCK_W
-    pid = tl.program_id(0)
-    n = pid // (OD * H_BLOCKS)
-    od = pid // H_BLOCKS % OD
-    h0 = pid % H_BLOCKS * BLOCK_H
-    co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
+    n, od, h0, co = _program_tile(OD, H_BLOCKS, BLOCK_H, BLOCK_CO)
     ci = tl.arange(0, BLOCK_CI)
     x_n = x_ptr + n.to(tl.int64) * CIN * D * H * W
 
-    # The program's scale: the largest magnitude among the input planes and rows its outputs reach (input index =
-    # output index + padding - tap), every channel, the rows whole (OW = W here).
-    iw_all = tl.arange(0, HALO_W)
-    largest = tl.zeros((BLOCK_CI, HALO_W), tl.float32)
-    for kd in range(KD):
-        i_d = od + PD - kd
-        for r in range(BLOCK_H + KH - 1):
-            i_h = h0 + PH - (KH - 1) + r
-            row_ok = (i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H)
-            for c0 in range(0, CIN, BLOCK_CI):
-                ok = ((c0 + ci)[:, None] < CIN) & (iw_all[None, :] < W * row_ok)
-                v = tl.load(x_n + (c0 + ci)[:, None] * (D * H * W) + i_d * (H * W) + i_h * W + iw_all[None, :],
-                            mask=ok, other=0.0)
-                largest = tl.maximum(largest, tl.abs(v))
-    e_x = _fp16_scale_exponent(tl.max(tl.max(largest, axis=1), axis=0))
+    # The program's scale, from the rows whole (OW = W here).
+    e_x = _fp16_scale_exponent(_region_largest(x_n, od, h0, ci, tl.arange(0, HALO_W), CIN, D, H, W, KD, KH, PD, PH,
+                                               BLOCK_H, BLOCK_CI, HALO_W))
     scale_x = _power_of_2(e_x)
 
     m = tl.arange(0, BLOCK_M)
@@ -103,13 +134,7 @@ def passless_kernel(
         a = tl.load(w_ptr + (tap * COUT + co)[:, None] * CIN + (c0 + ci)[None, :],
                     mask=(co[:, None] < COUT) & ((c0 + ci)[None, :] < CIN), other=0.0)
         acc = tl.dot(a, b, acc)
-    e = e_x + tl.load(w_exp_ptr)
-    half = e >> 1
-    out = acc * _power_of_2(-half) * _power_of_2(half - e)  # (each factor in float32's normal range)
-    if HAS_BIAS:
-        out += tl.load(b_ptr + co, mask=co < COUT, other=0.0)[:, None]
-    offs = (n.to(tl.int64) * COUT + co)[:, None] * (OD * OH * OW) + od * (OH * OW) + (oh * OW + ow)[None, :]
-    tl.store(out_ptr + offs, out, mask=(co < COUT)[:, None] & ((oh < OH) & (ow < OW))[None, :])
+    _store_output(acc, e_x, w_exp_ptr, b_ptr, out_ptr, n, co, od, oh, ow, COUT, OD, OH, OW, HAS_BIAS)
 
 
 @triton.jit
@@ -127,41 +152,25 @@ def staged_kernel(
     alone on what the slot holds, scaled by 1."""
     QR: tl.constexpr = BLOCK_H + KH - 1
     BLOCK_M: tl.constexpr = BLOCK_H * BLOCK_W
-    pid = tl.program_id(0)
-    n = pid // (OD * H_BLOCKS)
-    od = pid // H_BLOCKS % OD
-    h0 = pid % H_BLOCKS * BLOCK_H
-    co = tl.program_id(1) * BLOCK_CO + tl.arange(0, BLOCK_CO)
+    n, od, h0, co = _program_tile(OD, H_BLOCKS, BLOCK_H, BLOCK_CO)
     ci = tl.arange(0, BLOCK_CI)
     x_n = x_ptr + n.to(tl.int64) * CIN * D * H * W
-    slot = scratch_ptr + (pid * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * (KD * QR * HALO_COLS * CIN)
+    slot = scratch_ptr + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * (KD * QR * HALO_COLS * CIN)
     j = tl.arange(0, HALO_P2)
     i_w = j + PW - (KW - 1)
 
-    largest = tl.zeros((BLOCK_CI, HALO_P2), tl.float32)
-    for p in range(KD if PART < 2 else 0):
-        i_d = od + PD - (KD - 1) + p
-        for q in range(QR):
-            i_h = h0 + PH - (KH - 1) + q
-            cols_in = W * ((i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H))
-            for c0 in range(0, CIN, BLOCK_CI):
-                ok = ((c0 + ci)[:, None] < CIN) & ((i_w >= 0) & (i_w < cols_in))[None, :]
-                v = tl.load(x_n + (c0 + ci)[:, None] * (D * H * W) + i_d * (H * W) + i_h * W + i_w[None, :],
-                            mask=ok, other=0.0)
-                largest = tl.maximum(largest, tl.abs(v))
-    e_x = _fp16_scale_exponent(tl.max(tl.max(largest, axis=1), axis=0))  # (with PART 2: the clamp, 126)
     if PART == 2:
         e_x = tl.full((), 0, tl.int32)
+    else:
+        e_x = _fp16_scale_exponent(_region_largest(x_n, od, h0, ci, i_w, CIN, D, H, W, KD, KH, PD, PH, BLOCK_H,
+                                                   BLOCK_CI, HALO_P2))
     scale_x = _power_of_2(e_x)
     for p in range(KD if PART < 2 else 0):
         i_d = od + PD - (KD - 1) + p
         for q in range(QR):
             i_h = h0 + PH - (KH - 1) + q
-            cols_in = W * ((i_d >= 0) & (i_d < D) & (i_h >= 0) & (i_h < H))
             for c0 in range(0, CIN, BLOCK_CI):
-                ok = ((c0 + ci)[:, None] < CIN) & ((i_w >= 0) & (i_w < cols_in))[None, :]
-                v = tl.load(x_n + (c0 + ci)[:, None] * (D * H * W) + i_d * (H * W) + i_h * W + i_w[None, :],
-                            mask=ok, other=0.0)
+                v = _input_row(x_n, c0, ci, i_d, i_h, i_w, CIN, D, H, W)
                 tl.store(slot + ((p * QR + q) * HALO_COLS + j)[None, :] * CIN + (c0 + ci)[:, None],
                          (_round_to_tf32(v) * scale_x).to(tl.float16),
                          mask=((c0 + ci)[:, None] < CIN) & (j < HALO_COLS)[None, :])
@@ -185,13 +194,7 @@ def staged_kernel(
         a = tl.load(w_ptr + (tap * COUT + co)[:, None] * CIN + (c0 + ci)[None, :],
                     mask=(co[:, None] < COUT) & ((c0 + ci)[None, :] < CIN), other=0.0)
         acc = tl.dot(a, b, acc)
-    e = e_x + tl.load(w_exp_ptr)
-    half = e >> 1
-    out = acc * _power_of_2(-half) * _power_of_2(half - e)
-    if HAS_BIAS:
-        out += tl.load(b_ptr + co, mask=co < COUT, other=0.0)[:, None]
-    offs = (n.to(tl.int64) * COUT + co)[:, None] * (OD * OH * OW) + od * (OH * OW) + (oh * OW + ow)[None, :]
-    tl.store(out_ptr + offs, out, mask=(co < COUT)[:, None] & ((oh < OH) & (ow < OW))[None, :])
+    _store_output(acc, e_x, w_exp_ptr, b_ptr, out_ptr, n, co, od, oh, ow, COUT, OD, OH, OW, HAS_BIAS)
 
 
 def fp16_weight(weight: torch.Tensor):
