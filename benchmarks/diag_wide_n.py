@@ -202,7 +202,6 @@ def main():
         torch.manual_seed(0)
         plan, x, w, b, reference = layer_tensors(layers[name], torch.float16, "cuda")
         x_op, w_op, w_lo = forward._operands(x, w, 1, NATIVE)
-        flop = 2 * reference.numel() // plan.out_channels * plan.out_channels * plan.in_channels
         first = None  # the library's output in its first config, which every other is compared with
         runs = ([("library", cfg) for cfg in LIBRARY_CONFIGS] + [("wide N, TMA", cfg) for cfg in CONFIGS]
                 + [("wide N, loads", cfg) for cfg in CONFIGS])
