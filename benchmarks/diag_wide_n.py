@@ -34,11 +34,15 @@ from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.report import markdown_table
 from diag_tma_phase import SWEEP, layer_tensors
 
+# How the turned kernel loads its tiles (its TILES), and their names in the tables.
+HOST_TMA, LOADS, DEVICE_TMA = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+FORMS = {0: "turned, host TMA", 1: "turned, loads", 2: "turned, device TMA"}
+
 
 @triton.jit
 def wide_n_kernel(
     x_desc, w_desc, x_ptr, w_ptr, b_ptr, y_ptr,
-    CIN, COUT, D, H, W, OD, OH, OW, KD, KH, KW,
+    CIN, COUT, D, H, W, OD, OH, OW, KD, KH, KW, BATCH,
     syn, syc, syd, syh, syw,
     U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS,
     S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
@@ -46,11 +50,18 @@ def wide_n_kernel(
     DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     STEP_D: tl.constexpr, STEP_H: tl.constexpr, STEP_W: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr,
-    BLOCK_CI: tl.constexpr, CI_BLOCKS: tl.constexpr, LOADS: tl.constexpr,
+    BLOCK_CI: tl.constexpr, CI_BLOCKS: tl.constexpr, TILES: tl.constexpr,
 ):
-    # LOADS: the tiles by masked pointer loads from the same operands (the library's way, which the software
-    # pipeliner turns into asynchronous copies), else TMA loads through x_desc and w_desc.
+    # TILES: HOST_TMA loads through x_desc and w_desc (tensor maps the launcher makes from host-side descriptors),
+    # LOADS masked pointer loads from the same operands (the library's way, which the software pipeliner turns into
+    # asynchronous copies), DEVICE_TMA loads through tensor maps this kernel makes (no host-side descriptor).
     BLOCK_P: tl.constexpr = BLOCK_R * BLOCK_Q
+    if TILES == DEVICE_TMA:
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[BATCH, D, H, W, CIN],
+                                           strides=[D * H * W * CIN, H * W * CIN, W * CIN, CIN, 1],
+                                           block_shape=[1, 1, BLOCK_R, BLOCK_Q, BLOCK_CI])
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[KD * KH * KW * COUT, CIN], strides=[CIN, 1],
+                                           block_shape=[BLOCK_CO, BLOCK_CI])
     pid = tl.program_id(0)
     co_block = pid % CO_BLOCKS
     pid = pid // CO_BLOCKS
@@ -98,7 +109,7 @@ def wide_n_kernel(
             shift_h = base_h - m0_h - jh * M_STEP_H
             shift_w = base_w - m0_w - jw * M_STEP_W
             tap = (t_d * KH + t_h) * KW + t_w
-            if LOADS:
+            if TILES == LOADS:
                 i_h = u_h + shift_h
                 i_w = u_w + shift_w
                 ok = (i_d + p * 0 >= 0) & (i_d + p * 0 < D) & (i_h >= 0) & (i_h < H) & (i_w >= 0) & (i_w < W)
@@ -134,7 +145,7 @@ def wide_n_kernel(
                      tile.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok2[None, :])
 
 
-def wide_n_launch(cfg, plan, x_op, w_op, bias, out, loads=False):
+def wide_n_launch(cfg, plan, x_op, w_op, bias, out, tiles=HOST_TMA.value):
     """A launch on the library's operands, x_op (N, D, H, W, C_in) and w_op (taps, 1, C_out, C_in), contiguous, into
     out, bound: the descriptors made once."""
     grid, sizes, blocks, constexprs = forward._geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_CO"], cfg["BLOCK_CI"], 0,
@@ -145,12 +156,16 @@ def wide_n_launch(cfg, plan, x_op, w_op, bias, out, loads=False):
     w2 = w_op.view(-1, w_op.shape[-1])
     w_desc = TensorDescriptor(w2, list(w2.shape), list(w2.stride()), [c["BLOCK_CO"], c["BLOCK_CI"]])
     u_h_blocks, u_w_blocks, co_blocks, groups, items = blocks
-    args = (x_desc, w_desc, x_op, w_op, bias if bias is not None else w_op, out, *sizes, *out.stride(), u_h_blocks,
-            u_w_blocks, co_blocks)
+    if tiles == DEVICE_TMA.value:
+        x_desc = w_desc = None
+        # The kernel's tensor maps live in a scratch buffer Triton asks for at each launch.
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=out.device))
+    args = (x_desc, w_desc, x_op, w_op, bias if bias is not None else w_op, out, *sizes, plan.batch, *out.stride(),
+            u_h_blocks, u_w_blocks, co_blocks)
     names = ("S_D", "S_H", "S_W", "P_D", "P_H", "P_W", "DIL_D", "DIL_H", "DIL_W", "STEP_D", "STEP_H", "STEP_W",
              "BLOCK_R", "BLOCK_Q", "BLOCK_CO", "BLOCK_CI", "CI_BLOCKS")
     options = {name: c[name] for name in names}
-    options.update(HAS_BIAS=bias is not None, LOADS=loads, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    options.update(HAS_BIAS=bias is not None, TILES=tiles, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return lambda: wide_n_kernel[(items,)](*args, **options)
 
 
@@ -165,25 +180,25 @@ CONFIGS = [  # BLOCK_M (positions), BLOCK_CO, BLOCK_CI, warps, stages (first ses
 LIBRARY_CONFIGS = [(128, 64, 64, 4, 3), (256, 64, 64, 8, 3)]  # its fastest on FP16 operands (forty-ninth session)
 
 
-def check():
-    """Interpreter check on small shapes: every sweep layer but grouped_g4, against float64."""
+def check(names=None):
+    """Interpreter check on small shapes: the sweep layers named (None: all but grouped_g4), against float64."""
     failures = 0
     for layer in json.loads(SWEEP.read_text()):
-        if layer.get("groups", 1) != 1:
+        if layer.get("groups", 1) != 1 or (names is not None and layer["name"] not in names):
             continue
         layer = dict(layer, input_shape=[1, layer["in_channels"], 3, 5, 6])
         plan, x, w, b, reference = layer_tensors(layer, torch.float16, "cpu")
         x_op, w_op, _ = forward._operands(x, w, 1, NATIVE)
         out = torch.full(plan.output_shape, float("nan"), dtype=x.dtype)
-        for loads in (False, True):
+        for tiles in FORMS:
             out.fill_(float("nan"))
             wide_n_launch(dict(BLOCK_M=32, BLOCK_CO=16, BLOCK_CI=16, num_warps=4, num_stages=1), plan, x_op, w_op, b,
-                          out, loads)()
+                          out, tiles)()
             error = relative_error(out, reference)
             # The float16 output's rounding alone leaves about 2e-4; a wrong tap or shift leaves errors of order 1.
             ok = error < 2e-3 and not out.isnan().any()
             failures += not ok
-            print(f"{layer['name']}, {'loads' if loads else 'TMA'}: rel. err. {error:.1e} {'ok' if ok else 'FAILED'}",
+            print(f"{layer['name']}, {FORMS[tiles]}: rel. err. {error:.1e} {'ok' if ok else 'FAILED'}",
                   flush=True)
     return failures
 
@@ -191,11 +206,12 @@ def check():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=50)
-    parser.add_argument("--layers", default="k3s1p1,vae_k4s2p1,video_spatial_k144,video_k3s2p1op1")
+    parser.add_argument("--layers", help="comma-separated sweep layers (default: five for timing, all for --check)")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
     if args.check:
-        return 1 if check() else 0
+        return 1 if check(args.layers and args.layers.split(",")) else 0
+    args.layers = args.layers or "k3s1p1,vae_k4s2p1,video_spatial_k144,video_k3s2p1op1,wide_256to128_k3s2"
     layers = {layer["name"]: layer for layer in json.loads(SWEEP.read_text())}
     rows = []
     for name in args.layers.split(","):
@@ -203,8 +219,7 @@ def main():
         plan, x, w, b, reference = layer_tensors(layers[name], torch.float16, "cuda")
         x_op, w_op, w_lo = forward._operands(x, w, 1, NATIVE)
         first = None  # the library's output in its first config, which every other is compared with
-        runs = ([("library", cfg) for cfg in LIBRARY_CONFIGS] + [("wide N, TMA", cfg) for cfg in CONFIGS]
-                + [("wide N, loads", cfg) for cfg in CONFIGS])
+        runs = [("library", cfg) for cfg in LIBRARY_CONFIGS] + [(tiles, cfg) for tiles in FORMS for cfg in CONFIGS]
         for form, (m, co, ci, wp, st) in runs:
             cfg = dict(BLOCK_M=m, BLOCK_CO=co, BLOCK_CI=ci, num_warps=wp, num_stages=st, PER_SM=0)
             label = f"{m}x{co}x{ci} w{wp} s{st}"
@@ -214,7 +229,7 @@ def main():
                     lib = forward._main_launch(cfg, plan, NATIVE, b is not None, reference.stride(), 0)
                     fn = functools.partial(lib, (x_op, w_op, w_lo, b if b is not None else w_op, out))
                 else:
-                    fn = wide_n_launch(cfg, plan, x_op, w_op, b, out, loads=form.endswith("loads"))
+                    fn = wide_n_launch(cfg, plan, x_op, w_op, b, out, form)
                 fn()
                 torch.cuda.synchronize()
                 if first is None:
@@ -224,9 +239,9 @@ def main():
                         f"nan {out.isnan().any().item()}")
                 t = time_cuda(fn, iters=args.iters)
                 queued = time_cuda(fn, iters=args.iters, synchronize=False)
-                row = (name, form, label, t.mean_ms, t.min_ms, queued.mean_ms, note)
+                row = (name, FORMS.get(form, form), label, t.mean_ms, t.min_ms, queued.mean_ms, note)
             except Exception as error:  # noqa: BLE001 (a config that does not compile or fit: its row says why)
-                row = (name, form, label, float("nan"), float("nan"), float("nan"), repr(error)[:120])
+                row = (name, FORMS.get(form, form), label, float("nan"), float("nan"), float("nan"), repr(error)[:120])
             print(row, flush=True)
             rows.append(row)
     print(markdown_table(["layer (float16)", "form", "config", "mean ms", "min ms", "queued mean ms",
