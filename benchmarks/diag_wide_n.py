@@ -6,16 +6,18 @@ MMAs are m64 x n(C_out) x k16, and with C_out = 64 on most sweep layers each one
 memory for a small product; it runs at 330-360 TFLOP/s (benchmarks/RESULTS.md, fifty-seventh session). Here a step
 multiplies the weight tile [BLOCK_CO, BLOCK_CI] by the input box transposed, [BLOCK_CI, BLOCK_R * BLOCK_Q]: the MMA's
 N is the box's positions (up to 256), and the accumulator's fast axis lies along the output's rows, so the tile is
-stored without a transpose (stride-2 columns interleave by a join alone). Input boxes and weight tiles are TMA loads,
-as in diag_tma_phase.py (the box's rows and columns outside the input come back as zeros). Everything else (work
-items, tap ranges) is that script's, which is the library's.
+stored without a transpose (stride-2 columns interleave by a join alone). The tiles load three ways (TILES): as TMA
+loads through host-side descriptors, the input as a box as in diag_tma_phase.py (the box's rows and columns outside
+the input come back as zeros); the same through tensor maps the kernel makes; and as the library's masked pointer
+loads. Everything else (work items, tap ranges) is diag_tma_phase.py's, which is the library's.
 
 Half precision (the operands as the library's pass leaves them for float16): the kernel alone, cold-L2 mean / minimum
 and queued mean, against the library's general kernel on the same operands; each output NaN-filled first, checked
-against float64 and against the library's output.
+against float64 and against the library's output. Results: benchmarks/RESULTS.md, eighty-ninth session (not kept).
 
     PYTHONPATH=src python3 benchmarks/diag_wide_n.py [--iters 50] [--layers k3s1p1,vae_k4s2p1]
-    TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/diag_wide_n.py --check   # small shapes, on the CPU
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/diag_wide_n.py --check [--layers k3s1p1]   # on the CPU
+    (small shapes; every sweep layer but grouped_g4 takes about 15 minutes on a 2-core CPU)
 """
 
 import argparse
@@ -169,8 +171,8 @@ def wide_n_launch(cfg, plan, x_op, w_op, bias, out, tiles=HOST_TMA.value):
     return lambda: wide_n_kernel[(items,)](*args, **options)
 
 
-CONFIGS = [  # BLOCK_M (positions), BLOCK_CO, BLOCK_CI, warps, stages (first session's call 1 left out 256 x 64 x 64 in 4
-    # warps and 256 x 64 x 32 in 4, 3 to 10 times slower on four of five layers)
+CONFIGS = [  # BLOCK_M (positions), BLOCK_CO, BLOCK_CI, warps, stages (the script's first run, eighty-ninth session, also
+    # had 256 x 64 x 64 and 256 x 64 x 32 in 4 warps: 3 to 10 times slower on four of five layers)
     (256, 64, 64, 8, 3),
     (128, 64, 64, 4, 3),
     (128, 64, 64, 4, 4),
