@@ -9,7 +9,8 @@ N is the box's positions (up to 256), and the accumulator's fast axis lies along
 stored without a transpose (stride-2 columns interleave by a join alone). The tiles load three ways (TILES): as TMA
 loads through host-side descriptors, the input as a box as in diag_tma_phase.py (the box's rows and columns outside
 the input come back as zeros); the same through tensor maps the kernel makes; and as the library's masked pointer
-loads. Everything else (work items, tap ranges) is diag_tma_phase.py's, which is the library's.
+loads. A fourth form launches the first through the driver with its tensor maps encoded once (driver_launch), as the
+library's launches at addresses would; Triton's launcher encodes them on every launch. Everything else (work items, tap ranges) is diag_tma_phase.py's, which is the library's.
 
 Half precision (the operands as the library's pass leaves them for float16): the kernel alone, cold-L2 mean / minimum
 and queued mean, against the library's general kernel on the same operands; each output NaN-filled first, checked
@@ -21,8 +22,10 @@ against float64 and against the library's output. Results: benchmarks/RESULTS.md
 """
 
 import argparse
+import ctypes
 import functools
 import json
+import re
 import sys
 
 import torch
@@ -30,15 +33,18 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from convt3d.backends import driver
 from convt3d.backends.triton import NATIVE, forward
 from convt3d.backends.triton.forward import _axis_taps, _column_taps, count_on
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.report import markdown_table
 from diag_tma_phase import SWEEP, layer_tensors
 
-# How the turned kernel loads its tiles (its TILES), and their names in the tables.
+# How the turned kernel loads its tiles (its TILES), and their names in the tables. "by the driver" is the host TMA
+# kernel launched with tensor maps encoded once (driver_launch), on a GPU only.
 HOST_TMA, LOADS, DEVICE_TMA = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 FORMS = {0: "turned, host TMA", 1: "turned, loads", 2: "turned, device TMA"}
+BY_DRIVER = "turned, host TMA by the driver"
 
 
 @triton.jit
@@ -147,9 +153,9 @@ def wide_n_kernel(
                      tile.to(y_ptr.dtype.element_ty), mask=co_ok[:, None] & ok2[None, :])
 
 
-def wide_n_launch(cfg, plan, x_op, w_op, bias, out, tiles=HOST_TMA.value):
-    """A launch on the library's operands, x_op (N, D, H, W, C_in) and w_op (taps, 1, C_out, C_in), contiguous, into
-    out, bound: the descriptors made once."""
+def wide_n_arguments(cfg, plan, x_op, w_op, bias, out, tiles):
+    """(grid, the kernel's runtime arguments in its order, its constexprs and launch options) of a launch on the
+    library's operands, x_op (N, D, H, W, C_in) and w_op (taps, 1, C_out, C_in), contiguous, into out."""
     grid, sizes, blocks, constexprs = forward._geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_CO"], cfg["BLOCK_CI"], 0,
                                                         out.device.index or 0)
     c = dict(constexprs)
@@ -168,7 +174,105 @@ def wide_n_launch(cfg, plan, x_op, w_op, bias, out, tiles=HOST_TMA.value):
              "BLOCK_R", "BLOCK_Q", "BLOCK_CO", "BLOCK_CI", "CI_BLOCKS")
     options = {name: c[name] for name in names}
     options.update(HAS_BIAS=bias is not None, TILES=tiles, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    return lambda: wide_n_kernel[(items,)](*args, **options)
+    return (items,), args, options
+
+
+def wide_n_launch(cfg, plan, x_op, w_op, bias, out, tiles=HOST_TMA.value):
+    """A launch (wide_n_arguments') as a function of no arguments, bound: the host-side descriptors made once. It
+    returns Triton's compiled kernel."""
+    grid, args, options = wide_n_arguments(cfg, plan, x_op, w_op, bias, out, tiles)
+    return lambda: wide_n_kernel[grid](*args, **options)
+
+
+# CUtensorMapDataType's FLOAT16, and CUtensorMapL2promotion's 128B (what Triton's own encoding asks for).
+_TENSOR_MAP_FLOAT16, _L2_PROMOTION_128B = 6, 2
+_PTX_PARAMETER = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.[bsu](8|16|32|64)\b[^\[]*(?:\[(\d+)\])?")
+
+
+def ptx_parameter_bytes(ptx: str):
+    """The sizes in bytes of the PTX kernel's parameters, in order (a tensor map: .b8 name[128]); None unless it has
+    one entry and every parameter reads as such."""
+    entries = re.findall(r"\.entry\s+[\w$]+\s*\(([^)]*)\)", ptx)
+    if len(entries) != 1:
+        return None
+    sizes = []
+    for parameter in entries[0].split(","):
+        found = _PTX_PARAMETER.search(parameter)
+        if found is None:
+            return None
+        sizes.append(int(found.group(1)) // 8 * int(found.group(2) or 1))
+    return sizes
+
+
+def encode_tensor_map(tensor, block, swizzle):
+    """A float16 tensor's tiled tensor map as Triton's launcher encodes it for a host-side descriptor (boxes of block,
+    the compiled kernel's swizzle, zeros outside the tensor): (its 128 bytes as a ctypes value, the buffer holding
+    them, which must outlive the value)."""
+    rank, element = tensor.dim(), tensor.element_size()
+    sizes = (ctypes.c_uint64 * rank)(*reversed(tensor.shape))
+    strides = (ctypes.c_uint64 * rank)(*[element * stride for stride in reversed(tensor.stride()[:-1])], 0)
+    box = (ctypes.c_uint32 * rank)(*reversed(block))
+    ones = (ctypes.c_uint32 * rank)(*([1] * rank))
+    holder = (ctypes.c_uint8 * 192)()
+    address = (ctypes.addressof(holder) + 63) // 64 * 64  # (a CUtensorMap is 64-byte aligned)
+    result = driver.libcuda().cuTensorMapEncodeTiled(
+        ctypes.c_void_p(address), ctypes.c_int(_TENSOR_MAP_FLOAT16), ctypes.c_uint32(rank),
+        ctypes.c_void_p(tensor.data_ptr()), sizes, strides, box, ones, ctypes.c_int(0), ctypes.c_int(swizzle),
+        ctypes.c_int(_L2_PROMOTION_128B), ctypes.c_int(0))
+    if result:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {result}")
+    return (ctypes.c_uint8 * 128).from_address(address), holder
+
+
+_SCALAR_TYPES = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64}
+
+
+def driver_launch(cfg, plan, x_op, w_op, bias, out):
+    """The host TMA form's launch through the driver (convt3d's driver.Launch) with its tensor maps encoded once,
+    as the library's launches at addresses would keep them: Triton's launcher (the other TMA form) encodes them on
+    every launch. The kernel is compiled by a first launch through Triton; its parameters are packed as Triton's
+    launcher passes a host-side descriptor with descriptor metadata (Triton 3.9's: the tensor map, then the
+    descriptor's shape as i32 and strides as i64), then the scratch pointers, and checked against the PTX's parameter
+    list (with Triton 3.9 on the CPU they matched a kernel compiled for sm_90; another layout is reported, not
+    launched). Returns a function of no arguments, or a string saying why there is none."""
+    grid, args, options = wide_n_arguments(cfg, plan, x_op, w_op, bias, out, HOST_TMA.value)
+    compiled = wide_n_kernel[grid](*args, **options)
+    metadata = compiled.metadata
+    descriptor_metadata = getattr(metadata, "tensordesc_meta", None)
+    if not descriptor_metadata or getattr(metadata, "global_scratch_size", 0) or getattr(
+            metadata, "profile_scratch_size", 0) or getattr(metadata, "num_ctas", 1) != 1:
+        return "no descriptor metadata, or scratch memory or clusters asked for"
+    values, keep = [], []
+    descriptors = iter(descriptor_metadata)
+    # (The signature lists every parameter in order, constexprs (and integers equal to 1) as "constexpr"; the
+    # runtime arguments come first.)
+    for (name, kind), value in zip(compiled.src.signature.items(), args):
+        if kind == "constexpr":
+            continue
+        if kind.startswith("tensordesc"):
+            meta = next(descriptors)
+            if meta.get("elem_size") != 2 or meta.get("fp4_padded") or meta.get("is_im2col"):
+                return f"{name}: not a plain float16 descriptor"
+            tensor_map, holder = encode_tensor_map(value.base, meta["block_size"], meta["swizzle"])
+            keep.append(holder)
+            values += [tensor_map, *(ctypes.c_int32(v) for v in value.shape),
+                       *(ctypes.c_int64(v) for v in value.strides)]
+        elif kind.startswith("*"):
+            values.append(ctypes.c_uint64(value.data_ptr()))
+        elif kind in _SCALAR_TYPES:
+            values.append(_SCALAR_TYPES[kind](value))
+        else:
+            return f"{name}: argument type {kind}"
+    values += [ctypes.c_uint64(0) for _ in range(1 + hasattr(metadata, "profile_scratch_size"))]
+    sizes = ptx_parameter_bytes(compiled.asm["ptx"])
+    if sizes != [ctypes.sizeof(v) for v in values]:
+        return f"parameters {sizes} against packed {[ctypes.sizeof(v) for v in values]}"
+    launch = driver.Launch(compiled.function, grid, 32 * metadata.num_warps, metadata.shared, 0, values,
+                           dependent=bool(getattr(metadata, "launch_pdl", False)))
+    stream = torch.cuda.current_stream(out.device).cuda_stream
+    run = functools.partial(launch, stream)
+    run.tensor_maps = keep  # (their buffers live as long as the launch)
+    return run
 
 
 CONFIGS = [  # BLOCK_M (positions), BLOCK_CO, BLOCK_CI, warps, stages (the script's first run, eighty-ninth session, also
@@ -221,7 +325,8 @@ def main():
         plan, x, w, b, reference = layer_tensors(layers[name], torch.float16, "cuda")
         x_op, w_op, w_lo = forward._operands(x, w, 1, NATIVE)
         first = None  # the library's output in its first config, which every other is compared with
-        runs = [("library", cfg) for cfg in LIBRARY_CONFIGS] + [(tiles, cfg) for tiles in FORMS for cfg in CONFIGS]
+        runs = ([("library", cfg) for cfg in LIBRARY_CONFIGS] + [(tiles, cfg) for tiles in FORMS for cfg in CONFIGS]
+                + [(BY_DRIVER, cfg) for cfg in CONFIGS])
         for form, (m, co, ci, wp, st) in runs:
             cfg = dict(BLOCK_M=m, BLOCK_CO=co, BLOCK_CI=ci, num_warps=wp, num_stages=st, PER_SM=0)
             label = f"{m}x{co}x{ci} w{wp} s{st}"
@@ -230,6 +335,11 @@ def main():
                 if form == "library":
                     lib = forward._main_launch(cfg, plan, NATIVE, b is not None, reference.stride(), 0)
                     fn = functools.partial(lib, (x_op, w_op, w_lo, b if b is not None else w_op, out))
+                elif form == BY_DRIVER:
+                    fn = driver_launch(cfg, plan, x_op, w_op, b, out)
+                    if isinstance(fn, str):
+                        raise RuntimeError(f"no launch by the driver: {fn}")
+                    out.fill_(float("nan"))  # (driver_launch's compiling launch wrote it)
                 else:
                     fn = wide_n_launch(cfg, plan, x_op, w_op, b, out, form)
                 fn()
