@@ -41,19 +41,15 @@ SWEEP = pathlib.Path(__file__).with_name("sweep.json")
 
 
 @triton.jit
-def tma_phase_kernel(
-    x_desc, w_desc, b_ptr, y_ptr,
-    CIN, COUT, D, H, W, OD, OH, OW, KD, KH, KW,
-    syn, syc, syd, syh, syw,
-    U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS,
-    S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
-    P_D: tl.constexpr, P_H: tl.constexpr, P_W: tl.constexpr,
-    DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
-    STEP_D: tl.constexpr, STEP_H: tl.constexpr, STEP_W: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr,
-    BLOCK_CI: tl.constexpr, CI_BLOCKS: tl.constexpr,
+def program_block(
+    y_ptr, b_ptr, COUT, D, H, OD, OH, KD, KH, syn, syd, U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS,
+    S_D: tl.constexpr, S_H: tl.constexpr, P_D: tl.constexpr, P_H: tl.constexpr, DIL_D: tl.constexpr,
+    DIL_H: tl.constexpr, STEP_D: tl.constexpr, STEP_H: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr,
 ):
-    BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
+    """This program's block, as the library's general kernel (forward.py) takes its work item: the sample n, the row
+    phase v_h, the output channels co0 + [0, BLOCK_CO) (co, co_ok), the output's base at (n, od), the bias, the depth
+    and height tap ranges (forward._axis_taps), and the block's first row u_h0 and column u_w0."""
     pid = tl.program_id(0)
     co_block = pid % CO_BLOCKS
     pid = pid // CO_BLOCKS
@@ -73,14 +69,35 @@ def tma_phase_kernel(
         bias = tl.load(b_ptr + co, mask=co_ok, other=0.0).to(tl.float32)
     else:
         bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
-    M_STEP_D: tl.constexpr = STEP_D * DIL_D // S_D
     base_d, m0_d, t0_d, jd_lo, jd_hi = _axis_taps(od % S_D, od // S_D, od // S_D, D, KD, S_D, P_D, DIL_D, STEP_D)
     q_d = od // S_D + base_d
-    M_STEP_H: tl.constexpr = STEP_H * DIL_H // S_H
     u_h0 = uh_block * BLOCK_R
     u_h_end = tl.minimum(u_h0 + BLOCK_R, (OH - v_h + S_H - 1) // S_H)
     base_h, m0_h, t0_h, jh_lo, jh_hi = _axis_taps(v_h, u_h0, u_h_end - 1, H, KH, S_H, P_H, DIL_H, STEP_H)
     u_w0 = uw_block * BLOCK_Q
+    return (n, v_h, co0, co, co_ok, y_base, bias, q_d, m0_d, t0_d, jd_lo, jd_hi, u_h0, base_h, m0_h, t0_h, jh_lo,
+            jh_hi, u_w0)
+
+
+@triton.jit
+def tma_phase_kernel(
+    x_desc, w_desc, b_ptr, y_ptr,
+    CIN, COUT, D, H, W, OD, OH, OW, KD, KH, KW,
+    syn, syc, syd, syh, syw,
+    U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS,
+    S_D: tl.constexpr, S_H: tl.constexpr, S_W: tl.constexpr,
+    P_D: tl.constexpr, P_H: tl.constexpr, P_W: tl.constexpr,
+    DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
+    STEP_D: tl.constexpr, STEP_H: tl.constexpr, STEP_W: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr,
+    BLOCK_CI: tl.constexpr, CI_BLOCKS: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_R * BLOCK_Q
+    (n, v_h, co0, co, co_ok, y_base, bias, q_d, m0_d, t0_d, jd_lo, jd_hi, u_h0, base_h, m0_h, t0_h, jh_lo, jh_hi,
+     u_w0) = program_block(y_ptr, b_ptr, COUT, D, H, OD, OH, KD, KH, syn, syd, U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS, S_D,
+                           S_H, P_D, P_H, DIL_D, DIL_H, STEP_D, STEP_H, HAS_BIAS, BLOCK_R, BLOCK_Q, BLOCK_CO)
+    M_STEP_D: tl.constexpr = STEP_D * DIL_D // S_D
+    M_STEP_H: tl.constexpr = STEP_H * DIL_H // S_H
     m = tl.arange(0, BLOCK_M)
     u_h = u_h0 + m // BLOCK_Q
     u_w = u_w0 + m % BLOCK_Q

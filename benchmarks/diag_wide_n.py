@@ -10,7 +10,8 @@ stored without a transpose (stride-2 columns interleave by a join alone). The ti
 loads through host-side descriptors, the input as a box as in diag_tma_phase.py (the box's rows and columns outside
 the input come back as zeros); the same through tensor maps the kernel makes; and as the library's masked pointer
 loads. A fourth form launches the first through the driver with its tensor maps encoded once (driver_launch), as the
-library's launches at addresses would; Triton's launcher encodes them on every launch. Everything else (work items, tap ranges) is diag_tma_phase.py's, which is the library's.
+library's launches at addresses would; Triton's launcher encodes them on every launch. Everything else (work items
+and tap ranges: diag_tma_phase.program_block) is diag_tma_phase.py's, which is the library's.
 
 Half precision (the operands as the library's pass leaves them for float16): the kernel alone, cold-L2 mean / minimum
 and queued mean, against the library's general kernel on the same operands; each output NaN-filled first, checked
@@ -35,10 +36,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from convt3d.backends import driver
 from convt3d.backends.triton import NATIVE, forward
-from convt3d.backends.triton.forward import _axis_taps, _column_taps, count_on
+from convt3d.backends.triton.forward import _column_taps, count_on
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.report import markdown_table
-from diag_tma_phase import SWEEP, layer_tensors
+from diag_tma_phase import SWEEP, layer_tensors, program_block
 
 # How the turned kernel loads its tiles (its TILES), and their names in the tables. "by the driver" is the host TMA
 # kernel launched with tensor maps encoded once (driver_launch), on a GPU only.
@@ -70,33 +71,11 @@ def wide_n_kernel(
                                            block_shape=[1, 1, BLOCK_R, BLOCK_Q, BLOCK_CI])
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[KD * KH * KW * COUT, CIN], strides=[CIN, 1],
                                            block_shape=[BLOCK_CO, BLOCK_CI])
-    pid = tl.program_id(0)
-    co_block = pid % CO_BLOCKS
-    pid = pid // CO_BLOCKS
-    uw_block = pid % U_W_BLOCKS
-    pid = pid // U_W_BLOCKS
-    uh_block = pid % U_H_BLOCKS
-    pid = pid // U_H_BLOCKS
-    v_h = pid % S_H
-    pid = pid // S_H
-    od = pid % OD
-    n = pid // OD
-    co0 = co_block * BLOCK_CO
-    co = co0 + tl.arange(0, BLOCK_CO)
-    co_ok = co < COUT
-    y_base = y_ptr + n.to(tl.int64) * syn + od.to(tl.int64) * syd
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + co, mask=co_ok, other=0.0).to(tl.float32)
-    else:
-        bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
+    (n, v_h, co0, co, co_ok, y_base, bias, q_d, m0_d, t0_d, jd_lo, jd_hi, u_h0, base_h, m0_h, t0_h, jh_lo, jh_hi,
+     u_w0) = program_block(y_ptr, b_ptr, COUT, D, H, OD, OH, KD, KH, syn, syd, U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS, S_D,
+                           S_H, P_D, P_H, DIL_D, DIL_H, STEP_D, STEP_H, HAS_BIAS, BLOCK_R, BLOCK_Q, BLOCK_CO)
     M_STEP_D: tl.constexpr = STEP_D * DIL_D // S_D
-    base_d, m0_d, t0_d, jd_lo, jd_hi = _axis_taps(od % S_D, od // S_D, od // S_D, D, KD, S_D, P_D, DIL_D, STEP_D)
-    q_d = od // S_D + base_d
     M_STEP_H: tl.constexpr = STEP_H * DIL_H // S_H
-    u_h0 = uh_block * BLOCK_R
-    u_h_end = tl.minimum(u_h0 + BLOCK_R, (OH - v_h + S_H - 1) // S_H)
-    base_h, m0_h, t0_h, jh_lo, jh_hi = _axis_taps(v_h, u_h0, u_h_end - 1, H, KH, S_H, P_H, DIL_H, STEP_H)
-    u_w0 = uw_block * BLOCK_Q
     p = tl.arange(0, BLOCK_P)
     u_h = u_h0 + p // BLOCK_Q
     u_w = u_w0 + p % BLOCK_Q
@@ -275,8 +254,9 @@ def driver_launch(cfg, plan, x_op, w_op, bias, out):
     return run
 
 
-CONFIGS = [  # BLOCK_M (positions), BLOCK_CO, BLOCK_CI, warps, stages (the script's first run, eighty-ninth session, also
-    # had 256 x 64 x 64 and 256 x 64 x 32 in 4 warps: 3 to 10 times slower on four of five layers)
+# BLOCK_M (positions), BLOCK_CO, BLOCK_CI, warps, stages (the script's first run, eighty-ninth session, also had
+# 256 x 64 x 64 and 256 x 64 x 32 in 4 warps: 3 to 10 times slower on four of five layers)
+CONFIGS = [
     (256, 64, 64, 8, 3),
     (128, 64, 64, 4, 3),
     (128, 64, 64, 4, 4),
