@@ -15,7 +15,8 @@ and tap ranges: diag_tma_phase.program_block) is diag_tma_phase.py's, which is t
 
 Half precision (the operands as the library's pass leaves them for float16): the kernel alone, cold-L2 mean / minimum
 and queued mean, against the library's general kernel on the same operands; each output NaN-filled first, checked
-against float64 and against the library's output. Results: benchmarks/RESULTS.md, eighty-ninth session (not kept).
+against float64 and against the library's output. Results: benchmarks/RESULTS.md, eighty-ninth session (not kept) and
+ninetieth (the driver form, first run on a GPU).
 
     PYTHONPATH=src python3 benchmarks/diag_wide_n.py [--iters 50] [--layers k3s1p1,vae_k4s2p1]
     TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/diag_wide_n.py --check [--layers k3s1p1]   # on the CPU
