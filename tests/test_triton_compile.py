@@ -3,11 +3,12 @@
 The interpreter runs a kernel's Python, not the compiler, and the compiler rejects some code that the interpreter
 runs: a return inside a constexpr branch followed by TF32 rounding compiled for float16 operands (twenty-first
 session, caught only on the GPU). So the library's own host code runs here on CPU tensors with every launch recorded
-instead of made (launch.BoundLaunch, through which every kernel is launched), and each recorded launch is compiled
-with its constexprs and launch options, the main kernels as Hopper launches them (the operand pass's dependents): the
-forward (the general and tap_columns kernels in each precision, the tiled GEMM in each of its forms, their operand
-passes), the backward's operand copy and weight gradient, the bias fill and the CUDA phase correlation's operand pass;
-and for each, the driver's launch (launch._driver_launch) matches the compiled kernel's parameters.
+instead of made (launch.BoundLaunch, through which every kernel is launched, and turned.TurnedLaunch), and each
+recorded launch is compiled with its constexprs and launch options, the main kernels as Hopper launches them (the
+operand pass's dependents): the forward (the general and tap_columns kernels in each precision, the turned kernel on
+its TMA descriptors, the tiled GEMM in each of its forms, their operand passes), the backward's operand copy and weight
+gradient, the bias fill and the CUDA phase correlation's operand pass; and for each, the driver's launch
+(launch._driver_launch, turned._DriverLaunch) matches the compiled kernel's parameters.
 The compile runs in a subprocess without TRITON_INTERPRET, under which triton.jit would have made the kernels
 interpreted functions.
 """
@@ -32,10 +33,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from convt3d.backends import torch_phase
 import convt3d.backends.triton as triton_backend
-from convt3d.backends.triton import backward, fill, forward, launch, tap_columns, tensor_scaled, tiled, window
+from convt3d.backends.triton import backward, fill, forward, launch, tap_columns, tensor_scaled, tiled, turned, window
 from convt3d.plan import make_plan
 
 recorded = {}
+turned_launches = {}
 
 
 def record(bound, pointers):
@@ -46,6 +48,8 @@ def record(bound, pointers):
 
 
 launch.BoundLaunch.__call__ = record
+turned.TurnedLaunch.__call__ = lambda bound, pointers: turned_launches.setdefault(
+    (tuple(sorted(bound.options.items())), tuple(t.dtype for t in pointers)), (bound, tuple(t.dtype for t in pointers)))
 # As on Hopper: the main kernels launched as their operand pass's dependents, the passes letting them start early.
 triton_backend._can_launch_dependents = lambda device_index: True
 forward.pass_lets_main_start = tiled.pass_lets_main_start = lambda device: True
@@ -59,9 +63,12 @@ for dtype, precision in [(torch.float16, forward.NATIVE), (torch.bfloat16, forwa
     x, w = torch.rand(1, 64, 4, 8, 8, dtype=dtype), torch.rand(64, 32, 3, 3, 3, dtype=dtype)
     b = torch.rand(32, dtype=dtype)
     plan = make_plan(tuple(x.shape), tuple(w.shape), stride=2, padding=1, output_padding=1)
-    for config in (forward._configs()[0], tap_columns.configs(plan)[-1]):
+    for config in (forward._configs()[0], tap_columns.configs(plan)[-1], turned.configs()[-1]):
+        turned_config = config.get("KERNEL") == "turned"
+        if turned_config and dtype == torch.bfloat16 or turned_config and precision == forward.TF32X3:
+            continue  # (FP16 operands only: float16's, and TF32 mode's scaled per tensor)
         forward.conv_transpose3d_triton(x, w, b, plan, precision, config=config)
-        if precision == forward.TF32:  # TF32 mode's other form (FP16_TENSOR_SCALED by default)
+        if precision == forward.TF32 and not turned_config:  # TF32 mode's other form (FP16_TENSOR_SCALED by default)
             tensor_scaled.TF32_AS_FP16 = not tensor_scaled.TF32_AS_FP16
             forward.conv_transpose3d_triton(x, w, b, plan, precision, config=config)
             tensor_scaled.TF32_AS_FP16 = not tensor_scaled.TF32_AS_FP16
@@ -122,6 +129,37 @@ for (name, _, _), (bound, dtypes) in recorded.items():
     except Exception as error:
         failed.append(label)
         print("FAILED", label, type(error).__name__, str(error)[-2000:])
+# turned.py's kernel takes TMA descriptors: they compile as tensordesc arguments, and its launch by the driver
+# (turned._DriverLaunch) must pack the parameters as the compiled kernel lists them.
+for options, dtypes in turned_launches:
+    bound = turned_launches[(options, dtypes)][0]
+    options = dict(options)
+    launch_options = {k: options.pop(k) for k in ("num_warps", "num_stages", "launch_pdl") if k in options}
+    names = turned.turned_kernel.arg_names
+    boxes = {"x_desc": bound.x_box, "w_desc": bound.w_box}
+    signature = {}
+    for i, arg in enumerate(names):
+        if arg in options:
+            signature[arg] = "constexpr"
+        elif arg in boxes:
+            signature[arg] = f"tensordesc<fp16[{', '.join(map(str, boxes[arg]))}]>"
+        elif arg.endswith("_ptr"):
+            signature[arg] = "*" + TYPES[dtypes[i]]
+        else:
+            value = bound.scalars[i - 5]
+            signature[arg] = "constexpr" if value == 1 else "i32"
+    constexprs = dict(options, **{arg: 1 for arg, kind in signature.items() if kind == "constexpr" and arg not in options})
+    label = f"turned.turned_kernel {options} {[TYPES[d] for d in dtypes]}"
+    try:
+        compiled = triton.compile(ASTSource(turned.turned_kernel, signature, constexprs),
+                                  target=GPUTarget("cuda", 90, 32), options=launch_options)
+        view = type("Compiled", (), dict(metadata=compiled.metadata, src=compiled.src, asm=compiled.asm, function=0))
+        if turned._DriverLaunch.of(view(), bound.grid, bound.scalars, dtypes[0], bound) is None:
+            raise RuntimeError("turned._DriverLaunch does not match the compiled kernel's parameters")
+        print("compiled turned.turned_kernel")
+    except Exception as error:
+        failed.append(label)
+        print("FAILED", label, type(error).__name__, str(error)[-2000:])
 sys.exit(1 if failed else 0)
 """
 
@@ -131,6 +169,7 @@ EXPECTED = {
     "tensor_scaled.fp16_operands_kernel": 2,  # TF32 mode's FP16_TENSOR_SCALED: held, read again
     "forward.conv_transpose3d_kernel": 5,  # float16, bfloat16, TF32 (FP16 scaled per tensor, and TF32), 3xTF32
     "tap_columns.tap_columns_kernel": 5,
+    "turned.turned_kernel": 2,  # float16, TF32 mode's FP16 scaled per tensor
     "tiled.tiled_kernel": 6,
     "tiled.prepare_operands_kernel": 2,  # TF32, 3xTF32: half precision reads its operands as given
     "tiled.prepare_scaled_operands_kernel": 1,  # TF32 mode's FP16_SCALED

@@ -20,8 +20,9 @@ multiply them in FP16 (PRECISION 0) and scale their sums back (SCALED).
 Accumulation is float32 always. On Hopper the kernel is launched as the pass's dependent (dependent_launch): its
 programs start while the pass's last ones run, and wait for the pass's writes before touching memory.
 
-tap_columns.py holds a second kernel on the same operands, with the taps along W as GEMM columns;
-conv_transpose3d_triton autotunes over the configs of both (candidates()).
+tap_columns.py holds a second kernel on the same operands, with the taps along W as GEMM columns, and turned.py a
+third (Hopper, FP16 operands), this one's GEMMs turned around on TMA loads; conv_transpose3d_triton autotunes
+over the configs of all that serve a layer (candidates()).
 """
 
 from __future__ import annotations
@@ -725,7 +726,8 @@ def conv_transpose3d_triton(input, weight, bias, plan: Plan, precision: int | No
     if main is None:
         device_index = out.device.index or 0
         chosen = config if config is not None else pick_config(
-            _best_config, key, candidates(plan),
+            _best_config, key, candidates(plan, _operand_dtype(input.dtype, precision),
+                                          None if interpreted() else device_index),
             lambda cfg: _main_launch(cfg, plan, precision, bias is not None, out.stride(), device_index)(pointers),
             input.device)
         main = _main_launch(chosen, plan, precision, bias is not None, out.stride(), device_index)
@@ -895,11 +897,15 @@ def _geometry(plan: Plan, block_m: int, block_co: int, block_ci: int, programs_p
     return (programs,), sizes, blocks, constexprs
 
 
-def candidates(plan: Plan) -> list[dict]:
-    """The tile configs to autotune among: this kernel's, then tap_columns' where it serves the layer."""
+def candidates(plan: Plan, operand_dtype: torch.dtype | None = None, device_index: int | None = None) -> list[dict]:
+    """The tile configs to autotune among: this kernel's, then tap_columns' where it serves the layer, then turned's
+    where it serves the layer on operands of operand_dtype (None: not asked) on CUDA device device_index (None: the
+    interpreter's)."""
     configs = _configs()
     if tap_columns.unsupported_reason(plan) is None:
         configs += tap_columns.configs(plan)
+    if operand_dtype is not None and turned.unsupported_reason(plan, operand_dtype, device_index) is None:
+        configs += turned.configs()
     return configs
 
 
@@ -913,6 +919,8 @@ def _main_launch(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, d
     """A config's launch for a layer, bound (launch.BoundLaunch): call it with (x, w, w_lo, bias, out)."""
     if cfg.get("KERNEL") == "tap_columns":
         return tap_columns.bind(cfg, plan, precision, has_bias, out_strides, device_index)
+    if cfg.get("KERNEL") == "turned":
+        return turned.bind(cfg, plan, precision, has_bias, out_strides, device_index)
     grid, sizes, blocks, constexprs = _geometry(plan, cfg["BLOCK_M"], cfg["BLOCK_CO"], cfg["BLOCK_CI"], cfg["PER_SM"],
                                                 device_index)
     return _kernel.bind(
@@ -959,7 +967,8 @@ def _autotune(launch, candidates, key):
     return candidates[best]
 
 
-# Last: tap_columns and tensor_scaled build on this module's device functions (mma, the phase arithmetic, the
+# Last: tap_columns, turned and tensor_scaled build on this module's device functions (mma, the phase arithmetic, the
 # rounding).
 from . import tap_columns  # noqa: E402
 from . import tensor_scaled  # noqa: E402
+from . import turned  # noqa: E402

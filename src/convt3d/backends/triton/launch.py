@@ -86,16 +86,16 @@ _INTEGER_TYPES = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c
 
 def _entry_parameter_bytes(ptx: str):
     """The sizes in bytes of the PTX kernel's parameters, in order; None unless it has one entry whose parameters
-    are all integers or pointers."""
+    are all integers, pointers or byte arrays (a TMA descriptor's tensor map: .align 64 .b8 name[128])."""
     entries = re.findall(r"\.entry\s+[\w$]+\s*\(([^)]*)\)", ptx)
     if len(entries) != 1:
         return None
     sizes = []
     for parameter in entries[0].split(","):
-        found = re.search(r"\.param\s+\.[bsu](8|16|32|64)\b", parameter)
+        found = re.search(r"\.param\s+(?:\.align\s+\d+\s+)?\.[bsu](8|16|32|64)\b[^\[]*(?:\[(\d+)\])?", parameter)
         if found is None:
             return None
-        sizes.append(int(found.group(1)) // 8)
+        sizes.append(int(found.group(1)) // 8 * int(found.group(2) or 1))
     return sizes
 
 
