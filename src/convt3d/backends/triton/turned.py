@@ -35,8 +35,7 @@ from ... import environment
 from ...plan import Plan
 from .. import current_cuda_device, driver
 from . import interpreted
-from .forward import (_axis_taps, _column_taps, _geometry, count_on, dependent_options, inverse_scales,
-                      mma_precision, wait_for_previous)
+from .forward import _axis_taps, _column_taps, _geometry, count_on, inverse_scales, mma_precision
 from .launch import _INTEGER_TYPES, _current_stream, _entry_parameter_bytes, _no_launch_hooks
 
 try:
@@ -87,7 +86,7 @@ def turned_kernel(
     P_D: tl.constexpr, P_H: tl.constexpr, P_W: tl.constexpr,
     DIL_D: tl.constexpr, DIL_H: tl.constexpr, DIL_W: tl.constexpr,
     STEP_D: tl.constexpr, STEP_H: tl.constexpr, STEP_W: tl.constexpr,
-    HAS_BIAS: tl.constexpr, SCALED: tl.constexpr, PDL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SCALED: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr, BLOCK_CI: tl.constexpr,
     CI_BLOCKS: tl.constexpr,
 ):
@@ -95,8 +94,6 @@ def turned_kernel(
     # as (taps x C_out, C_in), boxes [BLOCK_CO, BLOCK_CI]. SCALED: FP16 operands scaled per tensor (tensor_scaled.py),
     # w_lo_ptr pointing at their pass's sync words.
     BLOCK_P: tl.constexpr = BLOCK_R * BLOCK_Q
-    if PDL:
-        wait_for_previous()
     # The work item, as the general kernel orders them: output-channel blocks fastest.
     pid = tl.program_id(0)
     co0 = (pid % CO_BLOCKS) * BLOCK_CO
@@ -175,9 +172,12 @@ def bind(cfg, plan: Plan, precision: int, has_bias: bool, out_strides, device_in
     u_h_blocks, u_w_blocks, co_blocks, _, items = blocks
     names = ("S_D", "S_H", "S_W", "P_D", "P_H", "P_W", "DIL_D", "DIL_H", "DIL_W", "STEP_D", "STEP_H", "STEP_W",
              "BLOCK_R", "BLOCK_Q", "BLOCK_CO", "BLOCK_CI", "CI_BLOCKS")
+    # Launched after the operand pass has finished, not as its dependent (the general kernel's dependent_options): on an
+    # H100 the whole call of video_spatial_k144 took 0.0377 ms (median) in one process and 0.0311 in another as the
+    # pass's dependent, and 0.0307-0.0313 after it (benchmarks/diag_turned_calls.py, ninetieth session).
     options = (*((name, c[name]) for name in names), ("HAS_BIAS", has_bias),
-               ("SCALED", mma_precision(precision)[1][1]), *dependent_options(device_index),
-               ("num_warps", cfg["num_warps"]), ("num_stages", cfg["num_stages"]))
+               ("SCALED", mma_precision(precision)[1][1]), ("num_warps", cfg["num_warps"]),
+               ("num_stages", cfg["num_stages"]))
     return _bound(items, sizes[1:], tuple(out_strides), (u_h_blocks, u_w_blocks, co_blocks), options, plan.batch,
                   plan.in_channels, plan.input_spatial, plan.kernel_size)
 
