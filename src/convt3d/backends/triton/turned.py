@@ -15,10 +15,13 @@ this kernel's cold-L2 means up to 0.055 ms above its fastest calls (benchmarks/R
 Here the maps are encoded once per operand address (cuTensorMapEncodeTiled, as Triton's launcher encodes them) and
 the compiled kernel is launched by the driver (driver.Launch), its parameters packed as Triton passes a descriptor
 (the map, then the shape as i32 and the strides as i64), checked against the PTX's parameter list. Where they do not
-match (another Triton's layout), Triton's launcher serves. Measured so on an H100 (benchmarks/diag_wide_n.py,
-ninetieth session; float16 operands, the kernel alone, best config by the cold-L2 mean): 6-9% under the general
-kernel on vae_k4s2p1, video_spatial_k144 and video_k3s2p1op1, 27% on wide_256to128_k3s2, even on k3s1p1, its means
-within 0.002 ms of its fastest calls.
+match (another Triton's layout), and under CONVT3D_DRIVER_LAUNCH=0, Triton's launcher serves. It is launched after
+the operand pass, not as its dependent (bind says why).
+
+Measured on an H100 (ninetieth session, `python3 -m convt3d bench --sweep --layers ...` with CONVT3D_TURNED=0 and
+without, TF32 mode), the whole call's median time with it against without: 12% less on vae_k4s2p1, 7% less on
+video_spatial_k144, 16% less on wide_256to128_k3s2 (against tap_columns), 10% less on vae_k4s2p1_fp16, 1% more on
+k3s1p1. Not yet measured on the H200.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from ...plan import Plan
 from .. import current_cuda_device, driver
 from . import interpreted
 from .forward import _axis_taps, _column_taps, _geometry, count_on, inverse_scales, mma_precision
+from . import launch
 from .launch import _INTEGER_TYPES, _current_stream, _entry_parameter_bytes, _no_launch_hooks
 
 try:
@@ -218,7 +222,8 @@ class TurnedLaunch:
         key = (device, *[(t.dtype, address % 16 == 0) for t, address in zip(pointers, addresses)])
         if key not in self._compiled:
             compiled = self._through_triton(*pointers)
-            self._compiled[key] = _DriverLaunch.of(compiled, self.grid, self.scalars, pointers[0].dtype, self)
+            self._compiled[key] = (_DriverLaunch.of(compiled, self.grid, self.scalars, pointers[0].dtype, self)
+                                   if launch.DRIVER_LAUNCH else None)
             return
         by_driver = self._compiled[key]
         if by_driver is not None and _no_launch_hooks():
@@ -255,7 +260,7 @@ class _DriverLaunch:
     a call writes the pointers and, where x or w moved, encodes their maps again."""
 
     @classmethod
-    def of(cls, compiled, grid, scalars, dtype, launch: TurnedLaunch):
+    def of(cls, compiled, grid, scalars, dtype, bound: TurnedLaunch):
         """The driver's launch of compiled, or None where its parameters are not as packed here or it asks for what
         this launch does not give (scratch memory, clusters)."""
         try:
@@ -268,16 +273,16 @@ class _DriverLaunch:
                 or getattr(metadata, "global_scratch_size", 0) or getattr(metadata, "profile_scratch_size", 0)
                 or dtype not in _TENSOR_MAP_TYPES or any(m.get("fp4_padded") or m.get("is_im2col") for m in maps)):
             return None
-        by_driver = cls(function, grid, metadata, signature, scalars, dtype, launch, maps)
+        by_driver = cls(function, grid, metadata, signature, scalars, dtype, bound, maps)
         return by_driver if by_driver.sizes == sizes else None
 
-    def __init__(self, function, grid, metadata, signature, scalars, dtype, launch, maps):
+    def __init__(self, function, grid, metadata, signature, scalars, dtype, bound, maps):
         self.lock = threading.Lock()
         self.maps = []  # per descriptor: (its 128 bytes in place, buffer, shape, box, swizzle, address encoded)
         self.pointers = [ctypes.c_uint64(0) for _ in range(3)]
         values = []
         kinds = list(signature.values())
-        for shape, meta in zip((launch.x_shape, launch.w_shape), maps):
+        for shape, meta in zip((bound.x_shape, bound.w_shape), maps):
             holder = (ctypes.c_uint8 * 192)()
             at = (ctypes.addressof(holder) + 63) // 64 * 64  # (a CUtensorMap is 64-byte aligned)
             self.maps.append([(ctypes.c_uint8 * 128).from_address(at), holder, shape, list(meta["block_size"]),
