@@ -278,7 +278,7 @@ class _DriverLaunch:
 
     def __init__(self, function, grid, metadata, signature, scalars, dtype, bound, maps):
         self.lock = threading.Lock()
-        self.maps = []  # per descriptor: (its 128 bytes in place, buffer, shape, box, swizzle, address encoded)
+        self.maps = []  # per descriptor: [its 128 bytes in place, their buffer, shape, box, swizzle, address encoded]
         self.pointers = [ctypes.c_uint64(0) for _ in range(3)]
         values = []
         kinds = list(signature.values())
@@ -291,7 +291,7 @@ class _DriverLaunch:
                        *(ctypes.c_int64(v) for v in _contiguous_strides(shape))]
         values += self.pointers
         for kind, value in zip(kinds[5:], scalars):
-            if kind != "constexpr":  # (integers equal to 1 are)
+            if kind != "constexpr":  # (Triton makes integers equal to 1 constexpr)
                 values.append(_INTEGER_TYPES.get(kind, ctypes.c_void_p)(value))
         values += [ctypes.c_uint64(0) for _ in range(1 + hasattr(metadata, "profile_scratch_size"))]
         # The parameters' sizes as packed, for of() to check against the PTX's (a kind not known here: none).
