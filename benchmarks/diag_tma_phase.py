@@ -32,51 +32,13 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from convt3d.backends.triton import NATIVE, forward
-from convt3d.backends.triton.forward import _axis_taps, _column_taps, count_on
+from convt3d.backends.triton.forward import _column_taps, count_on
+from convt3d.backends.triton.turned import program_block
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.report import markdown_table
 from convt3d.plan import make_plan
 
 SWEEP = pathlib.Path(__file__).with_name("sweep.json")
-
-
-@triton.jit
-def program_block(
-    y_ptr, b_ptr, COUT, D, H, OD, OH, KD, KH, syn, syd, U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS,
-    S_D: tl.constexpr, S_H: tl.constexpr, P_D: tl.constexpr, P_H: tl.constexpr, DIL_D: tl.constexpr,
-    DIL_H: tl.constexpr, STEP_D: tl.constexpr, STEP_H: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr,
-):
-    """This program's block, as the library's general kernel (forward.py) takes its work item: the sample n, the row
-    phase v_h, the output channels co0 + [0, BLOCK_CO) (co, co_ok), the output's base at (n, od), the bias, the depth
-    and height tap ranges (forward._axis_taps), and the block's first row u_h0 and column u_w0."""
-    pid = tl.program_id(0)
-    co_block = pid % CO_BLOCKS
-    pid = pid // CO_BLOCKS
-    uw_block = pid % U_W_BLOCKS
-    pid = pid // U_W_BLOCKS
-    uh_block = pid % U_H_BLOCKS
-    pid = pid // U_H_BLOCKS
-    v_h = pid % S_H
-    pid = pid // S_H
-    od = pid % OD
-    n = pid // OD
-    co0 = co_block * BLOCK_CO
-    co = co0 + tl.arange(0, BLOCK_CO)
-    co_ok = co < COUT
-    y_base = y_ptr + n.to(tl.int64) * syn + od.to(tl.int64) * syd
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + co, mask=co_ok, other=0.0).to(tl.float32)
-    else:
-        bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
-    base_d, m0_d, t0_d, jd_lo, jd_hi = _axis_taps(od % S_D, od // S_D, od // S_D, D, KD, S_D, P_D, DIL_D, STEP_D)
-    q_d = od // S_D + base_d
-    u_h0 = uh_block * BLOCK_R
-    u_h_end = tl.minimum(u_h0 + BLOCK_R, (OH - v_h + S_H - 1) // S_H)
-    base_h, m0_h, t0_h, jh_lo, jh_hi = _axis_taps(v_h, u_h0, u_h_end - 1, H, KH, S_H, P_H, DIL_H, STEP_H)
-    u_w0 = uw_block * BLOCK_Q
-    return (n, v_h, co0, co, co_ok, y_base, bias, q_d, m0_d, t0_d, jd_lo, jd_hi, u_h0, base_h, m0_h, t0_h, jh_lo,
-            jh_hi, u_w0)
 
 
 @triton.jit

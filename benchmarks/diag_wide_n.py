@@ -11,7 +11,7 @@ loads through host-side descriptors, the input as a box as in diag_tma_phase.py 
 the input come back as zeros); the same through tensor maps the kernel makes; and as the library's masked pointer
 loads. A fourth form launches the first through the driver with its tensor maps encoded once (driver_launch), as the
 library's launches at addresses would; Triton's launcher encodes them on every launch. Everything else (work items
-and tap ranges: diag_tma_phase.program_block) is diag_tma_phase.py's, which is the library's.
+and tap ranges: the library's turned.program_block) is diag_tma_phase.py's, which is the library's.
 
 Half precision (the operands as the library's pass leaves them for float16): the kernel alone, cold-L2 mean / minimum
 and queued mean, against the library's general kernel on the same operands; each output NaN-filled first, checked
@@ -27,7 +27,6 @@ import argparse
 import ctypes
 import functools
 import json
-import re
 import sys
 
 import torch
@@ -38,9 +37,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from convt3d.backends import driver
 from convt3d.backends.triton import NATIVE, forward
 from convt3d.backends.triton.forward import _column_taps, count_on
+from convt3d.backends.triton.launch import _INTEGER_TYPES, _entry_parameter_bytes, _launches_plainly, _scratch_pointers
 from convt3d.bench.protocol import relative_error, time_cuda
 from convt3d.bench.report import markdown_table
-from diag_tma_phase import SWEEP, layer_tensors, program_block
+from convt3d.backends.triton.turned import _TensorMap, program_block
+from diag_tma_phase import SWEEP, layer_tensors
 
 # How the turned kernel loads its tiles (its TILES), and their names in the tables. "by the driver" is the host TMA
 # kernel launched with tensor maps encoded once (driver_launch), on a GPU only.
@@ -164,49 +165,6 @@ def wide_n_launch(cfg, plan, x_op, w_op, bias, out, tiles=HOST_TMA.value):
     return lambda: wide_n_kernel[grid](*args, **options)
 
 
-# CUtensorMapDataType's FLOAT16, and CUtensorMapL2promotion's 128B (what Triton's own encoding asks for).
-_TENSOR_MAP_FLOAT16, _L2_PROMOTION_128B = 6, 2
-_PTX_PARAMETER = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.[bsu](8|16|32|64)\b[^\[]*(?:\[(\d+)\])?")
-
-
-def ptx_parameter_bytes(ptx: str):
-    """The sizes in bytes of the PTX kernel's parameters, in order (a tensor map: .b8 name[128]); None unless it has
-    one entry and every parameter reads as such."""
-    entries = re.findall(r"\.entry\s+[\w$]+\s*\(([^)]*)\)", ptx)
-    if len(entries) != 1:
-        return None
-    sizes = []
-    for parameter in entries[0].split(","):
-        found = _PTX_PARAMETER.search(parameter)
-        if found is None:
-            return None
-        sizes.append(int(found.group(1)) // 8 * int(found.group(2) or 1))
-    return sizes
-
-
-def encode_tensor_map(tensor, block, swizzle):
-    """A float16 tensor's tiled tensor map as Triton's launcher encodes it for a host-side descriptor (boxes of block,
-    the compiled kernel's swizzle, zeros outside the tensor): (its 128 bytes as a ctypes value, the buffer holding
-    them, which must outlive the value)."""
-    rank, element = tensor.dim(), tensor.element_size()
-    sizes = (ctypes.c_uint64 * rank)(*reversed(tensor.shape))
-    strides = (ctypes.c_uint64 * rank)(*[element * stride for stride in reversed(tensor.stride()[:-1])], 0)
-    box = (ctypes.c_uint32 * rank)(*reversed(block))
-    ones = (ctypes.c_uint32 * rank)(*([1] * rank))
-    holder = (ctypes.c_uint8 * 192)()
-    address = (ctypes.addressof(holder) + 63) // 64 * 64  # (a CUtensorMap is 64-byte aligned)
-    result = driver.libcuda().cuTensorMapEncodeTiled(
-        ctypes.c_void_p(address), ctypes.c_int(_TENSOR_MAP_FLOAT16), ctypes.c_uint32(rank),
-        ctypes.c_void_p(tensor.data_ptr()), sizes, strides, box, ones, ctypes.c_int(0), ctypes.c_int(swizzle),
-        ctypes.c_int(_L2_PROMOTION_128B), ctypes.c_int(0))
-    if result:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: {result}")
-    return (ctypes.c_uint8 * 128).from_address(address), holder
-
-
-_SCALAR_TYPES = {"i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64}
-
-
 def driver_launch(cfg, plan, x_op, w_op, bias, out):
     """The host TMA form's launch through the driver (convt3d's driver.Launch) with its tensor maps encoded once,
     as the library's launches at addresses would keep them: Triton's launcher (the other TMA form) encodes them on
@@ -219,8 +177,7 @@ def driver_launch(cfg, plan, x_op, w_op, bias, out):
     compiled = wide_n_kernel[grid](*args, **options)
     metadata = compiled.metadata
     descriptor_metadata = getattr(metadata, "tensordesc_meta", None)
-    if not descriptor_metadata or getattr(metadata, "global_scratch_size", 0) or getattr(
-            metadata, "profile_scratch_size", 0) or getattr(metadata, "num_ctas", 1) != 1:
+    if not descriptor_metadata or not _launches_plainly(metadata):
         return "no descriptor metadata, or scratch memory or clusters asked for"
     values, keep = [], []
     descriptors = iter(descriptor_metadata)
@@ -233,18 +190,20 @@ def driver_launch(cfg, plan, x_op, w_op, bias, out):
             meta = next(descriptors)
             if meta.get("elem_size") != 2 or meta.get("fp4_padded") or meta.get("is_im2col"):
                 return f"{name}: not a plain float16 descriptor"
-            tensor_map, holder = encode_tensor_map(value.base, meta["block_size"], meta["swizzle"])
-            keep.append(holder)
-            values += [tensor_map, *(ctypes.c_int32(v) for v in value.shape),
+            tensor_map = _TensorMap(list(value.base.shape), list(value.base.stride()), meta["block_size"],
+                                    meta["swizzle"], value.base.dtype)
+            tensor_map.encode(value.base.data_ptr())
+            keep.append(tensor_map)
+            values += [tensor_map.value, *(ctypes.c_int32(v) for v in value.shape),
                        *(ctypes.c_int64(v) for v in value.strides)]
         elif kind.startswith("*"):
             values.append(ctypes.c_uint64(value.data_ptr()))
-        elif kind in _SCALAR_TYPES:
-            values.append(_SCALAR_TYPES[kind](value))
+        elif kind in _INTEGER_TYPES:
+            values.append(_INTEGER_TYPES[kind](value))
         else:
             return f"{name}: argument type {kind}"
-    values += [ctypes.c_uint64(0) for _ in range(1 + hasattr(metadata, "profile_scratch_size"))]
-    sizes = ptx_parameter_bytes(compiled.asm["ptx"])
+    values += _scratch_pointers(metadata)
+    sizes = _entry_parameter_bytes(compiled.asm["ptx"])
     if sizes != [ctypes.sizeof(v) for v in values]:
         return f"parameters {sizes} against packed {[ctypes.sizeof(v) for v in values]}"
     launch = driver.Launch(compiled.function, grid, 32 * metadata.num_warps, metadata.shared, 0, values,

@@ -99,6 +99,19 @@ def _entry_parameter_bytes(ptx: str):
     return sizes
 
 
+def _launches_plainly(metadata) -> bool:
+    """Whether a compiled kernel asks for nothing that a launch by the driver here leaves out: no cluster of programs,
+    no scratch memory."""
+    return (getattr(metadata, "num_ctas", 1) == 1 and not getattr(metadata, "global_scratch_size", 0)
+            and not getattr(metadata, "profile_scratch_size", 0))
+
+
+def _scratch_pointers(metadata) -> list:
+    """The null scratch pointers that Triton passes after a kernel's arguments: the global one and, from Triton 3.5 on,
+    the profile's."""
+    return [ctypes.c_uint64(0) for _ in range(1 + hasattr(metadata, "profile_scratch_size"))]
+
+
 def _driver_launch(compiled, grid3, pointers: int, scalars):
     """The compiled kernel's launch through the driver (driver.Launch), its scalars packed once, as a function of
     (stream, *addresses); None where its parameters are not as expected, then Triton's launcher serves. Triton passes
@@ -114,8 +127,7 @@ def _driver_launch(compiled, grid3, pointers: int, scalars):
         sizes = _entry_parameter_bytes(compiled.asm["ptx"])
     except Exception:  # noqa: BLE001 (another Triton's compiled kernel: its own launcher serves)
         return None
-    if (sizes is None or len(types) != len(scalars) or getattr(metadata, "num_ctas", 1) != 1
-            or getattr(metadata, "global_scratch_size", 0) or getattr(metadata, "profile_scratch_size", 0)):
+    if sizes is None or len(types) != len(scalars) or not _launches_plainly(metadata):
         return None
     values = []
     for kind, value in zip(types, scalars):
@@ -123,12 +135,12 @@ def _driver_launch(compiled, grid3, pointers: int, scalars):
             if kind not in _INTEGER_TYPES:
                 return None
             values.append(_INTEGER_TYPES[kind](value))
-    scratch = 1 + hasattr(metadata, "profile_scratch_size")  # (the profile's: Triton 3.5 and later)
-    if (len(sizes) != pointers + len(values) + scratch
-            or any(size != 8 for size in sizes[:pointers] + sizes[-scratch:])
+    scratch = _scratch_pointers(metadata)
+    if (len(sizes) != pointers + len(values) + len(scratch)
+            or any(size != 8 for size in sizes[:pointers] + sizes[-len(scratch):])
             or sizes[pointers:pointers + len(values)] != [ctypes.sizeof(v) for v in values]):
         return None
-    values += [ctypes.c_uint64(0) for _ in range(scratch)]
+    values += scratch
     return driver.Launch(function, grid3, 32 * metadata.num_warps, metadata.shared, pointers, values,
                          dependent=bool(getattr(metadata, "launch_pdl", False)),
                          cooperative=bool(getattr(metadata, "launch_cooperative_grid", False)))

@@ -40,7 +40,8 @@ from .. import current_cuda_device, driver
 from . import interpreted
 from .forward import _axis_taps, _column_taps, _geometry, count_on, inverse_scales, mma_precision
 from . import launch
-from .launch import _INTEGER_TYPES, _current_stream, _entry_parameter_bytes, _no_launch_hooks
+from .launch import (_INTEGER_TYPES, _current_stream, _entry_parameter_bytes, _launches_plainly, _no_launch_hooks,
+                     _scratch_pointers)
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -81,6 +82,45 @@ def configs() -> list[dict]:
 
 
 @triton.jit
+def program_block(
+    y_ptr, b_ptr, COUT, D, H, OD, OH, KD, KH, syn, syd, U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS,
+    S_D: tl.constexpr, S_H: tl.constexpr, P_D: tl.constexpr, P_H: tl.constexpr, DIL_D: tl.constexpr,
+    DIL_H: tl.constexpr, STEP_D: tl.constexpr, STEP_H: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_CO: tl.constexpr,
+):
+    """This program's block, as the library's general kernel (forward.py) takes its work item: the sample n, the row
+    phase v_h, the output channels co0 + [0, BLOCK_CO) (co, co_ok), the output's base at (n, od), the bias, the depth
+    and height tap ranges (forward._axis_taps), and the block's first row u_h0 and column u_w0."""
+    pid = tl.program_id(0)
+    co_block = pid % CO_BLOCKS
+    pid = pid // CO_BLOCKS
+    uw_block = pid % U_W_BLOCKS
+    pid = pid // U_W_BLOCKS
+    uh_block = pid % U_H_BLOCKS
+    pid = pid // U_H_BLOCKS
+    v_h = pid % S_H
+    pid = pid // S_H
+    od = pid % OD
+    n = pid // OD
+    co0 = co_block * BLOCK_CO
+    co = co0 + tl.arange(0, BLOCK_CO)
+    co_ok = co < COUT
+    y_base = y_ptr + n.to(tl.int64) * syn + od.to(tl.int64) * syd
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + co, mask=co_ok, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
+    base_d, m0_d, t0_d, jd_lo, jd_hi = _axis_taps(od % S_D, od // S_D, od // S_D, D, KD, S_D, P_D, DIL_D, STEP_D)
+    q_d = od // S_D + base_d
+    u_h0 = uh_block * BLOCK_R
+    u_h_end = tl.minimum(u_h0 + BLOCK_R, (OH - v_h + S_H - 1) // S_H)
+    base_h, m0_h, t0_h, jh_lo, jh_hi = _axis_taps(v_h, u_h0, u_h_end - 1, H, KH, S_H, P_H, DIL_H, STEP_H)
+    u_w0 = uw_block * BLOCK_Q
+    return (n, v_h, co0, co, co_ok, y_base, bias, q_d, m0_d, t0_d, jd_lo, jd_hi, u_h0, base_h, m0_h, t0_h, jh_lo,
+            jh_hi, u_w0)
+
+
+@triton.jit
 def turned_kernel(
     x_desc, w_desc, w_lo_ptr, b_ptr, y_ptr,
     COUT, D, H, W, OD, OH, OW, KD, KH, KW,
@@ -98,33 +138,12 @@ def turned_kernel(
     # as (taps x C_out, C_in), boxes [BLOCK_CO, BLOCK_CI]. SCALED: FP16 operands scaled per tensor (tensor_scaled.py),
     # w_lo_ptr pointing at their pass's sync words.
     BLOCK_P: tl.constexpr = BLOCK_R * BLOCK_Q
-    # The work item, as the general kernel orders them: output-channel blocks fastest.
-    pid = tl.program_id(0)
-    co0 = (pid % CO_BLOCKS) * BLOCK_CO
-    pid = pid // CO_BLOCKS
-    u_w0 = (pid % U_W_BLOCKS) * BLOCK_Q
-    pid = pid // U_W_BLOCKS
-    u_h0 = (pid % U_H_BLOCKS) * BLOCK_R
-    pid = pid // U_H_BLOCKS
-    v_h = pid % S_H
-    pid = pid // S_H
-    od = pid % OD
-    n = pid // OD
-    co = co0 + tl.arange(0, BLOCK_CO)
-    co_ok = co < COUT
-    y_base = y_ptr + n.to(tl.int64) * syn + od.to(tl.int64) * syd
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + co, mask=co_ok, other=0.0).to(tl.float32)
-    else:
-        bias = tl.zeros([BLOCK_CO], dtype=tl.float32)
-    # Depth: one output plane od = S_D * u_d + v_d, compact index q_d; height: the block's rows oh = S_H * u_h + v_h.
+    (n, v_h, co0, co, co_ok, y_base, bias, q_d, m0_d, t0_d, jd_lo, jd_hi, u_h0, base_h, m0_h, t0_h, jh_lo, jh_hi,
+     u_w0) = program_block(y_ptr, b_ptr, COUT, D, H, OD, OH, KD, KH, syn, syd, U_H_BLOCKS, U_W_BLOCKS, CO_BLOCKS, S_D,
+                           S_H, P_D, P_H, DIL_D, DIL_H, STEP_D, STEP_H, HAS_BIAS, BLOCK_R, BLOCK_Q, BLOCK_CO)
     M_STEP_D: tl.constexpr = STEP_D * DIL_D // S_D
     M_STEP_H: tl.constexpr = STEP_H * DIL_H // S_H
     M_STEP_W: tl.constexpr = STEP_W * DIL_W // S_W
-    base_d, m0_d, t0_d, jd_lo, jd_hi = _axis_taps(od % S_D, od // S_D, od // S_D, D, KD, S_D, P_D, DIL_D, STEP_D)
-    q_d = od // S_D + base_d
-    u_h_end = tl.minimum(u_h0 + BLOCK_R, (OH - v_h + S_H - 1) // S_H)  # one past the block's last row
-    base_h, m0_h, t0_h, jh_lo, jh_hi = _axis_taps(v_h, u_h0, u_h_end - 1, H, KH, S_H, P_H, DIL_H, STEP_H)
     p = tl.arange(0, BLOCK_P)
     oh = S_H * (u_h0 + p // BLOCK_Q) + v_h
     u_w = u_w0 + p % BLOCK_Q
@@ -202,13 +221,14 @@ class TurnedLaunch:
     def __init__(self, items: int, scalars, options, x_shape, w_shape):
         self.grid, self.scalars, self.options = (items,), scalars, dict(options)
         self.x_shape, self.w_shape = x_shape, w_shape
+        self.x_strides, self.w_strides = _contiguous_strides(x_shape), _contiguous_strides(w_shape)
         self.x_box = [1, 1, self.options["BLOCK_R"], self.options["BLOCK_Q"], self.options["BLOCK_CI"]]
         self.w_box = [self.options["BLOCK_CO"], self.options["BLOCK_CI"]]
         self._compiled = {}
 
     def _descriptors(self, x, w):
-        return (TensorDescriptor(x, list(self.x_shape), _contiguous_strides(self.x_shape), self.x_box),
-                TensorDescriptor(w, list(self.w_shape), _contiguous_strides(self.w_shape), self.w_box))
+        return (TensorDescriptor(x, list(self.x_shape), self.x_strides, self.x_box),
+                TensorDescriptor(w, list(self.w_shape), self.w_strides, self.w_box))
 
     def _through_triton(self, x, w, w_lo, bias, out):
         return turned_kernel[self.grid](*self._descriptors(x, w), w_lo, bias, out, *self.scalars, **self.options)
@@ -253,6 +273,31 @@ _TENSOR_MAP_TYPES = {torch.float16: 6}
 _L2_PROMOTION_128B = 2
 
 
+class _TensorMap:
+    """A descriptor's tensor map (CUtensorMap, 128 bytes) in place among a launch's parameters, for a contiguous tensor
+    of this shape and dtype in boxes of box, encoded as Triton's launcher encodes it (zeros outside the tensor) for the
+    address it was last encoded for."""
+
+    def __init__(self, shape, strides, box, swizzle: int, dtype: torch.dtype):
+        self.holder = (ctypes.c_uint8 * 192)()
+        at = (ctypes.addressof(self.holder) + 63) // 64 * 64  # (a CUtensorMap is 64-byte aligned)
+        self.value = (ctypes.c_uint8 * 128).from_address(at)
+        self.shape, self.strides, self.box, self.swizzle, self.dtype = shape, strides, list(box), swizzle, dtype
+        self.address = None
+
+    def encode(self, address: int) -> None:
+        rank = len(self.shape)
+        result = driver.libcuda().cuTensorMapEncodeTiled(
+            ctypes.c_void_p(ctypes.addressof(self.value)), ctypes.c_int(_TENSOR_MAP_TYPES[self.dtype]),
+            ctypes.c_uint32(rank), ctypes.c_void_p(address), (ctypes.c_uint64 * rank)(*reversed(self.shape)),
+            (ctypes.c_uint64 * rank)(*[self.dtype.itemsize * s for s in reversed(self.strides[:-1])], 0),
+            (ctypes.c_uint32 * rank)(*reversed(self.box)), (ctypes.c_uint32 * rank)(*([1] * rank)), ctypes.c_int(0),
+            ctypes.c_int(self.swizzle), ctypes.c_int(_L2_PROMOTION_128B), ctypes.c_int(0))
+        if result:
+            raise RuntimeError(f"convt3d: cuTensorMapEncodeTiled failed ({result})")
+        self.address = address
+
+
 class _DriverLaunch:
     """turned_kernel's compiled launch through the driver: a function of (stream, x, w, w_lo, bias, out addresses).
     Its parameters are packed once: each descriptor as Triton packs one (its tensor map, 128 bytes, then its shape as
@@ -269,8 +314,7 @@ class _DriverLaunch:
         except Exception:  # noqa: BLE001 (another Triton's compiled kernel: its own launcher serves)
             return None
         maps = getattr(metadata, "tensordesc_meta", None)
-        if (not maps or len(maps) != 2 or sizes is None or getattr(metadata, "num_ctas", 1) != 1
-                or getattr(metadata, "global_scratch_size", 0) or getattr(metadata, "profile_scratch_size", 0)
+        if (not maps or len(maps) != 2 or sizes is None or not _launches_plainly(metadata)
                 or dtype not in _TENSOR_MAP_TYPES or any(m.get("fp4_padded") or m.get("is_im2col") for m in maps)):
             return None
         by_driver = cls(function, grid, metadata, signature, scalars, dtype, bound, maps)
@@ -278,49 +322,30 @@ class _DriverLaunch:
 
     def __init__(self, function, grid, metadata, signature, scalars, dtype, bound, maps):
         self.lock = threading.Lock()
-        self.maps = []  # per descriptor: [its 128 bytes in place, their buffer, shape, box, swizzle, address encoded]
+        self.maps = []
         self.pointers = [ctypes.c_uint64(0) for _ in range(3)]
         values = []
         kinds = list(signature.values())
-        for shape, meta in zip((bound.x_shape, bound.w_shape), maps):
-            holder = (ctypes.c_uint8 * 192)()
-            at = (ctypes.addressof(holder) + 63) // 64 * 64  # (a CUtensorMap is 64-byte aligned)
-            self.maps.append([(ctypes.c_uint8 * 128).from_address(at), holder, shape, list(meta["block_size"]),
-                              meta["swizzle"], None])
-            values += [self.maps[-1][0], *(ctypes.c_int32(v) for v in shape),
-                       *(ctypes.c_int64(v) for v in _contiguous_strides(shape))]
+        for shape, strides, meta in zip((bound.x_shape, bound.w_shape), (bound.x_strides, bound.w_strides), maps):
+            self.maps.append(_TensorMap(shape, strides, meta["block_size"], meta["swizzle"], dtype))
+            values += [self.maps[-1].value, *(ctypes.c_int32(v) for v in shape), *(ctypes.c_int64(v) for v in strides)]
         values += self.pointers
         for kind, value in zip(kinds[5:], scalars):
             if kind != "constexpr":  # (Triton makes integers equal to 1 constexpr)
                 values.append(_INTEGER_TYPES.get(kind, ctypes.c_void_p)(value))
-        values += [ctypes.c_uint64(0) for _ in range(1 + hasattr(metadata, "profile_scratch_size"))]
+        values += _scratch_pointers(metadata)
         # The parameters' sizes as packed, for of() to check against the PTX's (a kind not known here: none).
         known = all(k.startswith("tensordesc") for k in kinds[:2]) and all(
             k in _INTEGER_TYPES or k == "constexpr" for k in kinds[5:])
         self.sizes = [ctypes.sizeof(v) for v in values] if known else None
-        self.dtype = dtype
         self.launch = driver.Launch(function, grid, 32 * metadata.num_warps, metadata.shared, 0, values,
                                     dependent=bool(getattr(metadata, "launch_pdl", False)))
 
-    def _encode(self, entry, address: int) -> None:
-        value, _, shape, box, swizzle, _ = entry
-        rank, item = len(shape), torch.empty((), dtype=self.dtype).element_size()
-        strides = _contiguous_strides(shape)
-        result = driver.libcuda().cuTensorMapEncodeTiled(
-            ctypes.c_void_p(ctypes.addressof(value)), ctypes.c_int(_TENSOR_MAP_TYPES[self.dtype]),
-            ctypes.c_uint32(rank), ctypes.c_void_p(address), (ctypes.c_uint64 * rank)(*reversed(shape)),
-            (ctypes.c_uint64 * rank)(*[item * s for s in reversed(strides[:-1])], 0),
-            (ctypes.c_uint32 * rank)(*reversed(box)), (ctypes.c_uint32 * rank)(*([1] * rank)), ctypes.c_int(0),
-            ctypes.c_int(swizzle), ctypes.c_int(_L2_PROMOTION_128B), ctypes.c_int(0))
-        if result:
-            raise RuntimeError(f"convt3d: cuTensorMapEncodeTiled failed ({result})")
-        entry[5] = address
-
     def __call__(self, stream: int, x: int, w: int, w_lo: int, bias: int, out: int) -> None:
         with self.lock:  # (the maps and pointers are read by the driver during the launch)
-            for entry, address in zip(self.maps, (x, w)):
-                if entry[5] != address:
-                    self._encode(entry, address)
+            for tensor_map, address in zip(self.maps, (x, w)):
+                if tensor_map.address != address:
+                    tensor_map.encode(address)
             for slot, address in zip(self.pointers, (w_lo, bias, out)):
                 slot.value = address
             self.launch(stream)
