@@ -114,16 +114,25 @@ region_pattern(float* __restrict__ out, int QD, int QH, int qh_blocks, long long
 #endif
         const int k = PATTERN != 0 ? region_planes - 1 : (s - own) / COB, c = (s - own) % COB;
         const int d = STRIDE_D * qd + (k == region_planes - 1 ? LATTICE_D : k + (k >= LATTICE_D));
-        float* const at = block + c * syc + d * syd + row0 * syh;
-        if (k == region_planes - 1 || !EVICT_FIRST) fill_run<false>(at, region_rows * OUT_W, 0.f, lane);
-        else fill_run<true>(at, region_rows * OUT_W, 0.f, lane);
+        // ALIGN > 1: the segment's ends moved up to whole ALIGN-float units of the output (a segment's first unit
+        // shared with the segment before is that one's), so that no 32-byte sector (ALIGN 8) or 128-byte line (32)
+        // has two writers.
+        const long long nominal = block + c * syc + d * syd + row0 * syh - out;
+        const long long from = (nominal + ALIGN - 1) / ALIGN * ALIGN;
+        const long long to = min((nominal + region_rows * OUT_W + ALIGN - 1) / ALIGN * ALIGN, total);
+        float* const at = out + from;
+        if (k == region_planes - 1 || !EVICT_FIRST) fill_run<false>(at, (int)(to - from), 0.f, lane);
+        else fill_run<true>(at, (int)(to - from), 0.f, lane);
     }
 #endif
 }
 """
-# (name, programs a multiprocessor, shared memory reserved, evict-first stores off the lattice plane, PATTERN)
+# (name, programs a multiprocessor, shared memory reserved, evict-first stores off the lattice plane, PATTERN[,
+# ALIGN])
 FORMS = (
     ("region pattern, 3 a multiprocessor", 3, True, True, 0),
+    ("region pattern, segments in whole sectors, 3 a multiprocessor", 3, True, True, 0, 8),
+    ("region pattern, segments in whole lines, 3 a multiprocessor", 3, True, True, 0, 32),
     ("whole planes, 3 a multiprocessor", 3, True, True, 1),
     ("contiguous, 3 a multiprocessor", 3, True, True, 2),
     ("contiguous, 16 a multiprocessor", 16, False, True, 2),
@@ -132,10 +141,10 @@ FORMS = (
 )
 
 
-def source(min_blocks: int, streamed: bool, pattern: int) -> str:
+def source(min_blocks: int, streamed: bool, pattern: int, align: int = 1) -> str:
     (_, c_out, out_d, out_h, out_w) = OUT_SHAPE
     defines = dict(C_OUT=c_out, ROWS=row_runs.ROWS, OUT_D=out_d, OUT_H=out_h, OUT_W=out_w, STRIDE_D=2, STRIDE_H=2,
-                   LATTICE_D=1, MIN_BLOCKS=min_blocks, EVICT_FIRST=int(streamed), PATTERN=pattern)
+                   LATTICE_D=1, MIN_BLOCKS=min_blocks, EVICT_FIRST=int(streamed), PATTERN=pattern, ALIGN=align)
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + row_runs.REGION_HELPERS + SOURCE
 
 
@@ -146,8 +155,8 @@ def correlation_shared_bytes() -> int:
 
 def registers() -> None:
     from test_cuda_compile import registers_and_spills
-    for name, blocks, _, streamed, pattern in FORMS:
-        print(f"{name}: (registers, spilled bytes) {registers_and_spills(source(blocks, streamed, pattern))}")
+    for name, blocks, _, streamed, *pattern in FORMS:
+        print(f"{name}: (registers, spilled bytes) {registers_and_spills(source(blocks, streamed, *pattern))}")
 
 
 def main():
@@ -155,6 +164,7 @@ def main():
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--registers", action="store_true", help="only ptxas's report, on a CPU with NVRTC")
+    parser.add_argument("--forms", default="", help="only the forms whose names hold one of these comma-separated words")
     args = parser.parse_args()
     if args.registers:
         registers()
@@ -168,8 +178,11 @@ def main():
     programs = OUT_SHAPE[0] * qd * qh_blocks * (OUT_SHAPE[1] // 64)
     stream = torch.cuda.current_stream().cuda_stream
     forms = []
-    for name, blocks, reserve, streamed, pattern in FORMS:
-        kernel = cuda._Kernel(source(blocks, streamed, pattern), "region_pattern",
+    words = [w for w in args.forms.split(",") if w]
+    for name, blocks, reserve, streamed, *pattern in FORMS:
+        if words and not any(w in name for w in words):
+            continue
+        kernel = cuda._Kernel(source(blocks, streamed, *pattern), "region_pattern",
                               correlation_shared_bytes() if reserve else 0, 128)
         launch = (lambda k: lambda: k.launch(programs, (out.data_ptr(),), (qd, qh, qh_blocks),
                                              tuple(out.stride()[:4]) + (out.numel(),), stream))(kernel)

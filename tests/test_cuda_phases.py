@@ -505,17 +505,17 @@ def test_region_fill_serves_a_layers_only_phase_on_row_runs_kernel(monkeypatch):
     """Where the correlation fills the rest of the output itself (cuda.REGION_FILL; by default, None, with TF32 off
     and, in TF32 mode, where a fill warpgroup does it: row_runs.fill_warpgroup): problem 77's geometry, one phase on
     row_runs.py's kernel, into a contiguous output, in both precisions by default or with the switch on: the output's
-    sizes, the lattice's steps along D and H and its first plane (its phase's, at 1 with padding 1 and at 0 with
-    padding 0). With 5 x 5 x 5 taps (the window 36 columns wide: N 144, past a fill warpgroup's) in TF32 mode only
-    with the switch on. None into a channels_last_3d output (rows not contiguous), for a layer of several phases
+    sizes, the lattice's steps and its first position (its phase's, at 1 with padding 1 and at 0 with padding 0).
+    With 5 x 5 x 5 taps (the window 36 columns wide: N 144, past a fill warpgroup's) in TF32 mode only with the
+    switch on. None into a channels_last_3d output (rows not contiguous), for a layer of several phases
     (k3 s2), where phase_conv.py's kernel serves (64 input channels), in 3xTF32 (CONVT3D_SPLIT=1: phase_conv.py's
     kernel), or with the switch off."""
     plan, phases = _only_phases((2, 32, 16, 32, 32), (32, 64, 3, 3, 3), 2, 1, 2)
     strides = torch.empty(plan.output_shape, device="meta").stride()
-    expected = ((33, 65, 65), (2, 2), 1)
+    expected = ((33, 65, 65), (2, 2, 2), (1, 1, 1))
     k5, k5_phases = _only_phases((2, 32, 8, 16, 16), (32, 64, 5, 5, 5), 2, 2, 2)
     k5_strides = torch.empty(k5.output_shape, device="meta").stride()
-    k5_expected = ((19, 35, 35), (2, 2), 0)
+    k5_expected = ((19, 35, 35), (2, 2, 2), (0, 0, 0))
     for region_fill, in_tf32, tf32_off, k5_in_tf32 in ((False, None, None, None), (0, None, None, None),
                                                        (None, expected, expected, None),
                                                        (True, expected, expected, k5_expected)):
@@ -532,7 +532,7 @@ def test_region_fill_serves_a_layers_only_phase_on_row_runs_kernel(monkeypatch):
     # (Unpadded, the lattice takes the even positions: 32 of its columns where the input has 30.)
     unpadded, unpadded_phases = _only_phases((2, 32, 16, 30, 30), (32, 64, 3, 3, 3), 2, 0, 2)
     unpadded_strides = torch.empty(unpadded.output_shape, device="meta").stride()
-    assert cuda_phases.region_fill(unpadded, unpadded_phases, unpadded_strides) == ((35, 63, 63), (2, 2), 0)
+    assert cuda_phases.region_fill(unpadded, unpadded_phases, unpadded_strides) == ((35, 63, 63), (2, 2, 2), (0, 0, 0))
     channels_last = torch.empty(plan.output_shape, device="meta").to(memory_format=torch.channels_last_3d).stride()
     assert cuda_phases.region_fill(plan, phases, channels_last) is None
     k3s2, k3s2_phases = _only_phases((2, 32, 8, 16, 16), (32, 64, 3, 3, 3), 2, 1, 1, output_padding=1)
@@ -542,10 +542,37 @@ def test_region_fill_serves_a_layers_only_phase_on_row_runs_kernel(monkeypatch):
     assert cuda_phases.region_fill(wide, wide_phases, torch.empty(wide.output_shape, device="meta").stride()) is None
 
 
+@pytest.mark.parametrize("input_shape, padding, sector_edges", [((2, 32, 16, 32, 32), 1, 1), ((3, 32, 5, 7, 9), 0, 1),
+                                                                ((1, 32, 3, 4, 5), 1, 0)],
+                         ids=["p77", "unpadded", "rows_under_16"])
+def test_region_macros_hold_every_lattice_point_and_move_segment_ends_where_rows_allow(input_shape, padding,
+                                                                                       sector_edges, monkeypatch):
+    """row_runs.region_macros, from region_fill's region: the lattice's residues and last column, which the kernel's
+    sector_edge takes as a superset of the phase's lattice (every lattice position of the plan inside it, the last
+    column the last of its residue in a row), and SECTOR_EDGES where rows are 16 floats or more (problem 77's 65,
+    unpadded 21; not 11) unless CONVT3D_SECTOR_EDGES is off."""
+    plan, phases = _only_phases(input_shape, (32, 64, 3, 3, 3), 2, padding, 2)
+    region = cuda_phases._region(plan, phases, 3, torch.empty(plan.output_shape, device="meta").stride())
+    macros = row_runs.region_macros(region)
+    out_w = plan.output_shape[4]
+    (phase,) = phases
+    lattice = [[p.out_start + p_step * j for j in range(p.out_count)]
+               for p, p_step in zip(phase, (axis.stride for axis in plan.axes))]
+    assert all(d % macros["STRIDE_D"] == macros["LATTICE_D"] for d in lattice[0])
+    assert all(h % macros["STRIDE_H"] == macros["LATTICE_H"] for h in lattice[1])
+    assert all(w % macros["STRIDE_W"] == macros["LATTICE_W"] for w in lattice[2])
+    last = macros["LAST_LATTICE_W"]
+    assert max(lattice[2]) <= last < out_w <= last + macros["STRIDE_W"] and last % macros["STRIDE_W"] == \
+        macros["LATTICE_W"]
+    assert macros["SECTOR_EDGES"] == sector_edges
+    monkeypatch.setattr(row_runs, "SECTOR_EDGES", False)
+    assert row_runs.region_macros(region)["SECTOR_EDGES"] == 0
+
+
 # Problem 77's input (N, 32, 16, 32, 32), contiguous, for the kernel that reads it itself: its sizes, the window's start
 # in it, its strides.
 P77_INPUT = ((16, 32, 32), (-1, -1, -1), (32 * 16 * 32 * 32, 16 * 32 * 32, 32 * 32, 32))
-P77_REGION = ((33, 65, 65), (2, 2), 1)  # (row_runs.source's region: cuda.phases.region_fill's for problem 77)
+P77_REGION = ((33, 65, 65), (2, 2, 2), (1, 1, 1))  # (row_runs.source's region: cuda.phases.region_fill's for problem 77)
 
 
 def test_fill_warpgroup_where_its_registers_hold_the_kernel():
@@ -722,7 +749,7 @@ def test_region_fill_compiles_its_kernel_or_leaves_the_fill_to_the_forward(fake_
     out = torch.empty(plan.output_shape)
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
         phase_list, region = _cuda_phases(x, b, plan, regions, out, True)
-        assert len(phase_list) == 1 and region == (plan.output_shape[2:], (2, 2), 1)
+        assert len(phase_list) == 1 and region == (plan.output_shape[2:], (2, 2, 2), (1, 1, 1))
         assert [kernel.source.count("#define REGION_FILL 1\n") for kernel in fake_kernels.built] == [1]
         cuda_phases._kernels_unsupported.cache_clear()
         cuda._row_runs_kernel.cache_clear()

@@ -559,7 +559,7 @@ def test_region_fill_writes_what_the_fill_and_the_correlation_write(tf32, bias, 
             region = cuda_phases.region_fill(plan, phase_list, outputs[True][0].stride())
     finally:
         torch_phase._prepared.clear()  # (no later test gets this one's prepared calls)
-    assert region == (plan.output_shape[2:], (2, 2), padding)  # (the lattice's first plane: odd, or even unpadded)
+    assert region == (plan.output_shape[2:], (2, 2, 2), (padding,) * 3)  # (the lattice: odd, or even unpadded)
     for default, filled in zip(outputs[False], outputs[True]):
         assert torch.equal(default, filled)
     reference = F.conv_transpose3d(x.double(), w.double(), None if b is None else b.double(), **layer)

@@ -151,7 +151,7 @@ def _region(plan: Plan, phase_list: tuple, split: int, out_strides) -> tuple | N
     if not cuda._row_runs_layer(plan.in_channels, plan.out_channels, split, grid) or \
             out_strides[2:] != (out_h * out_w, out_w, 1):
         return None
-    return (out_d, out_h, out_w), (plan.axes[0].stride, plan.axes[1].stride), phases[0].out_start
+    return (out_d, out_h, out_w), tuple(axis.stride for axis in plan.axes), tuple(phase.out_start for phase in phases)
 
 
 def _direct_input(input: torch.Tensor, plan: Plan, phase_list: tuple, split: int, has_bias: bool, region=None):

@@ -39,9 +39,13 @@ with a weight ring of one tap a stage (a wait and a barrier each tap) instead of
 float64 against 2.2e-7: PROMOTE 4; with phase_conv.py's 2, no faster than phase_conv.py's kernel in diag_turned).
 """
 
+from ... import environment
 from .phase_conv import COPY_HELPERS, FP16_HELPERS, MAX_PHASES, PHASE_FIELDS, PHASE_HELPERS, TILE_HELPERS
 
 ROWS = 4
+# REGION_FILL: the segments' ends at sectors' edges (region_macros, SOURCE's sector_edge); CONVT3D_SECTOR_EDGES=0 leaves
+# them where the rows fall.
+SECTOR_EDGES = environment.switch("CONVT3D_SECTOR_EDGES", True)
 # 3xFP16: k-steps per partial sum (phase_conv.py's PROMOTE, which is 2 there).
 PROMOTE = 4
 # The largest N (positions per tile) per precision: 3xFP16 keeps a partial sum beside the sums (N / 2 floats a
@@ -199,14 +203,38 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     const int row0 = STRIDE_H * qh0, region_rows = (qh0 + ROWS >= QH ? OUT_H : STRIDE_H * (qh0 + ROWS)) - row0;
     const int region_planes = (qd == QD - 1 ? OUT_D : STRIDE_D * (qd + 1)) - STRIDE_D * qd;
     const int segments = COB * region_planes;
+    // SECTOR_EDGES: each segment's ends moved to the edges of the 32-byte sectors they cut, so that no sector is
+    // written by two programs: a sector that one program writes part of, after the L2 has let go of the other's
+    // part, is read back from DRAM. The sector around the boundary p before row `row` of plane d (row OUT_H: before
+    // the next plane) goes to the program whose lattice values lie in it, to the earlier segment's where neither's
+    // do, and stays cut where both's do and between channels (whose biases differ). The two programs beside a
+    // boundary work its edge out alike, so that the segments still cover every output element once. Lattice points
+    // here are every column of the lattice's residue in every row of its residue (a superset). Problem 77's output
+    // filled in this pattern, and nothing else, took 0.189 ms on an H100 against 0.225 with the ends where they
+    // fall (zero_(): 0.176; benchmarks/diag_region_pattern.py, ninety-first session).
+    auto sector_edge = [&](float* p, int d, int row) -> float* {
+        if (row == OUT_H) { d++; row = 0; }
+        const int cut = (int)(((unsigned long long)p & 31) >> 2);  // the sector's floats before p
+        if (!SECTOR_EDGES || cut == 0 || d == OUT_D || (d == 0 && row == 0)) return p;
+        const int d_before = row == 0 ? d - 1 : d, row_before = row == 0 ? OUT_H - 1 : row - 1;
+        // Lattice values in the sector after p (the first 8 - cut columns of the row) and before it (the last cut
+        // columns of the row before).
+        const bool after = d % STRIDE_D == LATTICE_D && row % STRIDE_H == LATTICE_H && LATTICE_W < 8 - cut;
+        const bool before = d_before % STRIDE_D == LATTICE_D && row_before % STRIDE_H == LATTICE_H
+                            && LAST_LATTICE_W >= OUT_W - cut;
+        // (One offset: with a pointer per case 3xFP16's fill warpgroup spilled 16 bytes in its 40 registers.)
+        return p + (after && before ? 0 : after ? -cut : 8 - cut);
+    };
     auto fill_segments = [&](int first, int end) {
         for (int s = first + warp; s < end; s += THREADS / 32) {
             const int k = s / COB, c = s % COB;
             const int d = STRIDE_D * qd + (k == region_planes - 1 ? LATTICE_D : k + (k >= LATTICE_D));
             float* const at = out + n * syn + (long long)(ob * COB + c) * syc + d * plane_floats + row0 * row_floats;
+            float* const from = sector_edge(at, d, row0);
+            const int count = (int)(sector_edge(at + region_rows * OUT_W, d, row0 + region_rows) - from);
             const float value = HAS_BIAS ? bias[ob * COB + c] : 0.f;
-            if (k == region_planes - 1) fill_run<false>(at, region_rows * OUT_W, value, lane);
-            else fill_run<true>(at, region_rows * OUT_W, value, lane);
+            if (k == region_planes - 1) fill_run<false>(from, count, value, lane);
+            else fill_run<true>(from, count, value, lane);
         }
     };
     auto fill_part = [&](int part) {  // (the computing warpgroup's: none beside a fill warpgroup)
@@ -477,8 +505,8 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
     sizes, the window's start in it, its strides N, C, D, H in elements: its rows contiguous), from the input itself;
     sizes as macros, so that every loop unrolls and the input's offsets fold into its loads (INPUT_DIRECT above).
     region (REGION_FILL), where given: ((D, H, W) of an output whose planes and rows are contiguous, the lattice's
-    steps along D and H, its first plane), for a launch of the layer's only phase that fills the output itself; the
-    kernel then runs in blocks of block_threads()."""
+    steps (D, H, W) and its first position), for a launch of the layer's only phase that fills the output itself;
+    the kernel then runs in blocks of block_threads()."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     input_defines = input_macros(input_geometry) if input_geometry is not None else {}
     region_defines = region_macros(region) if region is not None else {}
@@ -496,9 +524,14 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
 
 
 def region_macros(region) -> dict:
-    """REGION_FILL's macros: the output's sizes, the lattice's steps along D and H and its first plane."""
-    (out_d, out_h, out_w), (stride_d, stride_h), lattice_d = region
-    return dict(OUT_D=out_d, OUT_H=out_h, OUT_W=out_w, STRIDE_D=stride_d, STRIDE_H=stride_h, LATTICE_D=lattice_d)
+    """REGION_FILL's macros: the output's sizes, the lattice's steps, its first plane and its rows' and columns'
+    residues, and whether the segments' ends move to sectors' edges (SECTOR_EDGES, where rows are 16 floats or
+    more, so that a sector holds parts of two rows at most and each segment keeps some floats)."""
+    (out_d, out_h, out_w), (stride_d, stride_h, stride_w), (lattice_d, lattice_h, lattice_w) = region
+    last_column = lattice_w % stride_w + (out_w - 1 - lattice_w % stride_w) // stride_w * stride_w
+    return dict(OUT_D=out_d, OUT_H=out_h, OUT_W=out_w, STRIDE_D=stride_d, STRIDE_H=stride_h, STRIDE_W=stride_w,
+                LATTICE_D=lattice_d, LATTICE_H=lattice_h % stride_h, LATTICE_W=lattice_w % stride_w,
+                LAST_LATTICE_W=last_column, SECTOR_EDGES=int(SECTOR_EDGES and out_w >= 16))
 
 
 def input_macros(input_geometry) -> dict:
