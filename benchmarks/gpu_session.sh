@@ -78,6 +78,15 @@ for step in $steps; do
     # hold one (and the library's): FORMS="both channels fill tile", the lattice plane's forms and the what-ifs.
     fused_parts) PYTHONPATH=$PWD/src:$PWD/tests:$PWD/benchmarks python3 benchmarks/diag_fused_parts.py --iters 100 \
                      --rounds ${ROUNDS:-2} ${FORMS:+--forms $FORMS} 2>&1 | tee "$OUT/fused_parts.log" ;;
+    # The region fill's runs ending at sectors' edges (ninety-first session, H100: problem 77's forward about 4% less in
+    # TF32 mode): problem 77's bench without and with them, in alternating processes, two rounds.
+    sector_edges) for round in 1 2; do
+                    for edges in 0 1; do
+                      CONVT3D_SECTOR_EDGES=$edges python3 -m convt3d bench --no-compile \
+                          --json "$OUT/p77_sector_edges${edges}_round$round.json" 2>&1 \
+                          | tee "$OUT/p77_sector_edges${edges}_round$round.log" | grep -E "^(convt3d|floor: write)"
+                    done
+                  done ;;
     region_fill_tests) CONVT3D_REGION_FILL=1 PYTHONPATH=$PWD/src:$PWD/tests python3 -m pytest -p no:warnings -n 4 -rfs \
                            tests/test_gpu.py > "$OUT/pytest_region_fill.log" 2>&1
                        tail -40 "$OUT/pytest_region_fill.log" ;;
