@@ -169,7 +169,8 @@ def main():
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--registers", action="store_true", help="only ptxas's report, on a CPU with NVRTC")
-    parser.add_argument("--forms", default="", help="only the forms whose names hold one of these comma-separated words")
+    parser.add_argument("--forms", default="",
+                        help="only the forms whose names hold one of these comma-separated words")
     args = parser.parse_args()
     if args.registers:
         registers()

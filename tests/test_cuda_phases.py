@@ -572,7 +572,8 @@ def test_region_macros_hold_every_lattice_point_and_move_segment_ends_where_rows
 # Problem 77's input (N, 32, 16, 32, 32), contiguous, for the kernel that reads it itself: its sizes, the window's start
 # in it, its strides.
 P77_INPUT = ((16, 32, 32), (-1, -1, -1), (32 * 16 * 32 * 32, 16 * 32 * 32, 32 * 32, 32))
-P77_REGION = ((33, 65, 65), (2, 2, 2), (1, 1, 1))  # (row_runs.source's region: cuda.phases.region_fill's for problem 77)
+# (row_runs.source's region: cuda.phases.region_fill's for problem 77)
+P77_REGION = ((33, 65, 65), (2, 2, 2), (1, 1, 1))
 
 
 def test_fill_warpgroup_where_its_registers_hold_the_kernel():
