@@ -397,6 +397,22 @@ def _phase_gemm(
 
 
 @triton.jit
+def work_item(item, CO_BLOCKS, U_W_BLOCKS, U_H_BLOCKS, S_H: tl.constexpr, OD):
+    """The general kernel's work item `item` (turned.py's too): its output-channel block (of CO_BLOCKS, groups'
+    included), column and row blocks, row phase, output plane and sample. Output-channel blocks fastest, so that
+    items sharing an input tile run together."""
+    co_block = item % CO_BLOCKS
+    item = item // CO_BLOCKS
+    uw_block = item % U_W_BLOCKS
+    item = item // U_W_BLOCKS
+    uh_block = item % U_H_BLOCKS
+    item = item // U_H_BLOCKS
+    v_h = item % S_H
+    item = item // S_H
+    return co_block, uw_block, uh_block, v_h, item % OD, item // OD
+
+
+@triton.jit
 def conv_transpose3d_kernel(
     x_ptr, w_ptr, w_lo_ptr, b_ptr, y_ptr,
     CIN_G, COUT_G, D, H, W, OD, OH, OW,
@@ -424,18 +440,7 @@ def conv_transpose3d_kernel(
     # Each program walks the work items (blocks of output rows) with a stride of the grid size: one item per
     # program with a full grid, or many with a persistent one (configs choose).
     for item in range(tl.program_id(0), ITEMS, tl.num_programs(0)):
-        # Work-item order: output-channel blocks fastest, so items sharing an input tile run together.
-        pid = item
-        co_block = pid % (CO_BLOCKS * GROUPS)
-        pid = pid // (CO_BLOCKS * GROUPS)
-        uw_block = pid % U_W_BLOCKS
-        pid = pid // U_W_BLOCKS
-        uh_block = pid % U_H_BLOCKS
-        pid = pid // U_H_BLOCKS
-        v_h = pid % S_H
-        pid = pid // S_H
-        od = pid % OD
-        n = pid // OD
+        co_block, uw_block, uh_block, v_h, od, n = work_item(item, CO_BLOCKS * GROUPS, U_W_BLOCKS, U_H_BLOCKS, S_H, OD)
         group = co_block // CO_BLOCKS
         co = (co_block % CO_BLOCKS) * BLOCK_CO + tl.arange(0, BLOCK_CO)
         co_ok = co < COUT_G

@@ -38,7 +38,7 @@ from ... import environment
 from ...plan import Plan
 from .. import current_cuda_device, driver
 from . import interpreted
-from .forward import _axis_taps, _column_taps, _geometry, count_on, inverse_scales, mma_precision
+from .forward import _axis_taps, _column_taps, _geometry, count_on, inverse_scales, mma_precision, work_item
 from . import launch
 from .launch import (_INTEGER_TYPES, _current_stream, _entry_parameter_bytes, _launches_plainly, _no_launch_hooks,
                      _scratch_pointers)
@@ -91,17 +91,7 @@ def program_block(
     """This program's block, as the library's general kernel (forward.py) takes its work item: the sample n, the row
     phase v_h, the output channels co0 + [0, BLOCK_CO) (co, co_ok), the output's base at (n, od), the bias, the depth
     and height tap ranges (forward._axis_taps), and the block's first row u_h0 and column u_w0."""
-    pid = tl.program_id(0)
-    co_block = pid % CO_BLOCKS
-    pid = pid // CO_BLOCKS
-    uw_block = pid % U_W_BLOCKS
-    pid = pid // U_W_BLOCKS
-    uh_block = pid % U_H_BLOCKS
-    pid = pid // U_H_BLOCKS
-    v_h = pid % S_H
-    pid = pid // S_H
-    od = pid % OD
-    n = pid // OD
+    co_block, uw_block, uh_block, v_h, od, n = work_item(tl.program_id(0), CO_BLOCKS, U_W_BLOCKS, U_H_BLOCKS, S_H, OD)
     co0 = co_block * BLOCK_CO
     co = co0 + tl.arange(0, BLOCK_CO)
     co_ok = co < COUT
