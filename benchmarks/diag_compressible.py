@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from convt3d.backends import torch_phase
+from convt3d.backends import driver, torch_phase
 from convt3d.bench.protocol import kernelbench_check, relative_error, time_cuda
 from convt3d.bench.report import markdown_table
 
@@ -55,9 +55,6 @@ class _AccessDesc(ctypes.Structure):  # CUmemAccessDesc
     _fields_ = [("location", _Location), ("flags", ctypes.c_int)]
 
 
-_cuda = ctypes.CDLL("libcuda.so.1")
-
-
 def _check(result, what):
     if result != 0:
         raise RuntimeError(f"{what} returned CUresult {result}")
@@ -68,26 +65,27 @@ class DeviceBuffer:
     __cuda_array_interface__ as float32 of the given shape."""
 
     def __init__(self, shape, compressible: bool, device: int = 0):
+        cuda = driver.libcuda()
         self.shape = tuple(shape)
         nbytes = 4 * int(torch.tensor(shape).prod())
         prop = _AllocationProp(type=1, location=_Location(1, device),  # PINNED, on DEVICE
                                compressionType=COMP_GENERIC if compressible else 0)
         granularity = ctypes.c_size_t()
-        _check(_cuda.cuMemGetAllocationGranularity(ctypes.byref(granularity), ctypes.byref(prop), 1), "granularity")
+        _check(cuda.cuMemGetAllocationGranularity(ctypes.byref(granularity), ctypes.byref(prop), 1), "granularity")
         self.size = -(-nbytes // granularity.value) * granularity.value
         self.handle = ctypes.c_ulonglong()
-        _check(_cuda.cuMemCreate(ctypes.byref(self.handle), ctypes.c_size_t(self.size), ctypes.byref(prop),
+        _check(cuda.cuMemCreate(ctypes.byref(self.handle), ctypes.c_size_t(self.size), ctypes.byref(prop),
                                  ctypes.c_ulonglong(0)), "cuMemCreate")
         granted = _AllocationProp()
-        _check(_cuda.cuMemGetAllocationPropertiesFromHandle(ctypes.byref(granted), self.handle), "properties")
+        _check(cuda.cuMemGetAllocationPropertiesFromHandle(ctypes.byref(granted), self.handle), "properties")
         self.compressible = granted.compressionType == COMP_GENERIC
         self.pointer = ctypes.c_ulonglong()
-        _check(_cuda.cuMemAddressReserve(ctypes.byref(self.pointer), ctypes.c_size_t(self.size), ctypes.c_size_t(0),
+        _check(cuda.cuMemAddressReserve(ctypes.byref(self.pointer), ctypes.c_size_t(self.size), ctypes.c_size_t(0),
                                          ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)), "reserve")
-        _check(_cuda.cuMemMap(self.pointer, ctypes.c_size_t(self.size), ctypes.c_size_t(0), self.handle,
+        _check(cuda.cuMemMap(self.pointer, ctypes.c_size_t(self.size), ctypes.c_size_t(0), self.handle,
                               ctypes.c_ulonglong(0)), "map")
         access = _AccessDesc(_Location(1, device), 3)  # READWRITE
-        _check(_cuda.cuMemSetAccess(self.pointer, ctypes.c_size_t(self.size), ctypes.byref(access),
+        _check(cuda.cuMemSetAccess(self.pointer, ctypes.c_size_t(self.size), ctypes.byref(access),
                                     ctypes.c_size_t(1)), "access")
         self.__cuda_array_interface__ = dict(shape=self.shape, typestr="<f4", data=(self.pointer.value, False),
                                              version=2, strides=None)
@@ -103,8 +101,9 @@ def main():
     parser.add_argument("--iters", type=int, default=100)
     args = parser.parse_args()
     torch.zeros(1, device="cuda")  # (the primary context, current, before any driver call)
+    cuda = driver.libcuda()
     supported = ctypes.c_int()
-    _check(_cuda.cuDeviceGetAttribute(ctypes.byref(supported), GENERIC_COMPRESSION_SUPPORTED, 0), "attribute")
+    _check(cuda.cuDeviceGetAttribute(ctypes.byref(supported), GENERIC_COMPRESSION_SUPPORTED, 0), "attribute")
     print(f"{torch.cuda.get_device_name()}: GENERIC_COMPRESSION_SUPPORTED = {supported.value}")
 
     torch.manual_seed(0)
