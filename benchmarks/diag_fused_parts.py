@@ -197,7 +197,17 @@ def lattice_whole(computing_channels=None) -> tuple:
 
 LATTICE_BY_FILL, LATTICE_BY_BOTH = lattice_whole(), lattice_whole("interleaved")
 # (the correlation left out: the computing warpgroup skips every depth tap)
-NO_CORRELATION = (("#if FILL_WARPGROUP\n#endif\n", "        continue;\n"),)
+# The correlation's parts left out one at a time (ninety-second session): the weight copies of every depth tap but the
+# first, the plane's loads (FP16's from the input, 3xFP16's from the window; zeros go to shared memory instead), and
+# the MMAs.
+NO_LATER_WEIGHTS = (("            copy_weights(kd);\n", ""),)
+NO_PLANE_LOADS = (("const bool inside = u < UNITS && depth_inside", "const bool inside = u < 0 && depth_inside"),
+                  ("v[h][q] = u < UNITS ? src[u * 4 + q]", "v[h][q] = u < 0 ? src[u * 4 + q]"))
+NO_MMAS = (("                    wgmma_ss(d, a_hi, b_hi);", "                    if (0) wgmma_ss(d, a_hi, b_hi);"),
+           ("wgmma_ss(partial, a_hi, b_hi, step", "if (0) wgmma_ss(partial, a_hi, b_hi, step"),
+           ("wgmma_ss(partial, a_lo, b_hi);", "if (0) wgmma_ss(partial, a_lo, b_hi);"),
+           ("wgmma_ss(partial, a_hi, b_lo);", "if (0) wgmma_ss(partial, a_hi, b_lo);"))
+NO_CORRELATION = (("#if FILL_WARPGROUP && !WHOLE_ROWS\n#endif\n", "        continue;\n"),)
 # (name, patches, checked: whether its result is right, the one precision (split) it serves or None for both, the
 # head put before its source)
 FORMS = (
@@ -206,6 +216,12 @@ FORMS = (
     ("what-if: fill only (and the tile of bias values)", FILL_ONLY, False, None, ""),
     ("what-if: no tile write", NO_TILE_WRITE, False, None, ""),
     ("what-if: the region fill alone (no correlation, no tile write)", FILL_ONLY + NO_TILE_WRITE, False, None, ""),
+    *((f"what-if: {what}", parts, False, None, "") for what, parts in (
+        ("no weight copies after the first", NO_LATER_WEIGHTS), ("no plane loads", NO_PLANE_LOADS),
+        ("no MMAs", NO_MMAS))),
+    *((f"what-if: no fill, {what}", NO_FILL + parts, False, None, "") for what, parts in (
+        ("no weight copies after the first", NO_LATER_WEIGHTS), ("no plane loads", NO_PLANE_LOADS),
+        ("no MMAs", NO_MMAS))),
     ("the lattice plane written whole by the fill warpgroup", LATTICE_BY_FILL, True, None, LATTICE_HEAD),
     ("what-if: the lattice plane written whole by the fill warpgroup, no correlation",
      LATTICE_BY_FILL + NO_CORRELATION, False, None, LATTICE_HEAD),
