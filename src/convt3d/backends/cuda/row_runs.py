@@ -46,8 +46,6 @@ ROWS = 4
 # REGION_FILL: the segments' ends at sectors' edges (region_macros, SOURCE's sector_edge); CONVT3D_SECTOR_EDGES=0 leaves
 # them where the rows fall.
 SECTOR_EDGES = environment.switch("CONVT3D_SECTOR_EDGES", True)
-# REGION_FILL with a fill warpgroup: the computing warpgroup writes its lattice rows whole (WHOLE_ROWS in SOURCE).
-LATTICE_ROWS = environment.switch("CONVT3D_LATTICE_ROWS", False)
 # 3xFP16: k-steps per partial sum (phase_conv.py's PROMOTE, which is 2 there).
 PROMOTE = 4
 # The largest N (positions per tile) per precision: 3xFP16 keeps a partial sum beside the sums (N / 2 floats a
@@ -112,26 +110,6 @@ template <bool STREAMED> __device__ __forceinline__ void fill_run(float* p, int 
     for (int i = lane; i < quads; i += 32) put<STREAMED>(at + i, make_float4(value, value, value, value));
     if (lane < tail) put<STREAMED>(p + head + 4 * quads + lane, value);
 }
-#if REGION_FILL
-// A warp's count floats from p, the first at column `column` of a lattice row (negative: in the row before; OUT_W on:
-// in the row after): values[q] at the lattice's column q, base everywhere else.
-__device__ __forceinline__ void put_lattice_row(float* p, int count, int column, const float* values, float base,
-                                                int lane) {
-    auto at = [&](int e) {
-        const int w = column + e;
-        return w >= 0 && w < OUT_W && w % STRIDE_W == LATTICE_W ? values[w / STRIDE_W] : base;
-    };
-    const int head = min((int)((16 - ((unsigned long long)p & 15)) & 15) >> 2, count);
-    const int quads = (count - head) >> 2, tail = (count - head) & 3;
-    if (lane < head) __stcs(p + lane, at(lane));
-    float4* quad = (float4*)(p + head);
-    for (int i = lane; i < quads; i += 32) {
-        const int e = head + 4 * i;
-        __stcs(quad + i, make_float4(at(e), at(e + 1), at(e + 2), at(e + 3)));
-    }
-    if (lane < tail) __stcs(p + head + 4 * quads + lane, at(head + 4 * quads + lane));
-}
-#endif
 """
 
 SOURCE = r"""
@@ -247,22 +225,6 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         // (One offset: with a pointer per case 3xFP16's fill warpgroup spilled 16 bytes in its 40 registers.)
         return p + (after && before ? 0 : after ? -cut : 8 - cut);
     };
-    // WHOLE_ROWS: the lattice plane's rows between lattice rows here, run g before the region's lattice row g (the
-    // last run to the region's end); the computing warpgroup writes the lattice rows whole.
-    const int lattice_rows = min(ROWS, QH - qh0);
-    auto fill_gaps = [&]() {
-        const int d = STRIDE_D * qd + LATTICE_D;
-        for (int s = warp; s < COB * (lattice_rows + 1); s += THREADS / 32) {
-            const int g = s / COB, c = s % COB;
-            const int first = g == 0 ? row0 : STRIDE_H * (qh0 + g - 1) + LATTICE_H + 1;
-            const int end = g < lattice_rows ? STRIDE_H * (qh0 + g) + LATTICE_H : row0 + region_rows;
-            if (end <= first) continue;
-            float* const at = out + n * syn + (long long)(ob * COB + c) * syc + d * plane_floats;
-            float* const from = sector_edge(at + first * row_floats, d, first);
-            const int count = (int)(sector_edge(at + end * row_floats, d, end) - from);
-            fill_run<true>(from, count, HAS_BIAS ? bias[ob * COB + c] : 0.f, lane);
-        }
-    };
     auto fill_segments = [&](int first, int end) {
         for (int s = first + warp; s < end; s += THREADS / 32) {
             const int k = s / COB, c = s % COB;
@@ -284,10 +246,6 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     if (threadIdx.x >= THREADS) {  // the fill warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(FILL_REGISTERS));
         fill_segments(0, segments - COB);  // the planes without lattice points
-#if WHOLE_ROWS
-        fill_gaps();
-        return;
-#endif
         asm volatile("bar.sync 3, %0;\n" :: "n"(2 * THREADS) : "memory");  // the last depth tap begun
         fill_segments(segments - COB, segments);  // the lattice plane
         __threadfence_block();
@@ -322,7 +280,7 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
-#if FILL_WARPGROUP && !WHOLE_ROWS
+#if FILL_WARPGROUP
         if (kd == KD - 1)  // the fill warpgroup's turn for the lattice plane
             asm volatile("bar.arrive 3, %0;\n" :: "n"(2 * THREADS) : "memory");
 #endif
@@ -465,19 +423,6 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
             staged[o * OCS + 8 * j + 2 * t + 1] = d[4 * j + 2 * hf + 1] * s * a_unit + b;
         }
     }
-#if WHOLE_ROWS
-    compute_sync();  // every value staged
-    for (int job = warp; job < ROWS * COB; job += THREADS / 32) {
-        const int r = job % ROWS, c = job / ROWS, qh = qh0 + r;
-        if (qh >= QH) continue;  // (the same for the whole warp)
-        const int d = STRIDE_D * qd + LATTICE_D, h = STRIDE_H * qh + LATTICE_H;
-        float* const row = out + n * syn + (long long)(ob * COB + c) * syc + d * plane_floats + h * row_floats;
-        float* const from = sector_edge(row, d, h);
-        put_lattice_row(from, (int)(sector_edge(row + OUT_W, d, h + 1) - from), (int)(from - row),
-                        staged + c * OCS + r * XW, HAS_BIAS ? bias[ob * COB + c] : 0.f, lane);
-    }
-    return;
-#endif
 #if FILL_WARPGROUP
     asm volatile("bar.sync 2, %0;\n" :: "n"(2 * THREADS) : "memory");  // and the fill warpgroup's stores done
 #else
@@ -569,7 +514,6 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
                    HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
                    **input_defines, REGION_FILL=int(region is not None), **region_defines,
                    FILL_WARPGROUP=int(fill_warpgroup(split, window_columns, region, input_geometry)),
-                   WHOLE_ROWS=int(LATTICE_ROWS and fill_warpgroup(split, window_columns, region, input_geometry)),
                    FILL_REGISTERS=FILL_REGISTERS[split], COMPUTE_REGISTERS=COMPUTE_REGISTERS[split], PROMOTE=PROMOTE,
                    THREADS=THREADS,
                    MIN_BLOCKS=programs_per_multiprocessor(split, window_columns, region, input_geometry),
