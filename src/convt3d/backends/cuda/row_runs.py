@@ -46,8 +46,6 @@ ROWS = 4
 # REGION_FILL: the segments' ends at sectors' edges (region_macros, SOURCE's sector_edge); CONVT3D_SECTOR_EDGES=0 leaves
 # them where the rows fall.
 SECTOR_EDGES = environment.switch("CONVT3D_SECTOR_EDGES", True)
-# INPUT_DIRECT: the next depth tap's plane loaded into registers while the tensor cores run this one's MMAs.
-PLANE_PREFETCH = environment.switch("CONVT3D_PLANE_PREFETCH", False)
 # 3xFP16: k-steps per partial sum (phase_conv.py's PROMOTE, which is 2 there).
 PROMOTE = 4
 # The largest N (positions per tile) per precision: 3xFP16 keeps a partial sum beside the sums (N / 2 floats a
@@ -279,32 +277,6 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
                                         lane), a_inverse);
     }
     const unsigned weights_addr = smem_addr(weights), plane_addr = smem_addr((float*)plane);
-#if INPUT_DIRECT
-    // Unit u of depth tap kd's plane: channels 16 c16 on of plane position p, 16 loads of one channel each, lanes
-    // along the input's rows (coalesced); zero outside the input, as the window is. Unit base + h THREADS + tid into
-    // v[h].
-    auto load_units = [&](int kd, int base, float (&v)[2][16]) {
-        const int x_d = qd + off_d + kd * DD + START_D;
-        const bool depth_inside = x_d >= 0 && x_d < X_D;
-        const float* x_plane = x + (long long)n * X_SN + (long long)x_d * X_SD;
-        #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int u = base + h * THREADS + tid;
-            const int c16 = u / (HH * XW), p = u % (HH * XW);
-            const int x_h = qh0 + off_h + p / XW + START_H, x_w = p % XW + START_W;
-            const bool inside = u < UNITS && depth_inside && x_h >= 0 && x_h < X_H && x_w >= 0 && x_w < X_W;
-            const float* at = x_plane + (long long)(16 * c16) * X_SC + (long long)x_h * X_SH + x_w;
-            #pragma unroll
-            for (int j = 0; j < 16; j++) v[h][j] = inside ? at[(long long)j * X_SC] : 0.f;
-        }
-    };
-#if PLANE_PREFETCH
-    // (every round of a plane's loads at once: the next depth tap's issued right after this one's MMAs)
-    float next[LOAD_ROUNDS][2][16];
-    #pragma unroll
-    for (int round = 0; round < LOAD_ROUNDS; round++) load_units(0, round * 2 * THREADS, next[round]);
-#endif
-#endif
 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
@@ -324,14 +296,24 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         // 16 goes to k = (c & 8) | (c & 3) * 2 | (c >> 2) & 1, as the weight's operand pass orders them: the hi halves
         // in the row's 16-byte chunks 2 c16 and 2 c16 + 1, the lo halves in chunks 4 + 2 c16 and 5 + 2 c16.
 #if INPUT_DIRECT
+        // Unit u: channels 16 c16 on of plane position p, 16 loads of one channel each, lanes along the input's rows
+        // (coalesced); zero outside the input, as the window is.
+        const int x_d = qd + off_d + kd * DD + START_D;
+        const bool depth_inside = x_d >= 0 && x_d < X_D;
+        const float* x_plane = x + (long long)n * X_SN + (long long)x_d * X_SD;
         #pragma unroll
         for (int base = 0; base < UNITS; base += 2 * THREADS) {
-#if PLANE_PREFETCH
-            float (&v)[2][16] = next[base / (2 * THREADS)];
-#else
             float v[2][16];
-            load_units(kd, base, v);
-#endif
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int u = base + h * THREADS + tid;
+                const int c16 = u / (HH * XW), p = u % (HH * XW);
+                const int x_h = qh0 + off_h + p / XW + START_H, x_w = p % XW + START_W;
+                const bool inside = u < UNITS && depth_inside && x_h >= 0 && x_h < X_H && x_w >= 0 && x_w < X_W;
+                const float* at = x_plane + (long long)(16 * c16) * X_SC + (long long)x_h * X_SH + x_w;
+                #pragma unroll
+                for (int j = 0; j < 16; j++) v[h][j] = inside ? at[(long long)j * X_SC] : 0.f;
+            }
             #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int u = base + h * THREADS + tid;
@@ -417,12 +399,6 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
             }
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#if INPUT_DIRECT && PLANE_PREFETCH
-        if (kd + 1 < KD) {
-            #pragma unroll
-            for (int round = 0; round < LOAD_ROUNDS; round++) load_units(kd + 1, round * 2 * THREADS, next[round]);
-        }
-#endif
 #if REGION_FILL && !FILL_BESIDE_LOADS
         fill_part(kd);
 #endif
@@ -536,7 +512,6 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
     region_defines = region_macros(region) if region is not None else {}
     defines = dict(C_IN=32, C_OUT=c_out, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, XW=window_columns, ROWS=ROWS,
                    HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
-                   PLANE_PREFETCH=int(PLANE_PREFETCH),
                    **input_defines, REGION_FILL=int(region is not None), **region_defines,
                    FILL_WARPGROUP=int(fill_warpgroup(split, window_columns, region, input_geometry)),
                    FILL_REGISTERS=FILL_REGISTERS[split], COMPUTE_REGISTERS=COMPUTE_REGISTERS[split], PROMOTE=PROMOTE,
