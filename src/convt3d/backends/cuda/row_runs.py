@@ -46,8 +46,6 @@ ROWS = 4
 # REGION_FILL: the segments' ends at sectors' edges (region_macros, SOURCE's sector_edge); CONVT3D_SECTOR_EDGES=0 leaves
 # them where the rows fall.
 SECTOR_EDGES = environment.switch("CONVT3D_SECTOR_EDGES", True)
-# FILL_WARPGROUP: the fill warpgroup writes half of the lattice tile beside the computing one.
-SHARED_TILE = environment.switch("CONVT3D_SHARED_TILE", False)
 # 3xFP16: k-steps per partial sum (phase_conv.py's PROMOTE, which is 2 there).
 PROMOTE = 4
 # The largest N (positions per tile) per precision: 3xFP16 keeps a partial sum beside the sums (N / 2 floats a
@@ -245,26 +243,13 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
 #if FILL_WARPGROUP
     // The fill warpgroup gives up registers to the computing one (FILL_REGISTERS, COMPUTE_REGISTERS): at the 128 a
     // thread that two programs of 256 threads a multiprocessor launch with, ptxas spilled up to 144 bytes.
-#if SHARED_TILE
-    // The staged tile's rows by the block's eight warps, the fill warpgroup's four beside the computing one's.
-    auto write_shared_tile = [&]() {
-        float* y_tile = y + n * syn + (long long)(ob * COB) * syc + qd * syd + (long long)lane * syw;
-        write_tile<ROWS, COB, 2 * THREADS>((const float*)smem4, OCS, XW, y_tile, syc, syh, qh0, QH, lane < QW,
-                                           threadIdx.x >> 5, lane);
-    };
-#endif
     if (threadIdx.x >= THREADS) {  // the fill warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(FILL_REGISTERS));
         fill_segments(0, segments - COB);  // the planes without lattice points
         asm volatile("bar.sync 3, %0;\n" :: "n"(2 * THREADS) : "memory");  // the last depth tap begun
         fill_segments(segments - COB, segments);  // the lattice plane
         __threadfence_block();
-#if SHARED_TILE
-        asm volatile("bar.sync 2, %0;\n" :: "n"(2 * THREADS) : "memory");  // and the tile staged
-        write_shared_tile();
-#else
         asm volatile("bar.arrive 2, %0;\n" :: "n"(2 * THREADS) : "memory");
-#endif
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(COMPUTE_REGISTERS));
@@ -440,10 +425,6 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     }
 #if FILL_WARPGROUP
     asm volatile("bar.sync 2, %0;\n" :: "n"(2 * THREADS) : "memory");  // and the fill warpgroup's stores done
-#if SHARED_TILE
-    write_shared_tile();
-    return;
-#endif
 #else
     __syncthreads();
 #endif
@@ -531,7 +512,6 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
     region_defines = region_macros(region) if region is not None else {}
     defines = dict(C_IN=32, C_OUT=c_out, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, XW=window_columns, ROWS=ROWS,
                    HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
-                   SHARED_TILE=int(SHARED_TILE),
                    **input_defines, REGION_FILL=int(region is not None), **region_defines,
                    FILL_WARPGROUP=int(fill_warpgroup(split, window_columns, region, input_geometry)),
                    FILL_REGISTERS=FILL_REGISTERS[split], COMPUTE_REGISTERS=COMPUTE_REGISTERS[split], PROMOTE=PROMOTE,
