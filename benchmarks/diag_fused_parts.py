@@ -207,7 +207,7 @@ NO_MMAS = (("                    wgmma_ss(d, a_hi, b_hi);", "                   
            ("wgmma_ss(partial, a_hi, b_hi, step", "if (0) wgmma_ss(partial, a_hi, b_hi, step"),
            ("wgmma_ss(partial, a_lo, b_hi);", "if (0) wgmma_ss(partial, a_lo, b_hi);"),
            ("wgmma_ss(partial, a_hi, b_lo);", "if (0) wgmma_ss(partial, a_hi, b_lo);"))
-NO_CORRELATION = (("#if FILL_WARPGROUP && !WHOLE_ROWS\n#endif\n", "        continue;\n"),)
+NO_CORRELATION = (("#if FILL_WARPGROUP\n#endif\n", "        continue;\n"),)
 # (name, patches, checked: whether its result is right, the one precision (split) it serves or None for both, the
 # head put before its source)
 FORMS = (

@@ -46,8 +46,6 @@ ROWS = 4
 # REGION_FILL: the segments' ends at sectors' edges (region_macros, SOURCE's sector_edge); CONVT3D_SECTOR_EDGES=0 leaves
 # them where the rows fall.
 SECTOR_EDGES = environment.switch("CONVT3D_SECTOR_EDGES", True)
-# REGION_FILL with a fill warpgroup: the computing warpgroup writes its lattice rows whole (WHOLE_ROWS in SOURCE).
-LATTICE_ROWS = environment.switch("CONVT3D_LATTICE_ROWS", False)
 # 3xFP16: k-steps per partial sum (phase_conv.py's PROMOTE, which is 2 there).
 PROMOTE = 4
 # The largest N (positions per tile) per precision: 3xFP16 keeps a partial sum beside the sums (N / 2 floats a
@@ -112,50 +110,6 @@ template <bool STREAMED> __device__ __forceinline__ void fill_run(float* p, int 
     for (int i = lane; i < quads; i += 32) put<STREAMED>(at + i, make_float4(value, value, value, value));
     if (lane < tail) put<STREAMED>(p + head + 4 * quads + lane, value);
 }
-#if REGION_FILL
-// WHOLE_ROWS: a warp's count floats from p, the first at column `column` of a lattice row (negative: in the row
-// before; OUT_W on: in the row after): values[q] at the lattice's column q, base everywhere else.
-__device__ __forceinline__ void put_lattice_row(float* p, int count, int column, const float* values, float base,
-                                                int lane) {
-    auto at = [&](int e) {
-        const int w = column + e;
-        return w >= 0 && w < OUT_W && w % STRIDE_W == LATTICE_W ? values[w / STRIDE_W] : base;
-    };
-    const int head = min((int)((16 - ((unsigned long long)p & 15)) & 15) >> 2, count);
-    const int quads = (count - head) >> 2, tail = (count - head) & 3;
-    if (lane < head) __stcs(p + lane, at(lane));
-    float4* quad = (float4*)(p + head);
-    for (int i = lane; i < quads; i += 32) {
-        const int e = head + 4 * i;
-        __stcs(quad + i, make_float4(at(e), at(e + 1), at(e + 2), at(e + 3)));
-    }
-    if (lane < tail) __stcs(p + head + 4 * quads + lane, at(head + 4 * quads + lane));
-}
-// WHOLE_ROWS: a warp's value over the count floats from p but those of lattice rows, p being element `first` of its
-// plane and the rows those of [row0, row_end) (an element before or after them: the first's or the last's).
-__device__ __forceinline__ void fill_between_rows(float* p, int count, int first, int row0, int row_end, float value,
-                                                  int lane) {
-    auto gap = [&](int e) {  // whether element e of the plane lies in a row without lattice points
-        const int r = min(max(e < 0 ? -1 : e / OUT_W, row0), row_end - 1);
-        return r % STRIDE_H != LATTICE_H;
-    };
-    const int head = min((int)((16 - ((unsigned long long)p & 15)) & 15) >> 2, count);
-    const int quads = (count - head) >> 2, tail = (count - head) & 3;
-    if (lane < head && gap(first + lane)) __stcs(p + lane, value);
-    float4* quad = (float4*)(p + head);
-    for (int i = lane; i < quads; i += 32) {
-        const int e = first + head + 4 * i;
-        const bool g0 = gap(e), g3 = gap(e + 3);
-        if (g0 && g3) __stcs(quad + i, make_float4(value, value, value, value));  // (rows are 16 floats or more)
-        else if (g0 || g3) {
-            #pragma unroll
-            for (int k = 0; k < 4; k++)
-                if (gap(e + k)) __stcs(p + head + 4 * i + k, value);
-        }
-    }
-    if (lane < tail && gap(first + head + 4 * quads + lane)) __stcs(p + head + 4 * quads + lane, value);
-}
-#endif
 """
 
 SOURCE = r"""
@@ -271,16 +225,6 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         // (One offset: with a pointer per case 3xFP16's fill warpgroup spilled 16 bytes in its 40 registers.)
         return p + (after && before ? 0 : after ? -cut : 8 - cut);
     };
-    // WHOLE_ROWS: the lattice plane's region for channel c, all but its lattice rows, which the computing warpgroup
-    // writes whole, each from its row's start to the next's (the region's ends where they are its first or last).
-    const int row_end = row0 + region_rows, lattice_d = STRIDE_D * qd + LATTICE_D;
-    auto lattice_plane = [&](int c) { return out + n * syn + (long long)(ob * COB + c) * syc + lattice_d * plane_floats; };
-    auto fill_gaps = [&](int c) {
-        float* const plane_c = lattice_plane(c);
-        float* const from = sector_edge(plane_c + row0 * row_floats, lattice_d, row0);
-        fill_between_rows(from, (int)(sector_edge(plane_c + row_end * row_floats, lattice_d, row_end) - from),
-                          (int)(from - plane_c), row0, row_end, HAS_BIAS ? bias[ob * COB + c] : 0.f, lane);
-    };
     auto fill_segments = [&](int first, int end) {
         for (int s = first + warp; s < end; s += THREADS / 32) {
             const int k = s / COB, c = s % COB;
@@ -302,10 +246,6 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     if (threadIdx.x >= THREADS) {  // the fill warpgroup
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(FILL_REGISTERS));
         fill_segments(0, segments - COB);  // the planes without lattice points
-#if WHOLE_ROWS
-        for (int c = warp; c < COB; c += THREADS / 32) fill_gaps(c);
-        return;
-#endif
         asm volatile("bar.sync 3, %0;\n" :: "n"(2 * THREADS) : "memory");  // the last depth tap begun
         fill_segments(segments - COB, segments);  // the lattice plane
         __threadfence_block();
@@ -340,7 +280,7 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
-#if FILL_WARPGROUP && !WHOLE_ROWS
+#if FILL_WARPGROUP
         if (kd == KD - 1)  // the fill warpgroup's turn for the lattice plane
             asm volatile("bar.arrive 3, %0;\n" :: "n"(2 * THREADS) : "memory");
 #endif
@@ -483,21 +423,6 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
             staged[o * OCS + 8 * j + 2 * t + 1] = d[4 * j + 2 * hf + 1] * s * a_unit + b;
         }
     }
-#if WHOLE_ROWS
-    compute_sync();  // every value staged
-    for (int job = warp; job < ROWS * COB; job += THREADS / 32) {
-        const int r = job % ROWS, c = job / ROWS, qh = qh0 + r;
-        if (qh >= QH) continue;  // (the same for the whole warp)
-        const int h = STRIDE_H * qh + LATTICE_H;
-        float* const plane_c = lattice_plane(c);
-        float* const row = plane_c + h * row_floats;
-        float* const from = h == row0 ? sector_edge(row, lattice_d, row0) : row;
-        float* const to = h + 1 == row_end ? sector_edge(row + OUT_W, lattice_d, row_end) : row + OUT_W;
-        put_lattice_row(from, (int)(to - from), (int)(from - row), staged + c * OCS + r * XW,
-                        HAS_BIAS ? bias[ob * COB + c] : 0.f, lane);
-    }
-    return;
-#endif
 #if FILL_WARPGROUP
     asm volatile("bar.sync 2, %0;\n" :: "n"(2 * THREADS) : "memory");  // and the fill warpgroup's stores done
 #else
@@ -589,8 +514,6 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
                    HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
                    **input_defines, REGION_FILL=int(region is not None), **region_defines,
                    FILL_WARPGROUP=int(fill_warpgroup(split, window_columns, region, input_geometry)),
-                   WHOLE_ROWS=int(LATTICE_ROWS and fill_warpgroup(split, window_columns, region, input_geometry)
-                                  and region[0][2] >= 16),
                    FILL_REGISTERS=FILL_REGISTERS[split], COMPUTE_REGISTERS=COMPUTE_REGISTERS[split], PROMOTE=PROMOTE,
                    THREADS=THREADS,
                    MIN_BLOCKS=programs_per_multiprocessor(split, window_columns, region, input_geometry),
