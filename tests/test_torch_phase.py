@@ -88,10 +88,11 @@ BFLOAT16_LAYERS = [
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last_3d])
 @pytest.mark.parametrize("layer", BFLOAT16_LAYERS)
 def test_bfloat16_layers_with_depth_one_windows(layer, layout):
-    """bfloat16 layers whose phase convolutions have a window of depth 1: oneDNN's bfloat16 convolution on this
-    project's CPU (PyTorch 2.13) returned wrong sums, zeros among them, from channels-last operands there
-    (grad_input and grad_weight 0.3-0.9 off float64, a forward 0.96), so the phases take bfloat16 contiguous.
-    Forward and gradients against float64, at bfloat16's tolerance."""
+    """bfloat16 layers whose phase convolutions have a window of depth 1: oneDNN's bfloat16 convolution (PyTorch 2.13)
+    returned wrong sums there, zeros among them, from channels-last operands on the project's first CPU (grad_input
+    and grad_weight 0.3-0.9 off float64, a forward 0.96) and from contiguous ones too, inf among them, on an Intel
+    Xeon with AMX, so on the CPU the phases compute bfloat16 in float32. Forward and gradients against float64, at
+    bfloat16's tolerance."""
     x_shape, w_shape, *args = layer
     torch.manual_seed(len(x_shape) + sum(x_shape) + sum(w_shape))
     x = torch.randn(x_shape).bfloat16().contiguous(memory_format=layout)

@@ -148,15 +148,25 @@ def _conv_padding(pads):
 CONV_CHANNELS_LAST = collections.defaultdict(lambda: False, cpu=True)
 
 
-def _conv_operand(t: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    """An operand of the phases' convolutions: channels-last where asked, else as it is; on the CPU bfloat16 always
-    contiguous. oneDNN's bfloat16 convolutions on this project's CPU (PyTorch 2.13) returned wrong sums, zeros among
-    them, from channels-last operands on small layers whose correlation window has depth 1 (grad_input and
-    grad_weight 0.3-0.9 off float64, one forward 0.96; tests/test_torch_phase.py), and none from contiguous operands
-    in 999 random small convolutions."""
-    if t.dtype == torch.bfloat16 and t.device.type == "cpu":
-        return t.contiguous()
-    return t.contiguous(memory_format=torch.channels_last_3d) if channels_last else t
+def _in_float32(t: torch.Tensor) -> bool:
+    """Whether the phases' convolutions take t's dtype in float32, their results rounded back once: bfloat16 on the
+    CPU, as PyTorch's bfloat16 convolutions accumulate in float32 and round once. oneDNN's own bfloat16 convolutions
+    returned wrong sums on small layers whose correlation window has depth 1 (PyTorch 2.13): from channels-last
+    operands on the project's first CPU (grad_input and grad_weight 0.3-0.9 off float64, a forward 0.96), and from
+    contiguous ones too, inf among them, on an Intel Xeon with AMX (ninety-second session; tests/test_torch_phase.py
+    has the layers)."""
+    return t.dtype == torch.bfloat16 and t.device.type == "cpu"
+
+
+def _conv3d(x, w, bias, padding, dilation, groups) -> torch.Tensor:
+    """F.conv3d (stride 1) of a phase's operands, channels-last where CONV_CHANNELS_LAST says for their device, the
+    result in x's dtype."""
+    if _in_float32(x):
+        return _conv3d(x.float(), w.float(), None if bias is None else bias.float(), padding, dilation,
+                       groups).to(x.dtype)
+    if CONV_CHANNELS_LAST[x.device.type]:
+        x, w = x.contiguous(memory_format=torch.channels_last_3d), w.contiguous(memory_format=torch.channels_last_3d)
+    return F.conv3d(x, w, bias, 1, padding, dilation, groups)
 
 
 # Per device type: run a float32 phase's correlation in TF32 mode as a stride-1 conv_transpose3d where it can
@@ -176,9 +186,7 @@ def _phase_conv(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]) 
             return out
     x, padding = _padded_operand(input, _input_pads(plan, phases))
     w = _phase_weight(weight, phases, plan.groups)
-    channels_last = CONV_CHANNELS_LAST[x.device.type]
-    x, w = _conv_operand(x, channels_last), _conv_operand(w, channels_last)
-    return F.conv3d(x, w, bias, 1, padding, tuple(p.input_dilation for p in phases), plan.groups)
+    return _conv3d(x, w, bias, padding, tuple(p.input_dilation for p in phases), plan.groups)
 
 
 def _phase_conv_transposed(input, weight, bias, plan: Plan, phases: tuple[AxisPhase, ...]):
@@ -455,11 +463,13 @@ def aten_phase_backward(grad_output, index, input, weight, plan: Plan, phases, n
     part_weight = None
     if need_weight:
         x, padding = _padded_operand(input, _input_pads(plan, phases))
-        x, lattice = _conv_operand(x, False), _conv_operand(lattice, False)
-        dilation = [p.input_dilation for p in phases]
+        operands = (lattice, x, _phase_weight(weight, phases, plan.groups))
+        if _in_float32(x):
+            operands = tuple(t.float() for t in operands)
         _, part, _ = torch.ops.aten.convolution_backward(
-            lattice, x, _phase_weight(weight, phases, plan.groups), None, [1, 1, 1], list(padding), dilation,
-            False, [0, 0, 0], plan.groups, [False, True, False])
+            *operands, None, [1, 1, 1], list(padding), [p.input_dilation for p in phases], False, [0, 0, 0],
+            plan.groups, [False, True, False])
+        part = part.to(weight.dtype)
         # (groups * C_out/g, C_in/g, taps...) in flipped tap order -> the weight's (C_in, C_out/g, taps...).
         cout_g = plan.out_channels // plan.groups
         part = part.reshape(plan.groups, cout_g, -1, *part.shape[2:]).transpose(1, 2)
@@ -513,9 +523,7 @@ def phase_grad_input(g, weight, plan: Plan, phases) -> torch.Tensor:
     pads, padding, dilation = _grad_input_conv(plan, phases)
     if pads is not None:
         g = _pad(g, pads)
-    channels_last = CONV_CHANNELS_LAST[g.device.type]
-    g, w = _conv_operand(g, channels_last), _conv_operand(w, channels_last)
-    return F.conv3d(g, w, None, 1, padding, dilation, plan.groups)
+    return _conv3d(g, w, None, padding, dilation, plan.groups)
 
 
 @functools.lru_cache(maxsize=1024)
