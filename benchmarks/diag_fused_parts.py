@@ -16,7 +16,8 @@ Forms:
 - what-ifs (wrong results, timed only): no fill (the fill warpgroup keeps its barriers but stores nothing); fill only
   (the computing warpgroup skips every depth tap: no plane loads, weights or MMAs, and writes its tile of bias
   values); no tile write (the computing warpgroup computes but does not write its lattice tile); the region fill alone
-  (both of the last two);
+  (both of the last two); and one part of the correlation left out at a time, with the fill or without: the weight
+  copies of every depth tap but the first, the plane's loads (zeros stored instead), the MMAs;
 - the lattice plane written once, whole, from the staged tile, by the fill warpgroup (LATTICE_BY_FILL below) or by
   both warpgroups (LATTICE_BY_BOTH, and in FP16 with the computing warpgroup's share as its first 16, 32 or 48
   channels) and, as what-ifs, the first two without the correlation;
@@ -42,6 +43,10 @@ in each of 8 rounds (its first 16 or 48 channels by the computing warpgroup 0.28
 against 0.3425-0.3446; by the fill warpgroup alone 0.300 / 0.437-0.439. On the H200 (eighty-seventh session) every
 such form lost in both precisions: FP16 0.2551-0.2793 against the library's 0.2316-0.2318, 3xFP16 by 0.07-0.11 ms;
 there no fill took 0.157 / 0.251, the region fill alone 0.178 / 0.190, zero_() 0.124. Not the library's.
+With the sector edges (ninety-second session, H100): the library's 0.279 / 0.339-0.341, fill only 0.258 / 0.271,
+the region fill alone 0.209 / 0.223, no tile write 0.254 / 0.308; without the plane loads the FP16 kernel took the
+fill-only time (0.257), without the MMAs or the later weight copies 0.001 ms less at most. The fill's segment loop
+unrolled by 2 or 4 (a pragma) changed nothing, the kernel's or the region fill's alone.
 
 Rows: bench.protocol.time_cuda's mean, median and minimum in ms (L2 flushed before each call), the forms taking turns
 per round, in FP16 (TF32 mode, reading the input) and 3xFP16 (TF32 off, reading the window).
