@@ -201,7 +201,6 @@ def lattice_whole(computing_channels=None) -> tuple:
 
 
 LATTICE_BY_FILL, LATTICE_BY_BOTH = lattice_whole(), lattice_whole("interleaved")
-# (the correlation left out: the computing warpgroup skips every depth tap)
 # The correlation's parts left out one at a time (ninety-second session): the weight copies of every depth tap but the
 # first, the plane's loads (FP16's from the input, 3xFP16's from the window; zeros go to shared memory instead), and
 # the MMAs.
@@ -212,6 +211,7 @@ NO_MMAS = (("                    wgmma_ss(d, a_hi, b_hi);", "                   
            ("wgmma_ss(partial, a_hi, b_hi, step", "if (0) wgmma_ss(partial, a_hi, b_hi, step"),
            ("wgmma_ss(partial, a_lo, b_hi);", "if (0) wgmma_ss(partial, a_lo, b_hi);"),
            ("wgmma_ss(partial, a_hi, b_lo);", "if (0) wgmma_ss(partial, a_hi, b_lo);"))
+# (the correlation left out: the computing warpgroup skips every depth tap)
 NO_CORRELATION = (("#if FILL_WARPGROUP\n#endif\n", "        continue;\n"),)
 # (name, patches, checked: whether its result is right, the one precision (split) it serves or None for both, the
 # head put before its source)
