@@ -154,7 +154,7 @@ def _in_float32(t: torch.Tensor) -> bool:
     returned wrong sums on small layers whose correlation window has depth 1 (PyTorch 2.13): from channels-last
     operands on the project's first CPU (grad_input and grad_weight 0.3-0.9 off float64, a forward 0.96), and from
     contiguous ones too, inf among them, on an Intel Xeon with AMX (ninety-second session; tests/test_torch_phase.py
-    has the layers)."""
+    has the layers). There a layer's forward and backward took about a fifth longer so (benchmarks/RESULTS.md)."""
     return t.dtype == torch.bfloat16 and t.device.type == "cpu"
 
 
