@@ -130,6 +130,12 @@ def layer_args(cfg: dict) -> dict:
     return {k: cfg[k] for k in ("stride", "padding", "output_padding", "groups", "dilation")}
 
 
+def float64_reference(x, w, b, cfg: dict):
+    """PyTorch's conv_transpose3d of the layer cfg on the operands in float64 (b may be None)."""
+    return torch.nn.functional.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None,
+                                                **layer_args(cfg))
+
+
 def assert_close_rel(actual, expected, rel: float, what: str = ""):
     """Relative Frobenius error, with the first mismatching elements printed on failure."""
     assert actual.shape == expected.shape, f"{what} shape {tuple(actual.shape)} != {tuple(expected.shape)}"

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from conftest import (assert_close_rel, layer_args, make_tensors, random_config, run_in_sample,
+from conftest import (assert_close_rel, float64_reference, layer_args, make_tensors, random_config, run_in_sample,
                       skip_without_usable_triton)
 
 skip_without_usable_triton()
@@ -85,7 +85,7 @@ def test_tf32_rounds_operands_to_nearest(as_fp16, cfg, monkeypatch):
     ref_rounded = F.conv_transpose3d(round_to_tf32(x).double(), round_to_tf32(w).double(),
                                      b.double() if b is not None else None, **layer_args(cfg))
     assert_close_rel(y, ref_rounded, 1e-6)
-    ref = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
+    ref = float64_reference(x, w, b, cfg)
     assert_close_rel(y, ref, 2e-3)  # TF32 keeps 11 significant bits
 
 
@@ -93,7 +93,7 @@ def test_tf32_rounds_operands_to_nearest(as_fp16, cfg, monkeypatch):
 def test_tf32x3_is_float32_accurate(cfg):
     run_in_sample(CASES.index(cfg) % 2 == 1)  # the cases tf32_rounds leaves out
     x, w, b = tensors(cfg, torch.float32)
-    ref = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
+    ref = float64_reference(x, w, b, cfg)
     assert_close_rel(run(x, w, b, cfg, TF32X3), ref, 1e-6)
 
 
@@ -106,7 +106,7 @@ def test_half_precision(cfg, dtype, rel):
     x, w, b = tensors(cfg, dtype)
     y = run(x, w, b, cfg, NATIVE)
     assert y.dtype == dtype
-    ref = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
+    ref = float64_reference(x, w, b, cfg)
     assert_close_rel(y, ref, rel)
 
 
@@ -153,7 +153,7 @@ def test_random_configs_tf32x3(seed):
     cfg = random_config(random.Random(7000 + seed))
     cfg["batch"] = max(1, cfg["batch"])
     x, w, b = tensors(cfg, torch.float32)
-    ref = F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
+    ref = float64_reference(x, w, b, cfg)
     assert_close_rel(run(x, w, b, cfg, TF32X3), ref, 1e-6, str(cfg))
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close_rel, layer_args, random_config, run_in_sample, skip_without_usable_triton
+from conftest import (assert_close_rel, float64_reference, layer_args, random_config, run_in_sample,
+                      skip_without_usable_triton)
 
 skip_without_usable_triton()
 from convt3d.backends.triton import forward, tap_columns  # noqa: E402
@@ -63,24 +64,20 @@ def run(x, w, b, cfg, precision, config):
     return y
 
 
-def reference(x, w, b, cfg):
-    return F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
-
-
 @pytest.mark.parametrize("config", CONFIGS, ids=range(len(CONFIGS)))
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
 def test_tf32_rounds_operands_to_nearest(cfg, config):
     x, w, b = tensors(cfg, torch.float32)
     y = run(x, w, b, cfg, TF32, config)
     # Exactly the products of the TF32-rounded operands, summed in float32.
-    assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
-    assert_close_rel(y, reference(x, w, b, cfg), 2e-3)  # TF32 keeps 11 significant bits
+    assert_close_rel(y, float64_reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
+    assert_close_rel(y, float64_reference(x, w, b, cfg), 2e-3)  # TF32 keeps 11 significant bits
 
 
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
 def test_tf32x3_is_float32_accurate(cfg):
     x, w, b = tensors(cfg, torch.float32)
-    assert_close_rel(run(x, w, b, cfg, TF32X3, CONFIGS[0]), reference(x, w, b, cfg), 1e-6)
+    assert_close_rel(run(x, w, b, cfg, TF32X3, CONFIGS[0]), float64_reference(x, w, b, cfg), 1e-6)
 
 
 # float16 keeps 11 significant bits, bfloat16 8: the output's own rounding dominates.
@@ -91,7 +88,7 @@ def test_half_precision(cfg, dtype, rel):
     x, w, b = tensors(cfg, dtype)
     y = run(x, w, b, cfg, NATIVE, CONFIGS[0])
     assert y.dtype == dtype
-    assert_close_rel(y, reference(x, w, b, cfg), rel)
+    assert_close_rel(y, float64_reference(x, w, b, cfg), rel)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -105,7 +102,7 @@ def test_random_layers_tf32x3(seed):
         cfg = random_config(rng)
     cfg["batch"] = max(1, cfg["batch"])
     x, w, b = tensors(cfg, torch.float32)
-    assert_close_rel(run(x, w, b, cfg, TF32X3, CONFIGS[0]), reference(x, w, b, cfg), 1e-6, str(cfg))
+    assert_close_rel(run(x, w, b, cfg, TF32X3, CONFIGS[0]), float64_reference(x, w, b, cfg), 1e-6, str(cfg))
 
 
 def test_every_element_written_and_inputs_untouched(nan_poisoned_allocator):
@@ -114,7 +111,7 @@ def test_every_element_written_and_inputs_untouched(nan_poisoned_allocator):
     x, w, b = tensors(cfg, torch.float32)
     x_before, w_before = x.clone(), w.clone()
     y = run(x, w, b, cfg, TF32X3, CONFIGS[0])
-    assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
+    assert_close_rel(y, float64_reference(x, w, b, cfg), 1e-6)
     assert torch.equal(x, x_before) and torch.equal(w, w_before)
 
 
@@ -125,7 +122,7 @@ def test_channels_last_input_keeps_pytorchs_memory_format():
     y = run(x_cl, w, b, cfg, TF32X3, CONFIGS[0])
     assert y.stride() == F.conv_transpose3d(x_cl, w, b, **layer_args(cfg)).stride()
     assert y.is_contiguous(memory_format=torch.channels_last_3d)  # the kernel's channels-last store, exercised
-    assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
+    assert_close_rel(y, float64_reference(x, w, b, cfg), 1e-6)
 
 
 @pytest.mark.parametrize("kernel, args, reason", [
@@ -184,7 +181,7 @@ def test_five_taps_in_groups_of_four_and_one(precision, rel):
     plan = make_plan((1, 6, 2, 3, 9), (6, 20, 1, 2, 5), **layer_args(cfg))
     assert tap_columns.column_layout(plan, 80) == (16, 4, 1)
     x, w, b = tensors(cfg, torch.float32)
-    assert_close_rel(run(x, w, b, cfg, precision, config), reference(x, w, b, cfg), rel)
+    assert_close_rel(run(x, w, b, cfg, precision, config), float64_reference(x, w, b, cfg), rel)
 
 
 def test_shifts_and_halo():
@@ -243,4 +240,4 @@ def test_old_plane_order(cfg):
     x, w, b = tensors(cfg, torch.float32)
     plan = make_plan(tuple(x.shape), tuple(w.shape), **layer_args(cfg))
     assert dict(tap_columns._geometry(plan, 32, 48, 16, None, None)[3])["BY_TAPS"]
-    assert_close_rel(run(x, w, b, cfg, TF32X3, dict(CONFIGS[0], BY_TAPS=False)), reference(x, w, b, cfg), 1e-6)
+    assert_close_rel(run(x, w, b, cfg, TF32X3, dict(CONFIGS[0], BY_TAPS=False)), float64_reference(x, w, b, cfg), 1e-6)

@@ -4,9 +4,8 @@ which take it by default."""
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from conftest import assert_close_rel, layer_args, run_in_sample, skip_without_usable_triton
+from conftest import assert_close_rel, float64_reference, layer_args, run_in_sample, skip_without_usable_triton
 
 skip_without_usable_triton()
 from convt3d.backends.triton import forward, tap_columns, tensor_scaled  # noqa: E402
@@ -17,10 +16,6 @@ from test_triton_forward import CASES, DEVICE, round_to_tf32, tensors  # noqa: E
 
 def scaled_fp16(t: torch.Tensor, e: int) -> torch.Tensor:
     return (round_to_tf32(t) * 2.0**e).half()
-
-
-def reference(x, w, b, cfg):
-    return F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
 
 
 @pytest.mark.parametrize("cfg, held", [(CASES[0], False), (CASES[2], False), (CASES[4], True)],
@@ -78,9 +73,9 @@ def test_results_are_the_tf32_rounded_operands_sums(kernel, case):
     config = forward._configs()[0] if kernel == "general" else tap_columns.configs(plan)[0]
     y = forward.conv_transpose3d_triton(x, w, b, plan, FP16_TENSOR_SCALED, config=config)
     x, w = round_to_tf32(x), round_to_tf32(w)
-    expected = reference(x, w, b, cfg)
+    expected = float64_reference(x, w, b, cfg)
     # Per element: float32 sums of at most a few hundred products stay within 1e-5 of the sum of their magnitudes.
-    magnitude = reference(x.abs(), w.abs(), b.abs() if b is not None else None, cfg)
+    magnitude = float64_reference(x.abs(), w.abs(), b.abs() if b is not None else None, cfg)
     assert ((y.double() - expected).abs() <= 1e-5 * magnitude).all()
     assert_close_rel(y, expected, 1e-6)
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import convt3d
-from conftest import assert_close_rel, layer_args, run_in_sample, skip_without_usable_triton
+from conftest import assert_close_rel, float64_reference, layer_args, run_in_sample, skip_without_usable_triton
 
 skip_without_usable_triton()
 import triton  # noqa: E402
@@ -51,10 +51,6 @@ def run(x, w, b, cfg, precision, config=None):
     return y
 
 
-def reference(x, w, b, cfg):
-    return F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
-
-
 # The first two configs: the MMA's M and N as they are, and swapped (on a GPU in the other order).
 FIRST_TWO = [0, 1]
 assert {tiled.configs()[i]["SWAP"] for i in FIRST_TWO} == {0, 1}
@@ -71,8 +67,8 @@ def test_tf32_rounds_operands_to_nearest(as_fp16, cfg, config, monkeypatch):
     x, w, b = tensors(cfg, torch.float32)
     y = run(x, w, b, cfg, TF32, tiled.configs()[config])
     # Exactly the products of the TF32-rounded operands, summed in float32.
-    assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
-    assert_close_rel(y, reference(x, w, b, cfg), 2e-3)  # TF32 keeps 11 significant bits
+    assert_close_rel(y, float64_reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
+    assert_close_rel(y, float64_reference(x, w, b, cfg), 2e-3)  # TF32 keeps 11 significant bits
 
 
 @pytest.mark.parametrize("config", FIRST_TWO)
@@ -90,7 +86,7 @@ def test_fp16_scales_follow_each_row_far_outside_fp16s_range(config):
     channel_scale = torch.tensor([2.0**-30, 2.0**20], device=w.device)[torch.arange(w.shape[1]) % 2]
     w = w * channel_scale[:, None, None, None]
     y = run(x, w, None, cfg, TF32, tiled.configs()[config])
-    expected = reference(round_to_tf32(x), round_to_tf32(w), None, cfg)
+    expected = float64_reference(round_to_tf32(x), round_to_tf32(w), None, cfg)
     kw = cfg["kernel_size"][2]
     for p in range(3):
         for c in range(2):
@@ -110,7 +106,7 @@ def test_fp16_scaled_products_of_operands_near_float32s_ends(x_scale, w_scale, b
     x, w, b = tensors(cfg, torch.float32)
     x, w, b = x * x_scale, w * w_scale, b if bias else None
     y = run(x, w, b, cfg, TF32, tiled.configs()[1])
-    assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
+    assert_close_rel(y, float64_reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
 
 
 def test_fp16_scaled_passes_inf_and_nan_through():
@@ -121,7 +117,7 @@ def test_fp16_scaled_passes_inf_and_nan_through():
     x[0, 1, 1, 1, 1] = float("inf")
     x[0, 2, 2, 2, 2] = float("nan")
     y = run(x, w, b, cfg, TF32, tiled.configs()[0])
-    expected = reference(round_to_tf32(x), round_to_tf32(w), b, cfg)
+    expected = float64_reference(round_to_tf32(x), round_to_tf32(w), b, cfg)
     assert torch.equal(y.isnan(), expected.isnan()) and torch.equal(y.isinf(), expected.isinf())
     finite = expected.isfinite()
     assert finite.sum() > finite.numel() // 2
@@ -134,7 +130,7 @@ def test_fp16_scaled_rows_longer_than_one_chunk():
     x, w, b = tensors(cfg, torch.float32)
     x[..., 1] *= 2.0**-20  # the rows' own scales differ
     y = run(x, w, b, cfg, TF32, tiled.configs()[1])
-    assert_close_rel(y, reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
+    assert_close_rel(y, float64_reference(round_to_tf32(x), round_to_tf32(w), b, cfg), 1e-6)
 
 
 @pytest.mark.parametrize("config", FIRST_TWO)
@@ -142,7 +138,7 @@ def test_fp16_scaled_rows_longer_than_one_chunk():
 def test_tf32x3_is_float32_accurate(cfg, config):
     run_in_sample((CASES.index(cfg) + config) % 2 == 1)  # the config tf32_rounds left out
     x, w, b = tensors(cfg, torch.float32)
-    assert_close_rel(run(x, w, b, cfg, TF32X3, tiled.configs()[config]), reference(x, w, b, cfg), 1e-6)
+    assert_close_rel(run(x, w, b, cfg, TF32X3, tiled.configs()[config]), float64_reference(x, w, b, cfg), 1e-6)
 
 
 # float16 keeps 11 significant bits, bfloat16 8: the output's own rounding dominates.
@@ -154,7 +150,7 @@ def test_half_precision(cfg, dtype, rel, config):
     x, w, b = tensors(cfg, dtype)
     y = run(x, w, b, cfg, NATIVE, tiled.configs()[config])
     assert y.dtype == dtype
-    assert_close_rel(y, reference(x, w, b, cfg), rel)
+    assert_close_rel(y, float64_reference(x, w, b, cfg), rel)
 
 
 def test_every_element_written_and_inputs_untouched(nan_poisoned_allocator):
@@ -164,7 +160,7 @@ def test_every_element_written_and_inputs_untouched(nan_poisoned_allocator):
     w = torch.randn_like(w)
     x_before, w_before = x.clone(), w.clone()
     y = run(x, w, b, cfg, TF32X3)
-    assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
+    assert_close_rel(y, float64_reference(x, w, b, cfg), 1e-6)
     assert torch.equal(x, x_before) and torch.equal(w, w_before)
 
 
@@ -173,7 +169,7 @@ def test_strided_and_channels_last_operands_keep_pytorchs_memory_format():
     # kernel; cuDNN) keeps the channels-last layout, so the kernel stores into a channels-last output.
     cfg = dict(CASES[0], batch=2)
     x, w, b = tensors(cfg, torch.float32)
-    ref = reference(x, w, b, cfg)
+    ref = float64_reference(x, w, b, cfg)
     x_cl = x.to(memory_format=torch.channels_last_3d)
     y = run(x_cl, w, b, cfg, TF32X3)
     assert y.stride() == F.conv_transpose3d(x_cl, w, b, **layer_args(cfg)).stride()
@@ -185,7 +181,7 @@ def test_strided_and_channels_last_operands_keep_pytorchs_memory_format():
     # Half precision reads the operands through their own strides.
     for xs, ws in ((x_cl, w), (x_t, w_t)):
         y = run(xs.bfloat16(), ws.bfloat16(), b.bfloat16(), cfg, NATIVE)
-        assert_close_rel(y, reference(xs.bfloat16(), ws.bfloat16(), b.bfloat16(), cfg), 1.5e-2)
+        assert_close_rel(y, float64_reference(xs.bfloat16(), ws.bfloat16(), b.bfloat16(), cfg), 1.5e-2)
 
 
 @pytest.mark.parametrize("args, reason", [
@@ -209,6 +205,6 @@ def test_backend_triton_takes_it(monkeypatch):
     with torch.backends.cudnn.flags(allow_tf32=False):
         y = convt3d.conv_transpose3d(x, w, b, **layer_args(cfg), backend="triton")
     assert calls
-    assert_close_rel(y, reference(x, w, b, cfg), 1e-6)
+    assert_close_rel(y, float64_reference(x, w, b, cfg), 1e-6)
     empty = convt3d.conv_transpose3d(x[:0], w, b, **layer_args(cfg), backend="triton")
     assert empty.shape == (0, *y.shape[1:])

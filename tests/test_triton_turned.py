@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import assert_close_rel, layer_args, skip_without_usable_triton
+from conftest import assert_close_rel, float64_reference, layer_args, skip_without_usable_triton
 
 skip_without_usable_triton()
 from convt3d.backends.triton import forward, tensor_scaled, turned  # noqa: E402
@@ -54,16 +54,12 @@ def run(x, w, b, cfg, precision, config=CONFIG):
     return y
 
 
-def reference(x, w, b, cfg):
-    return F.conv_transpose3d(x.double(), w.double(), b.double() if b is not None else None, **layer_args(cfg))
-
-
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
 def test_float16_matches_float64(cfg, nan_poisoned_allocator):
     x, w, b = tensors(cfg, torch.float16)
     assert turned.unsupported_reason(plan_of(x, w, cfg), torch.float16, None) is None
     # float16 keeps 11 significant bits: the output's own rounding dominates; a wrong tap or shift leaves O(1).
-    assert_close_rel(run(x, w, b, cfg, NATIVE), reference(x, w, b, cfg), 2e-3)
+    assert_close_rel(run(x, w, b, cfg, NATIVE), float64_reference(x, w, b, cfg), 2e-3)
 
 
 @pytest.mark.parametrize("cfg", CASES, ids=range(len(CASES)))
@@ -75,7 +71,7 @@ def test_tf32_mode_sums_what_the_general_kernel_sums(cfg):
     assert tensor_scaled.operand_precision(x, w, 1, TF32) == tensor_scaled.FP16_TENSOR_SCALED
     y = run(x, w, b, cfg, TF32)
     assert_close_rel(y, run(x, w, b, cfg, TF32, forward._configs()[0]), 1e-6)
-    assert_close_rel(y, reference(x, w, b, cfg), 2e-3)  # TF32's 11 significant bits
+    assert_close_rel(y, float64_reference(x, w, b, cfg), 2e-3)  # TF32's 11 significant bits
 
 
 def test_inputs_untouched_and_channels_last_layout_kept():
@@ -86,7 +82,7 @@ def test_inputs_untouched_and_channels_last_layout_kept():
     y = run(x, w, b, cfg, NATIVE)
     assert torch.equal(x, x_before) and torch.equal(w, w_before)
     assert y.stride() == F.conv_transpose3d(x, w, b, **layer_args(cfg)).stride()
-    assert_close_rel(y, reference(x, w, b, cfg), 2e-3)
+    assert_close_rel(y, float64_reference(x, w, b, cfg), 2e-3)
 
 
 @pytest.mark.parametrize("change, dtype, reason", [
@@ -135,6 +131,6 @@ def test_driver_launch_is_tritons_bitwise_and_follows_moved_operands(nan_poisone
         assert bound.at_addresses(torch.cuda.current_device(), [t.dtype for t in (x_op, w_op, w_lo, b, by_driver)])
         torch.cuda.synchronize()
         assert torch.equal(by_driver, through_triton)
-        assert_close_rel(by_driver, reference(xs, w, b, cfg), 2e-3)
+        assert_close_rel(by_driver, float64_reference(xs, w, b, cfg), 2e-3)
         results.append(by_driver)
     assert addresses[0] != addresses[1] and not torch.equal(results[0], results[1])
