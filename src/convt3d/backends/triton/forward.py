@@ -624,6 +624,15 @@ def _operand_layout(x_shape, w_shape, split: bool, split_input: bool):
     return contiguous_views((x_shape, x_shape if split and split_input else None, w_shape, w_shape if split else None))
 
 
+def contiguous_strides(shape) -> tuple:
+    """The strides, in elements, of a contiguous array of this shape."""
+    strides, size = [], 1
+    for extent in reversed(shape):
+        strides.insert(0, size)
+        size *= extent
+    return tuple(strides)
+
+
 def contiguous_views(shapes):
     """(elements, then (shape, strides, offset) of each shape, or None for None): contiguous arrays one after the
     other in one buffer, each starting at a multiple of 64 elements."""
@@ -632,12 +641,8 @@ def contiguous_views(shapes):
         if shape is None:
             views.append(None)
             continue
-        strides, size = [], 1
-        for extent in reversed(shape):
-            strides.insert(0, size)
-            size *= extent
-        views.append((shape, tuple(strides), total))
-        total += -(-size // 64) * 64
+        views.append((shape, contiguous_strides(shape), total))
+        total += -(-math.prod(shape) // 64) * 64
     return (total, *views)
 
 

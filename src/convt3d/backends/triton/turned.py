@@ -38,7 +38,8 @@ from ... import environment
 from ...plan import Plan
 from .. import current_cuda_device, driver
 from . import interpreted
-from .forward import _axis_taps, _column_taps, _geometry, count_on, inverse_scales, mma_precision, work_item
+from .forward import (_axis_taps, _column_taps, _geometry, contiguous_strides, count_on, inverse_scales,
+                      mma_precision, work_item)
 from . import launch
 from .launch import (_INTEGER_TYPES, _current_stream, _entry_parameter_bytes, _launches_plainly, _no_launch_hooks,
                      _scratch_pointers)
@@ -211,7 +212,7 @@ class TurnedLaunch:
     def __init__(self, items: int, scalars, options, x_shape, w_shape):
         self.grid, self.scalars, self.options = (items,), scalars, dict(options)
         self.x_shape, self.w_shape = x_shape, w_shape
-        self.x_strides, self.w_strides = _contiguous_strides(x_shape), _contiguous_strides(w_shape)
+        self.x_strides, self.w_strides = list(contiguous_strides(x_shape)), list(contiguous_strides(w_shape))
         self.x_box = [1, 1, self.options["BLOCK_R"], self.options["BLOCK_Q"], self.options["BLOCK_CI"]]
         self.w_box = [self.options["BLOCK_CO"], self.options["BLOCK_CI"]]
         self._compiled = {}
@@ -248,14 +249,6 @@ class TurnedLaunch:
         if interpreted():
             return None
         return self._compiled.get((device, *[(dtype, True) for dtype in dtypes]))
-
-
-def _contiguous_strides(shape):
-    strides, size = [], 1
-    for extent in reversed(shape):
-        strides.insert(0, size)
-        size *= extent
-    return strides
 
 
 # CUtensorMapDataType by operand dtype; CUtensorMapL2promotion's 128B, as Triton's launcher asks.
