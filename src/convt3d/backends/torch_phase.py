@@ -282,12 +282,12 @@ _prepared: dict = {}
 
 
 def _prepared_key(input, bias, plan: Plan):
-    # The settings that pick the kernels (cuda.ENABLED, cuda.SPLIT, cuda.TF32_SPLIT, cuda.DIRECT_INPUT,
-    # cuda.REGION_FILL) are part of the key, so that a change to them reaches the next call as it did before calls
-    # were prepared.
+    # The settings that pick the kernels and their launches (cuda.ENABLED, cuda.SPLIT, cuda.TF32_SPLIT,
+    # cuda.DIRECT_INPUT, cuda.REGION_FILL, cuda.DEPENDENT) are part of the key, so that a change to them reaches the
+    # next call as it did before calls were prepared.
     cuda = _cuda_module().cuda
     return (plan, input.dtype, input.device, cudnn_allow_tf32(), bias is not None, cuda.ENABLED, cuda.SPLIT,
-            cuda.TF32_SPLIT, cuda.DIRECT_INPUT, cuda.REGION_FILL)
+            cuda.TF32_SPLIT, cuda.DIRECT_INPUT, cuda.REGION_FILL, cuda.DEPENDENT)
 
 
 def prepared_call(input, weight, bias, plan: Plan):

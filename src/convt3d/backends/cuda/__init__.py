@@ -66,6 +66,11 @@ DIRECT_INPUT = environment.switch("CONVT3D_DIRECT_INPUT", True)
 # computing warps, which the shorter FP16 correlation hid less of, took 0.352 on the H100 and 0.275-0.284 at the
 # fastest on the H200 (benchmarks/diag_region_fill.py, seventy-ninth and eightieth sessions).
 REGION_FILL = environment.switch("CONVT3D_REGION_FILL", None)
+# Whether a prepared forward launches row_runs.py's kernel as its operand pass's dependent (programmatic dependent
+# launch: the pass lets it start once all the pass's programs have begun; its fill warpgroup, which reads nothing the
+# pass writes, fills at once, and its computing warpgroup waits for the pass's writes, griddepcontrol.wait):
+# CONVT3D_CUDA_DEPENDENT=1. Off by default: an experiment (benchmarks/diag_pass_share.py).
+DEPENDENT = environment.switch("CONVT3D_CUDA_DEPENDENT", False)
 # Where compiled kernels are kept for later processes (kernel_cache.py): CONVT3D_CACHE_DIR, by default
 # $XDG_CACHE_HOME/convt3d or ~/.cache/convt3d; an empty CONVT3D_CACHE_DIR (or cuda.CACHE_DIR = "") keeps none.
 CACHE_DIR = os.environ.get("CONVT3D_CACHE_DIR", kernel_cache.default_directory())
@@ -257,12 +262,17 @@ class _Kernel:
         self._keep = kernel  # holds the module loaded
         self.shared_bytes = shared_bytes
         self.threads = threads
+        # Whether it may be launched as the dependent of the launch before it: it waits for that launch's writes.
+        self.waits_for_previous = "griddepcontrol.wait" in source
         self._launches = {}
 
-    def launch(self, grid: int, pointers, ints, longs, stream: int, table=()) -> None:
+    def launch(self, grid: int, pointers, ints, longs, stream: int, table=(), dependent: bool = False) -> None:
         """pointers: device addresses (ints), then the int and the long long arguments, in the kernel's order, then
-        (where given) table: long longs that the kernel takes by value as one array (a struct) after them."""
-        key = (grid, ints, longs, table)
+        (where given) table: long longs that the kernel takes by value as one array (a struct) after them; dependent:
+        launched as the dependent of the launch before it (only a kernel that waits_for_previous)."""
+        if dependent and not self.waits_for_previous:
+            raise ValueError("convt3d: a kernel that does not wait for the launch before it launched as its dependent")
+        key = (grid, ints, longs, table, dependent)
         launch = self._launches.get(key)
         if launch is None:
             if len(self._launches) >= 64:
@@ -271,7 +281,7 @@ class _Kernel:
             if table:
                 values.append((ctypes.c_longlong * len(table))(*table))
             launch = self._launches[key] = driver.Launch(self.function, (grid,), self.threads, self.shared_bytes,
-                                                         len(pointers), values)
+                                                         len(pointers), values, dependent=dependent)
         launch(stream, *pointers)
 
 

@@ -194,7 +194,7 @@ def prepare_write(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, p
     start, extent, launches = _forward_launches(plan, phase_list, split, out.stride(), lattice_geometry)
     direct = _direct_input(input, plan, phase_list, split, bias is not None, region)
     operands = operands_at_addresses(device, input.shape, input.stride(), start, extent, weight, split,
-                                     window=direct is None)
+                                     window=direct is None, early=cuda.DEPENDENT)
     if operands is None:
         return None
     size, window_shape, scale_blocks, operand_pass = operands
@@ -213,8 +213,10 @@ def prepare_write(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, p
         source = window if input_geometry is None else input
         pointers = (source, taps, 0 if lo_offset is None else taps + lo_offset, bias,
                     *((block_max, inverse) if split >= 2 else (0, 0)), out)
-        for kernel, programs, ints, longs, table in correlations:
-            kernel.launch(programs, pointers, ints, longs, stream, table)
+        for k, (kernel, programs, ints, longs, table) in enumerate(correlations):
+            # (the first launch after the pass as its dependent where cuda.DEPENDENT says and the kernel waits)
+            dependent = k == 0 and cuda.DEPENDENT and kernel.waits_for_previous
+            kernel.launch(programs, pointers, ints, longs, stream, table, dependent=dependent)
 
     return write
 

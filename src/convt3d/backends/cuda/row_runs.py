@@ -255,6 +255,9 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(COMPUTE_REGISTERS));
 #endif
 #endif
+    // Launched as the operand pass's dependent (cuda.DEPENDENT), the pass's writes (the weight's halves, the block
+    // maxima) are visible from here on; launched otherwise, this returns at once. (The fill warpgroup reads none.)
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     copy_weights(0);
     for (int e = HH * XW * (ROW / 4) + tid; e < PLANE_POS * (ROW / 4); e += THREADS) plane[e] = 0u;
 

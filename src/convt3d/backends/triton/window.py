@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from . import cdiv, next_power_of_2
-from .forward import _round_to_tf32
+from .forward import _round_to_tf32, let_next_start
 from .launch import Launcher
 
 
@@ -156,12 +156,16 @@ def correlation_operands_kernel(
     TAP_ELEMENTS, O, I, WO, WI, WD, WH, WW, KH, KW,
     C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_T: tl.constexpr, SPLIT: tl.constexpr,
     WINDOW: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_TAPS: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
     """Both operands in one launch (a launch's host time shows on the GPU machine): programs below WEIGHT_PROGRAMS make
     the weight taps, the others the window (without it, its block maxima). The weight's programs come first: under
     3xFP16 each reads an output channel's whole row twice, one tile after another. Placed first rather than last,
     with TF32 off (twenty-seventh session): k3s1p1's pass 15.7 -> 13.2 us, vae_k4s2p1's 24-27 -> 23,
-    video_spatial_k144's 10.2 -> 10.6."""
+    video_spatial_k144's 10.2 -> 10.6. EARLY: the kernel launched after this one as its dependent may start once every
+    program here has begun (cuda.DEPENDENT)."""
+    if EARLY:
+        let_next_start()
     program = tl.program_id(0)
     if program >= WEIGHT_PROGRAMS:
         if WINDOW:
@@ -219,7 +223,7 @@ def correlation_operands(source: torch.Tensor, offset: int, shape, strides, star
 
 
 def operands_at_addresses(device: int, shape, strides, start, extent, weight: torch.Tensor, split: int,
-                          window: bool = True):
+                          window: bool = True, early: bool = False):
     """correlation_operands of a source with these shape and strides (at element 0 of its data) and a weight of
     weight's shape, strides and dtype, in the forward's orientation, with or without the window, for a prepared call:
     (operand_buffer's size, window shape and scale blocks, and a function (stream, source address, weight address,
@@ -227,10 +231,11 @@ def operands_at_addresses(device: int, shape, strides, start, extent, weight: to
     scales) addresses, that launches the pass there). None where no
     compiled launch at addresses is at hand (an earlier call with 16-byte aligned pointers on device compiles it) or
     in the interpreter. The caller checks what BoundLaunch.at_addresses leaves to it: every address 16-byte aligned,
-    device current, no launch hook."""
+    device current, no launch hook. early: the kernel launched next, as the pass's dependent, may start once every
+    program of the pass has begun (a CUDA device of compute capability 9 or more)."""
     split = min(split, 2)
     grid, scalars, options, _, _ = _geometry(0, tuple(shape), tuple(strides), tuple(start), tuple(extent),
-                                             tuple(weight.shape), weight.stride(), False, split, window)
+                                             tuple(weight.shape), weight.stride(), False, split, window, early)
     taps_dtype = torch.float16 if split == 2 else torch.float32
     dtypes = (weight.dtype, torch.float32, weight.dtype, taps_dtype, torch.float32, torch.float32)
     launch = _launch.bind(grid, scalars, options).at_addresses(device, dtypes)
@@ -275,7 +280,7 @@ def operand_buffer(shape, strides, start, extent, weight_shape, weight_strides, 
 
 @functools.lru_cache(maxsize=1024)
 def _geometry(offset, shape, strides, start, extent, weight_shape, weight_strides, grad_input_orientation, split,
-              window: bool = True):
+              window: bool = True, early: bool = False):
     """(grid, scalar arguments, constexprs and options, the window's shape, its column blocks' positions), once per
     layer."""
     n, c, d, h, w = shape
@@ -294,6 +299,7 @@ def _geometry(offset, shape, strides, start, extent, weight_shape, weight_stride
     options = (("C", c), ("BLOCK_C", next_power_of_2(c)), ("BLOCK_P", block_p), ("BLOCK_T", BLOCK_T),
                ("SPLIT", int(split)), ("WINDOW", int(window)),
                ("BLOCK_W", 1 if window else min(block_p, next_power_of_2(w))), ("BLOCK_I", block_i),
-               ("BLOCK_TAPS", min(next_power_of_2(kd * kh * kw), max(1, 2048 // block_i))), ("num_warps", 4))
+               ("BLOCK_TAPS", min(next_power_of_2(kd * kh * kw), max(1, 2048 // block_i))), ("EARLY", early),
+               ("num_warps", 4))
     grid = (weight_programs + window_programs,)
     return grid, scalars, options, (n, xd, xh, xw, c), block_p
