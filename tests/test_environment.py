@@ -51,7 +51,8 @@ def _import_settings(**variables):
     """The settings that the backends read at import, in a fresh process with these environment variables."""
     code = ("from convt3d.backends import cuda; from convt3d.backends.triton import launch, tensor_scaled, tiled; "
             "print(cuda.ENABLED, cuda.SPLIT, cuda.TF32_SPLIT, cuda.ROW_RUNS, cuda.DIRECT_INPUT, cuda.REGION_FILL, "
-            "launch.DRIVER_LAUNCH, tensor_scaled.TF32_AS_FP16, tiled.TF32_AS_FP16)")
+            "launch.DRIVER_LAUNCH, tensor_scaled.TF32_AS_FP16, tiled.TF32_AS_FP16, cuda.DEPENDENT, "
+            "cuda.row_runs.PLANE_MAXIMA)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVT3D_")}
     env.update(variables, PYTHONPATH=f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -60,14 +61,15 @@ def _import_settings(**variables):
 def test_backends_read_their_settings_through_environment():
     result = _import_settings()
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True", "2", "3", "True", "True", "None", "True", "True", "True"]
+    assert result.stdout.split() == ["True", "2", "3", "True", "True", "None", "True", "True", "True", "True", "True"]
     # Each turned off in another spelling than "0", which before this module only "0" turned off (REGION_FILL, None
     # by default, turned on).
     result = _import_settings(CONVT3D_CUDA_KERNELS="off", CONVT3D_SPLIT="1", CONVT3D_TF32_AS_FP16="false",
                               CONVT3D_ROW_RUNS="no", CONVT3D_DIRECT_INPUT="False", CONVT3D_REGION_FILL="Yes",
-                              CONVT3D_DRIVER_LAUNCH="OFF")
+                              CONVT3D_DRIVER_LAUNCH="OFF", CONVT3D_CUDA_DEPENDENT="Off", CONVT3D_PLANE_MAXIMA="No")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["False", "1", "0", "False", "False", "True", "False", "False", "False"]
+    assert result.stdout.split() == ["False", "1", "0", "False", "False", "True", "False", "False", "False", "False",
+                                     "False"]
     # REGION_FILL, on with TF32 off by default (None), off in both modes.
     result = _import_settings(CONVT3D_REGION_FILL="off")
     assert result.returncode == 0, result.stderr

@@ -69,8 +69,10 @@ REGION_FILL = environment.switch("CONVT3D_REGION_FILL", None)
 # Whether a prepared forward launches row_runs.py's kernel as its operand pass's dependent (programmatic dependent
 # launch: the pass lets it start once all the pass's programs have begun; its fill warpgroup, which reads nothing the
 # pass writes, fills at once, and its computing warpgroup waits for the pass's writes, griddepcontrol.wait):
-# CONVT3D_CUDA_DEPENDENT=1. Off by default: an experiment (benchmarks/diag_pass_share.py).
-DEPENDENT = environment.switch("CONVT3D_CUDA_DEPENDENT", False)
+# CONVT3D_CUDA_DEPENDENT=0 launches it after the pass. With row_runs.PLANE_MAXIMA (a pass of 64 programs for problem 77)
+# the forward took 0.2669-0.2686 ms so on an H100 against 0.2698-0.2702 (benchmarks/diag_pass_share.py, ninety-third
+# session); with the pass's maxima (its programs fill the GPU), 0.2767-0.2773 against 0.2773-0.2781.
+DEPENDENT = environment.switch("CONVT3D_CUDA_DEPENDENT", True)
 # Where compiled kernels are kept for later processes (kernel_cache.py): CONVT3D_CACHE_DIR, by default
 # $XDG_CACHE_HOME/convt3d or ~/.cache/convt3d; an empty CONVT3D_CACHE_DIR (or cuda.CACHE_DIR = "") keeps none.
 CACHE_DIR = os.environ.get("CONVT3D_CACHE_DIR", kernel_cache.default_directory())

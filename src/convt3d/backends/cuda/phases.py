@@ -15,6 +15,7 @@ import torch
 
 from ...plan import Plan
 from .. import cuda, cudnn_allow_tf32
+from ..triton import _can_launch_dependents
 from ..triton.forward import _sm_count
 from ..triton.window import correlation_operands, operands_at_addresses
 from . import (compiled_together, correlate, correlate_grad_weight, correlate_phases, correlation_kernel,
@@ -120,7 +121,8 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
     direct = _direct_input(input, plan, phase_list, split, bias is not None, region)
     window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
                                                        grad_input_orientation=False, split=split,
-                                                       window=direct is None)
+                                                       window=direct is None, early=_early(input.device),
+                                                       maxima=_pass_maxima(plan, phase_list, split, direct))
     source = window if direct is None else input
     for counts, dilation, grid, strides, fields in launches:
         correlate_phases(source, weight_taps, bias, out, strides, grid, counts, dilation, fields, scales, split,
@@ -165,6 +167,22 @@ def _direct_input(input: torch.Tensor, plan: Plan, phase_list: tuple, split: int
     return direct
 
 
+def _early(device: torch.device) -> bool:
+    """Whether the forward's operand pass lets the kernel after it start early, as its dependent (cuda.DEPENDENT, on
+    a device that allows it: Hopper or later, not in the interpreter)."""
+    return cuda.DEPENDENT and _can_launch_dependents(device.index or 0)
+
+
+def _pass_maxima(plan: Plan, phase_list: tuple, split: int, direct) -> bool:
+    """Whether the operand pass makes the block maxima where it makes no window (direct given): unless every
+    correlation, reading the input itself (row_runs.py's kernel), finds its planes' scales itself
+    (row_runs.own_maxima)."""
+    if direct is None:
+        return True
+    _, extent, launches = _forward_geometry(plan, phase_list, split)
+    return not all(row_runs.own_maxima(split, counts, dilation, extent[2]) for counts, dilation, _, _ in launches)
+
+
 def input_direct(input: torch.Tensor, plan: Plan, phase_list: tuple, split: int):
     """correlate_phases' direct for the forward's correlations reading input (its rows contiguous) itself: (the
     window's shape, the input's spatial sizes, the window's start in it and the input's strides N, C, D, H)."""
@@ -193,8 +211,10 @@ def prepare_write(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, p
     device = input.device.index or 0
     start, extent, launches = _forward_launches(plan, phase_list, split, out.stride(), lattice_geometry)
     direct = _direct_input(input, plan, phase_list, split, bias is not None, region)
+    early = _early(input.device)
     operands = operands_at_addresses(device, input.shape, input.stride(), start, extent, weight, split,
-                                     window=direct is None, early=cuda.DEPENDENT)
+                                     window=direct is None, early=early,
+                                     maxima=_pass_maxima(plan, phase_list, split, direct))
     if operands is None:
         return None
     size, window_shape, scale_blocks, operand_pass = operands
@@ -215,7 +235,7 @@ def prepare_write(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, p
                     *((block_max, inverse) if split >= 2 else (0, 0)), out)
         for k, (kernel, programs, ints, longs, table) in enumerate(correlations):
             # (the first launch after the pass as its dependent where cuda.DEPENDENT says and the kernel waits)
-            dependent = k == 0 and cuda.DEPENDENT and kernel.waits_for_previous
+            dependent = k == 0 and early and kernel.waits_for_previous
             kernel.launch(programs, pointers, ints, longs, stream, table, dependent=dependent)
 
     return write

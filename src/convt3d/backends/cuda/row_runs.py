@@ -22,8 +22,9 @@ warp's 32 lanes over 32 consecutive columns.
 
 INPUT_DIRECT (the forward in FP16, on an input whose rows are contiguous: cuda.reads_input): the kernel reads each
 plane from the input itself, (N, C, D, H, W) through its strides, zero outside it, rather than from the operand
-pass's channels-last window, and the pass writes only the window's block maxima and the weight's halves
-(window.correlation_operands' window=False). The same values reach the MMAs, so the result is bitwise the window's;
+pass's channels-last window, and the pass writes only the weight's halves and, unless the kernel finds each plane's
+scale itself (OWN_MAXIMA, PLANE_MAXIMA below), the window's block maxima (window.correlation_operands' window=False,
+maxima). The same values reach the MMAs, so the result is bitwise the window's;
 the window's bytes (written by the pass, then read here) are saved. On the H200, problem 77's forward took 0.272-0.273
 ms against 0.290 reading the window in FP16, but 0.354-0.360 against 0.350-0.354 in 3xFP16, which keeps the window
 (benchmarks/diag_direct_input.py, sixty-eighth session). The input's sizes, strides and the window's start are
@@ -46,6 +47,15 @@ ROWS = 4
 # REGION_FILL: the segments' ends at sectors' edges (region_macros, SOURCE's sector_edge); CONVT3D_SECTOR_EDGES=0 leaves
 # them where the rows fall.
 SECTOR_EDGES = environment.switch("CONVT3D_SECTOR_EDGES", True)
+# FP16: each window plane scaled by its own largest magnitude, which the kernel finds in the values it loads, holding
+# every load round of the plane (OWN_MAXIMA, up to MAX_HELD_ROUNDS rounds), rather than by the operand pass's block
+# maxima of every plane a program reads; the pass reading the input itself then makes the weight's halves alone (64
+# programs for problem 77 against 9,856 with the maxima). On an H100 problem 77's forward took 0.2698-0.2702 ms so
+# (medians of three rounds) against 0.2773-0.2781, and 0.2669-0.2686 launched as the pass's dependent
+# (cuda.DEPENDENT) too; the pass alone took 0.021 (benchmarks/diag_pass_share.py, ninety-third session).
+# CONVT3D_PLANE_MAXIMA=0 takes the pass's maxima. Set before a layer's first call (its kernels are kept).
+PLANE_MAXIMA = environment.switch("CONVT3D_PLANE_MAXIMA", True)
+MAX_HELD_ROUNDS = 3
 # 3xFP16: k-steps per partial sum (phase_conv.py's PROMOTE, which is 2 there).
 PROMOTE = 4
 # The largest N (positions per tile) per precision: 3xFP16 keeps a partial sum beside the sums (N / 2 floats a
@@ -68,9 +78,17 @@ MMA_HELPERS = r"""
 #define PARTIALS (SPLIT == 2)
 #define UNITS (2 * HH * XW)                    // (position, 16 channels) pairs of a plane
 #define LOAD_ROUNDS ((UNITS + 2 * THREADS - 1) / (2 * THREADS))  // of a plane's loads, two units a thread each
+#define HELD_ROUNDS (OWN_MAXIMA ? LOAD_ROUNDS : 1)  // load rounds whose values a thread holds at once
 #define OCS (NP + 4)                           // a channel's floats in the staged output tile
 // The 16-byte chunk c of row r as the swizzle mode stores it (128-byte: XOR with r % 8; 64-byte: with r / 2 % 4).
 #define SWIZZLE(c, r) ((c) ^ (ROW == 128 ? ((r) & 7) : (((r) >> 1) & 3)))
+
+// OWN_MAXIMA: |value| where finite, else 0, as the operand pass's block maxima count it (inf and NaN pass through the
+// scaled MMAs as they are).
+__device__ __forceinline__ float finite_magnitude(float value) {
+    const float magnitude = fabsf(value);
+    return magnitude <= 3.4028234663852886e38f ? magnitude : 0.f;
+}
 
 // Shared-memory matrix descriptor: K-major rows of ROW bytes, ROW-byte swizzle, 8-row groups 8 * ROW bytes apart.
 __device__ __forceinline__ unsigned long long row_desc(unsigned addr) {
@@ -275,11 +293,14 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         #pragma unroll
         for (int k = 0; k < NP / 2; k++) d[k] += partial[PARTIALS ? k : 0] * partial_inverse;
     };
-    if (SPLIT == 3) {
+    if (SPLIT == 3 && !OWN_MAXIMA) {
         a_scale = pow2_scale(planes_max(block_max, first_row, KD, (long long)DD * XH, HH, 0, max_blocks, max_blocks,
                                         lane), a_inverse);
     }
     const unsigned weights_addr = smem_addr(weights), plane_addr = smem_addr((float*)plane);
+#if OWN_MAXIMA
+    __shared__ float plane_maxima[THREADS / 32];  // each warp's largest magnitude in the plane
+#endif
 
     #pragma unroll 1
     for (int kd = 0; kd < KD; kd++) {
@@ -295,77 +316,105 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
         if (SPLIT == 2)
             a_scale = pow2_scale(plane_max(block_max, first_row + (long long)kd * DD * XH, HH, 0, max_blocks,
                                            max_blocks, lane), a_inverse);
-        // The plane by (position, 16 channels): all loads of a round first, then the splits and stores. Channel c of
-        // 16 goes to k = (c & 8) | (c & 3) * 2 | (c >> 2) & 1, as the weight's operand pass orders them: the hi halves
-        // in the row's 16-byte chunks 2 c16 and 2 c16 + 1, the lo halves in chunks 4 + 2 c16 and 5 + 2 c16.
+        // The plane by (position, 16 channels): all loads of HELD_ROUNDS rounds first (one round, or with OWN_MAXIMA
+        // every round of the plane), then the splits and stores. Channel c of 16 goes to k = (c & 8) | (c & 3) * 2 |
+        // (c >> 2) & 1, as the weight's operand pass orders them: the hi halves in the row's 16-byte chunks 2 c16 and
+        // 2 c16 + 1, the lo halves in chunks 4 + 2 c16 and 5 + 2 c16.
 #if INPUT_DIRECT
         // Unit u: channels 16 c16 on of plane position p, 16 loads of one channel each, lanes along the input's rows
         // (coalesced); zero outside the input, as the window is.
         const int x_d = qd + off_d + kd * DD + START_D;
         const bool depth_inside = x_d >= 0 && x_d < X_D;
         const float* x_plane = x + (long long)n * X_SN + (long long)x_d * X_SD;
-        #pragma unroll
-        for (int base = 0; base < UNITS; base += 2 * THREADS) {
-            float v[2][16];
-            #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int u = base + h * THREADS + tid;
-                const int c16 = u / (HH * XW), p = u % (HH * XW);
-                const int x_h = qh0 + off_h + p / XW + START_H, x_w = p % XW + START_W;
-                const bool inside = u < UNITS && depth_inside && x_h >= 0 && x_h < X_H && x_w >= 0 && x_w < X_W;
-                const float* at = x_plane + (long long)(16 * c16) * X_SC + (long long)x_h * X_SH + x_w;
-                #pragma unroll
-                for (int j = 0; j < 16; j++) v[h][j] = inside ? at[(long long)j * X_SC] : 0.f;
-            }
-            #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int u = base + h * THREADS + tid;
-                if (u >= UNITS) continue;
-                const int c16 = u / (HH * XW), p = u % (HH * XW);
-                float f[16];
-                #pragma unroll
-                for (int j = 0; j < 16; j++) f[j] = v[h][j];
 #else
         const float4* src = (const float4*)(plane0 + (long long)kd * DD * XH * XW * C_IN);
+#endif
         #pragma unroll
-        for (int base = 0; base < UNITS; base += 2 * THREADS) {
-            float4 v[2][4];
+        for (int base = 0; base < UNITS; base += 2 * THREADS * HELD_ROUNDS) {
+            float v[HELD_ROUNDS][2][16];
             #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int u = base + h * THREADS + tid;
+            for (int r = 0; r < HELD_ROUNDS; r++) {
                 #pragma unroll
-                for (int q = 0; q < 4; q++) v[h][q] = u < UNITS ? src[u * 4 + q] : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#if REGION_FILL && FILL_BESIDE_LOADS
-            fill_part(kd * LOAD_ROUNDS + base / (2 * THREADS));
-#endif
-            #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int u = base + h * THREADS + tid;
-                if (u >= UNITS) continue;
-                const int p = u / 2, c16 = u % 2;
-                float f[16];
-                #pragma unroll
-                for (int q = 0; q < 4; q++)
-                    f[4 * q] = v[h][q].x, f[4 * q + 1] = v[h][q].y, f[4 * q + 2] = v[h][q].z, f[4 * q + 3] = v[h][q].w;
-#endif
-                unsigned hi[8], lo[8];
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    if (SPLIT == 2) {
-                        split_half2(f[e], f[e + 4], a_scale, hi[e], lo[e]);
-                        split_half2(f[e + 8], f[e + 12], a_scale, hi[e + 4], lo[e + 4]);
-                    } else {
-                        hi[e] = to_half2(f[e], f[e + 4], a_scale);
-                        hi[e + 4] = to_half2(f[e + 8], f[e + 12], a_scale);
+                for (int h = 0; h < 2; h++) {
+                    const int u = base + 2 * THREADS * r + h * THREADS + tid;
+#if INPUT_DIRECT
+                    const int c16 = u / (HH * XW), p = u % (HH * XW);
+                    const int x_h = qh0 + off_h + p / XW + START_H, x_w = p % XW + START_W;
+                    const bool inside = u < UNITS && depth_inside && x_h >= 0 && x_h < X_H && x_w >= 0 && x_w < X_W;
+                    const float* at = x_plane + (long long)(16 * c16) * X_SC + (long long)x_h * X_SH + x_w;
+                    #pragma unroll
+                    for (int j = 0; j < 16; j++) v[r][h][j] = inside ? at[(long long)j * X_SC] : 0.f;
+#else
+                    #pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        const float4 quad = u < UNITS ? src[u * 4 + q] : make_float4(0.f, 0.f, 0.f, 0.f);
+                        v[r][h][4 * q] = quad.x, v[r][h][4 * q + 1] = quad.y;
+                        v[r][h][4 * q + 2] = quad.z, v[r][h][4 * q + 3] = quad.w;
                     }
+#endif
                 }
-                uint4* row = (uint4*)(plane + p * (ROW / 4));
-                row[SWIZZLE(2 * c16, p)] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-                row[SWIZZLE(2 * c16 + 1, p)] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
-                if (SPLIT == 2) {
-                    row[SWIZZLE(4 + 2 * c16, p)] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-                    row[SWIZZLE(5 + 2 * c16, p)] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+#if REGION_FILL && FILL_BESIDE_LOADS
+                fill_part(kd * LOAD_ROUNDS + base / (2 * THREADS) + r);
+#endif
+            }
+#if OWN_MAXIMA
+            // The plane's scale: the power of two that takes its largest finite magnitude (across the warpgroup)
+            // into [2^14, 2^15), or the sums' where smaller; where this one is smaller, the sums are scaled to it
+            // (a power of two: exact but where a sum falls out of float32's normal range, and then the plane
+            // before is 2^149 times smaller than this one, which the pass's one scale for all planes would have
+            // rounded away too).
+            float amax = 0.f;
+            #pragma unroll
+            for (int r = 0; r < HELD_ROUNDS; r++)
+                #pragma unroll
+                for (int h = 0; h < 2; h++)
+                    #pragma unroll
+                    for (int j = 0; j < 16; j++) amax = fmaxf(amax, finite_magnitude(v[r][h][j]));
+            for (int offset = 16; offset > 0; offset >>= 1)
+                amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+            if (lane == 0) plane_maxima[warp] = amax;
+            compute_sync();  // (the last reads of plane_maxima were before the previous depth tap's MMAs)
+            amax = fmaxf(fmaxf(plane_maxima[0], plane_maxima[1]), fmaxf(plane_maxima[2], plane_maxima[3]));
+            float inverse;
+            const float scale = pow2_scale(amax, inverse);
+            if (kd == 0 || scale < a_scale) {
+                const float ratio = scale * a_inverse;
+                #pragma unroll
+                for (int k = 0; k < NP / 2; k++) d[k] *= ratio;  // (zeros at kd 0)
+                a_scale = scale;
+                a_inverse = inverse;
+            }
+#endif
+            #pragma unroll
+            for (int r = 0; r < HELD_ROUNDS; r++) {
+                #pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int u = base + 2 * THREADS * r + h * THREADS + tid;
+                    if (u >= UNITS) continue;
+#if INPUT_DIRECT
+                    const int c16 = u / (HH * XW), p = u % (HH * XW);
+#else
+                    const int p = u / 2, c16 = u % 2;
+#endif
+                    const float* f = v[r][h];
+                    unsigned hi[8], lo[8];
+                    #pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        if (SPLIT == 2) {
+                            split_half2(f[e], f[e + 4], a_scale, hi[e], lo[e]);
+                            split_half2(f[e + 8], f[e + 12], a_scale, hi[e + 4], lo[e + 4]);
+                        } else {
+                            hi[e] = to_half2(f[e], f[e + 4], a_scale);
+                            hi[e + 4] = to_half2(f[e + 8], f[e + 12], a_scale);
+                        }
+                    }
+                    uint4* row = (uint4*)(plane + p * (ROW / 4));
+                    row[SWIZZLE(2 * c16, p)] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+                    row[SWIZZLE(2 * c16 + 1, p)] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+                    if (SPLIT == 2) {
+                        row[SWIZZLE(4 + 2 * c16, p)] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+                        row[SWIZZLE(5 + 2 * c16, p)] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+                    }
                 }
             }
         }
@@ -435,6 +484,16 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
     write_tile<ROWS, COB, THREADS>(staged, OCS, XW, y_tile, syc, syh, qh0, QH, lane < QW, warp, lane);
 }
 """
+
+
+def own_maxima(split: int, taps, dilation, window_columns: int) -> bool:
+    """Whether the kernel finds its planes' scales itself (OWN_MAXIMA): FP16, PLANE_MAXIMA, a plane's loads in
+    MAX_HELD_ROUNDS rounds or fewer and N up to 136, so that the held loads (32 floats a round) fit beside the sums (N
+    / 2 floats): compiled here for sm_90a, at N = 256 ptxas spilled 12 bytes on a 3 x 3 x 3 correlation."""
+    (_, kh, _), (_, dh, _) = taps, dilation
+    units = 2 * (ROWS + (kh - 1) * dh) * window_columns
+    return (PLANE_MAXIMA and split == 3 and -(-units // (2 * THREADS)) <= MAX_HELD_ROUNDS
+            and positions(window_columns) <= MAX_POSITIONS[2])
 
 
 def positions(window_columns: int) -> int:
@@ -517,6 +576,7 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
                    HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
                    **input_defines, REGION_FILL=int(region is not None), **region_defines,
                    FILL_WARPGROUP=int(fill_warpgroup(split, window_columns, region, input_geometry)),
+                   OWN_MAXIMA=int(own_maxima(split, taps, dilation, window_columns)),
                    FILL_REGISTERS=FILL_REGISTERS[split], COMPUTE_REGISTERS=COMPUTE_REGISTERS[split], PROMOTE=PROMOTE,
                    THREADS=THREADS,
                    MIN_BLOCKS=programs_per_multiprocessor(split, window_columns, region, input_geometry),

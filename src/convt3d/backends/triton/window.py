@@ -8,7 +8,8 @@ TF32-rounded to nearest as cuDNN rounds, so that the tensor cores read them as t
 as it is (the kernel splits its fragments); for 3xTF32 (split 1) weight_taps gains a leading axis of two, the TF32
 parts hi = tf32(w) and lo = tf32(w - hi); for 3xFP16 (split 2) it holds scaled FP16 parts (_weight_halves), and each
 window program also stores its block's largest magnitude, from which the kernel scales the window. For a kernel that
-reads the source itself (cuda/row_runs.py's INPUT_DIRECT), the pass makes only those maxima and the weight's parts.
+reads the source itself (cuda/row_runs.py's INPUT_DIRECT), the pass makes only those maxima and the weight's parts,
+and for one that also finds its planes' scales itself (row_runs.py's OWN_MAXIMA) only the weight's parts.
 """
 
 from __future__ import annotations
@@ -187,20 +188,23 @@ BLOCK_T = 1024
 
 
 def correlation_operands(source: torch.Tensor, offset: int, shape, strides, start, extent, weight: torch.Tensor,
-                         grad_input_orientation: bool, split: int = 0, window: bool = True):
+                         grad_input_orientation: bool, split: int = 0, window: bool = True, early: bool = False,
+                         maxima: bool = True):
     """(window, weight_taps, scales) as above, for TF32 (split 0), 3xTF32 (1) or 3xFP16 (2; and FP16, 3, the same:
     weight_taps float16 (kD, kH, kW, O, 2 I) as _weight_halves lays it out; scales (block maxima (N, XD, XH, column
     blocks), the blocks' columns, the weight's inverse scales (O,)), else None). The source (N, C, D, H, W) is read
     through the given shape and strides from element `offset` of source.data_ptr() on (a lattice of grad_output, or
     the input itself); extent: the window's (XD, XH, XW); start: the source position of window position 0 along each
     axis. window False (3xFP16 and FP16 only, for a kernel that reads the source itself): no window is made, only
-    its block maxima (the window returned is None)."""
+    its block maxima (the window returned is None), and with maxima False not those either (block maxima returned
+    unwritten); early: operands_at_addresses'."""
     split = min(split, 2)  # (FP16, split 3, reads 3xFP16's operands: their lo parts unused)
     if not window and split != 2:
         raise ValueError("convt3d: operands without the window need the FP16 splits' block maxima (split 2 or 3)")
     grid, scalars, options, window_shape, block_p = _geometry(offset, tuple(shape), tuple(strides), tuple(start),
                                                               tuple(extent), tuple(weight.shape), weight.stride(),
-                                                              grad_input_orientation, split, window)
+                                                              grad_input_orientation, split, window, early,
+                                                              maxima)
     device = source.device
     window_values = torch.empty(window_shape, dtype=torch.float32, device=device) if window else None
     kd, kh, kw = weight.shape[2:]
@@ -223,7 +227,7 @@ def correlation_operands(source: torch.Tensor, offset: int, shape, strides, star
 
 
 def operands_at_addresses(device: int, shape, strides, start, extent, weight: torch.Tensor, split: int,
-                          window: bool = True, early: bool = False):
+                          window: bool = True, early: bool = False, maxima: bool = True):
     """correlation_operands of a source with these shape and strides (at element 0 of its data) and a weight of
     weight's shape, strides and dtype, in the forward's orientation, with or without the window, for a prepared call:
     (operand_buffer's size, window shape and scale blocks, and a function (stream, source address, weight address,
@@ -232,10 +236,12 @@ def operands_at_addresses(device: int, shape, strides, start, extent, weight: to
     compiled launch at addresses is at hand (an earlier call with 16-byte aligned pointers on device compiles it) or
     in the interpreter. The caller checks what BoundLaunch.at_addresses leaves to it: every address 16-byte aligned,
     device current, no launch hook. early: the kernel launched next, as the pass's dependent, may start once every
-    program of the pass has begun (a CUDA device of compute capability 9 or more)."""
+    program of the pass has begun (a CUDA device of compute capability 9 or more). maxima False (without the window
+    only): no block maxima either, only the weight's parts (for a kernel that finds its scales itself)."""
     split = min(split, 2)
     grid, scalars, options, _, _ = _geometry(0, tuple(shape), tuple(strides), tuple(start), tuple(extent),
-                                             tuple(weight.shape), weight.stride(), False, split, window, early)
+                                             tuple(weight.shape), weight.stride(), False, split, window, early,
+                                             maxima)
     taps_dtype = torch.float16 if split == 2 else torch.float32
     dtypes = (weight.dtype, torch.float32, weight.dtype, taps_dtype, torch.float32, torch.float32)
     launch = _launch.bind(grid, scalars, options).at_addresses(device, dtypes)
@@ -280,14 +286,14 @@ def operand_buffer(shape, strides, start, extent, weight_shape, weight_strides, 
 
 @functools.lru_cache(maxsize=1024)
 def _geometry(offset, shape, strides, start, extent, weight_shape, weight_strides, grad_input_orientation, split,
-              window: bool = True, early: bool = False):
+              window: bool = True, early: bool = False, maxima: bool = True):
     """(grid, scalar arguments, constexprs and options, the window's shape, its column blocks' positions), once per
     layer."""
     n, c, d, h, w = shape
     xd, xh, xw = extent
     block_p = min(64, next_power_of_2(xw))
     column_blocks = cdiv(xw, block_p)
-    window_programs = n * xd * xh * column_blocks
+    window_programs = n * xd * xh * column_blocks if window or maxima else 0
     c_in, c_out, kd, kh, kw = weight_shape
     w_ci, w_co, *w_taps = weight_strides
     o, i, wo, wi = (c_in, c_out, w_ci, w_co) if grad_input_orientation else (c_out, c_in, w_co, w_ci)
