@@ -206,7 +206,7 @@ LATTICE_BY_FILL, LATTICE_BY_BOTH = lattice_whole(), lattice_whole("interleaved")
 # the MMAs.
 NO_LATER_WEIGHTS = (("            copy_weights(kd);\n", ""),)
 NO_PLANE_LOADS = (("const bool inside = u < UNITS && depth_inside", "const bool inside = u < 0 && depth_inside"),
-                  ("v[h][q] = u < UNITS ? src[u * 4 + q]", "v[h][q] = u < 0 ? src[u * 4 + q]"))
+                  ("const float4 quad = u < UNITS ? src[u * 4 + q]", "const float4 quad = u < 0 ? src[u * 4 + q]"))
 NO_MMAS = (("                    wgmma_ss(d, a_hi, b_hi);", "                    if (0) wgmma_ss(d, a_hi, b_hi);"),
            ("wgmma_ss(partial, a_hi, b_hi, step", "if (0) wgmma_ss(partial, a_hi, b_hi, step"),
            ("wgmma_ss(partial, a_lo, b_hi);", "if (0) wgmma_ss(partial, a_lo, b_hi);"),

@@ -78,16 +78,14 @@ extern "C" __global__"""),
     ("""        const int x_d = qd + off_d + kd * DD + START_D;
         const bool depth_inside = x_d >= 0 && x_d < X_D;
         const float* x_plane = x + (long long)n * X_SN + (long long)x_d * X_SD;
-        #pragma unroll
-        for (int base""", """        #pragma unroll
-        for (int base"""),
-    ("""                const int x_h = qh0 + off_h + p / XW + START_H, x_w = p % XW + START_W;
-                const bool inside = u < UNITS && depth_inside && x_h >= 0 && x_h < X_H && x_w >= 0 && x_w < X_W;
-                const float* at = x_plane + (long long)(16 * c16) * X_SC + (long long)x_h * X_SH + x_w;
-                #pragma unroll
-                for (int j = 0; j < 16; j++) v[h][j] = inside ? at[(long long)j * X_SC] : 0.f;
-""", """                #pragma unroll
-                for (int j = 0; j < 16; j++) v[h][j] = u < UNITS ? raw[(16 * c16 + j) * (HH * XW) + p] : 0.f;
+#else""", "#else"),
+    ("""                    const int x_h = qh0 + off_h + p / XW + START_H, x_w = p % XW + START_W;
+                    const bool inside = u < UNITS && depth_inside && x_h >= 0 && x_h < X_H && x_w >= 0 && x_w < X_W;
+                    const float* at = x_plane + (long long)(16 * c16) * X_SC + (long long)x_h * X_SH + x_w;
+                    #pragma unroll
+                    for (int j = 0; j < 16; j++) v[r][h][j] = inside ? at[(long long)j * X_SC] : 0.f;
+""", """                    #pragma unroll
+                    for (int j = 0; j < 16; j++) v[r][h][j] = u < UNITS ? raw[(16 * c16 + j) * (HH * XW) + p] : 0.f;
 """),
     ("""        asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
 #if REGION_FILL && !FILL_BESIDE_LOADS

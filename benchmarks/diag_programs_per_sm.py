@@ -17,6 +17,9 @@ the most. Rows: bench.protocol.time_cuda's mean and minimum in ms (L2 flushed be
 alternating each round; each form's output, NaN-poisoned before its first call, checked against the library's
 (bitwise), float64 and eager (KernelBench's check). First the programs a multiprocessor holds, as the driver's
 occupancy calculator says, per form.
+
+Its patches fit row_runs.py as it was before 7f5caa7 (ninety-third session), whose plane loads hold HELD_ROUNDS
+rounds: run it at 43c9181 or earlier (its kernel then is the library's of the sixty-ninth to ninety-second sessions).
 """
 
 import argparse
