@@ -394,6 +394,38 @@ def test_operands_without_the_window_are_the_window_passs_scales_and_weights(spl
         correlation_operands(*args, split=1, window=False)
 
 
+@pytest.mark.parametrize("split", [2, 3], ids=["3xfp16", "fp16"])
+def test_operands_without_maxima_are_the_weights_alone(split):
+    """For row_runs.py's kernel finding its planes' scales itself (OWN_MAXIMA), the pass without the window and the
+    maxima (maxima=False) launches the weight's programs alone and writes its halves and inverse scales bitwise as
+    with them."""
+    from convt3d.backends.triton.window import _geometry, correlation_operands
+
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    source = torch.randn(2, 32, 4, 6, 90, generator=gen).to(DEVICE)
+    weight = torch.randn(32, 64, 2, 3, 1, generator=gen).to(DEVICE)
+    start, extent = (-1, 2, 3), (6, 5, 70)
+    args = (source, 0, source.shape, source.stride(), start, extent, weight, False)
+    _, taps, (_, _, inverse) = correlation_operands(*args, split=split, window=False)
+    nothing, taps_alone, (_, _, inverse_alone) = correlation_operands(*args, split=split, window=False, maxima=False)
+    assert nothing is None
+    assert torch.equal(taps_alone, taps) and torch.equal(inverse_alone, inverse)
+    geometry = (0, tuple(source.shape), source.stride(), start, extent, tuple(weight.shape), weight.stride(), False,
+                min(split, 2), False)
+    assert _geometry(*geometry, False, True)[0] == (64 + 2 * 6 * 5 * 2,)  # the weight's programs and the maxima's
+    assert _geometry(*geometry, False, False)[0] == (64,)  # (one a weight row: its 64 output channels)
+
+
+def test_own_maxima_where_the_held_loads_fit():
+    """row_runs.own_maxima: FP16 only, up to three load rounds of a plane and N up to 136 (problem 77's window, 34
+    columns: two rounds, N 136), so that the held loads fit beside the sums."""
+    assert row_runs.own_maxima(3, (3, 3, 3), (1, 1, 1), 34)
+    assert not row_runs.own_maxima(2, (3, 3, 3), (1, 1, 1), 34)  # (3xFP16: the window pass's maxima)
+    assert not row_runs.own_maxima(3, (3, 3, 3), (1, 1, 1), 64)  # N 256
+    assert not row_runs.own_maxima(3, (3, 3, 3), (1, 4, 1), 34)  # 12 rows of 34, two units each: four rounds
+    assert row_runs.own_maxima(3, (3, 3, 3), (1, 3, 1), 34)  # 10 rows: three rounds
+
+
 def test_fp16_window_scales_ignore_inf_and_nan():
     """The FP16 splits scale the window by its blocks' largest finite magnitudes: an inf or NaN counted there would
     scale every other value of its tile to zero in FP16, where they pass through the MMAs as they are."""
