@@ -360,9 +360,9 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
 #if OWN_MAXIMA
             // The plane's scale: the power of two that takes its largest finite magnitude (across the warpgroup)
             // into [2^14, 2^15), or the sums' where smaller; where this one is smaller, the sums are scaled to it
-            // (a power of two: exact but where a sum falls out of float32's normal range, and then the plane
-            // before is 2^149 times smaller than this one, which the pass's one scale for all planes would have
-            // rounded away too).
+            // by their ratio, a power of two (exact while a sum stays in float32's normal range, which it leaves only
+            // where the planes lie so far apart that the pass's one scale for every plane would have rounded the
+            // smaller one's values away too).
             float amax = 0.f;
             #pragma unroll
             for (int r = 0; r < HELD_ROUNDS; r++)
