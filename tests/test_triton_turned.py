@@ -115,7 +115,7 @@ def test_driver_launch_is_tritons_bitwise_and_follows_moved_operands(nan_poisone
     x, w, b = tensors(cfg, torch.float16)
     plan = plan_of(x, w, cfg)
     config = turned.configs()[-1]
-    bound = turned.bind(config, plan, NATIVE, True, tuple(turned._contiguous_strides(plan.output_shape)),
+    bound = turned.bind(config, plan, NATIVE, True, tuple(forward.contiguous_strides(plan.output_shape)),
                         torch.cuda.current_device())
     results, addresses = [], []
     for scale in (1.0, -2.0):
