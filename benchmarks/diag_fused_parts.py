@@ -213,6 +213,12 @@ NO_MMAS = (("                    wgmma_ss(d, a_hi, b_hi);", "                   
            ("wgmma_ss(partial, a_hi, b_lo);", "if (0) wgmma_ss(partial, a_hi, b_lo);"))
 # (the correlation left out: the computing warpgroup skips every depth tap)
 NO_CORRELATION = (("#if FILL_WARPGROUP\n#endif\n", "        continue;\n"),)
+# The tile's lattice rows written in whole sectors (ninety-third session): besides each lattice value, the zero (problem
+# 77 has no bias) in the column before it, which the fill wrote already, so that each store of a row covers 64
+# consecutive floats, not every other one (problem 77's lattice: every second column from column 1 on, y_tile at
+# lane 2 lane + 1). Does the tile write cost less where its sectors are whole (the L2 then need not merge them)?
+WHOLE_SECTOR_TILE = (("            if (column_inside) out[k * syc] = v[k];",
+                      "            if (column_inside) { out[k * syc - 1] = 0.f; out[k * syc] = v[k]; }"),)
 # (name, patches, checked: whether its result is right, the one precision (split) it serves or None for both, the
 # head put before its source)
 FORMS = (
@@ -221,6 +227,8 @@ FORMS = (
     ("what-if: fill only (and the tile of bias values)", FILL_ONLY, False, None, ""),
     ("what-if: no tile write", NO_TILE_WRITE, False, None, ""),
     ("what-if: the region fill alone (no correlation, no tile write)", FILL_ONLY + NO_TILE_WRITE, False, None, ""),
+    ("the tile written in whole sectors (problem 77: the zeros between again)", WHOLE_SECTOR_TILE, True, None, ""),
+    ("what-if: fill only, the tile in whole sectors", FILL_ONLY + WHOLE_SECTOR_TILE, False, None, ""),
     *((f"what-if: {what}", parts, False, None, "") for what, parts in (
         ("no weight copies after the first", NO_LATER_WEIGHTS), ("no plane loads", NO_PLANE_LOADS),
         ("no MMAs", NO_MMAS))),
