@@ -374,7 +374,8 @@ phase_conv_rows(const float* __restrict__ x, const float* __restrict__ w, const 
                 amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
             if (lane == 0) plane_maxima[warp] = amax;
             compute_sync();  // (the last reads of plane_maxima were before the previous depth tap's MMAs)
-            amax = fmaxf(fmaxf(plane_maxima[0], plane_maxima[1]), fmaxf(plane_maxima[2], plane_maxima[3]));
+            #pragma unroll
+            for (int w = 0; w < THREADS / 32; w++) amax = fmaxf(amax, plane_maxima[w]);
             float inverse;
             const float scale = pow2_scale(amax, inverse);
             if (kd == 0 || scale < a_scale) {
