@@ -20,7 +20,11 @@ loads or lattice stores, in three patterns:
 - "contiguous": one contiguous chunk of the output a program, in pieces of a row block's floats, the warps taking
   turns: the same code, grid and stores without the pattern's jumps;
 - the region pattern with each run's ends moved to the next edge of a 32-byte sector or a 128-byte line (ALIGN), so
-  that no sector (line) is written in parts by two programs.
+  that no sector (line) is written in parts by two programs;
+- bulk copies (cp.async.bulk from shared memory, the copy engine's stores; PATTERN 5 to 7): the region pattern in
+  whole sectors and the grid-stride order, each run one copy of zeros from shared memory issued by a lane of each
+  warp, and the region pattern by persistent programs (one or two a multiprocessor, each going through its tiles
+  without a wait), so as to see whether stores that leave the multiprocessor as whole runs come nearer zero_().
 
 "3 a multiprocessor" has the correlation's occupancy, its FP16 shared memory reserved (row_runs.shared_bytes) and
 compiled for three programs; "16 a multiprocessor" has no shared memory and as many programs as fit. `out.zero_()`,
@@ -35,7 +39,10 @@ lattice planes' rows left to their programs, as row_runs.py needs, the grid-stri
 the seventy-ninth session, removed since; benchmarks/RESULTS.md). Ninety-first session (H100): the region pattern in
 whole sectors took 0.189 ms (3.01 TB/s, 93% of zero_()'s rate), in whole lines 0.188, against 0.225 as it falls: the
 sectors that two programs write in parts, not the order, cost most of it. row_runs.py's fill now ends its runs at
-sectors' edges (SECTOR_EDGES).
+sectors' edges (SECTOR_EDGES). Ninety-fourth session (H100): bulk copies of the region pattern in whole sectors took
+0.1855 ms at 3 a multiprocessor (3.08 TB/s, 95% of zero_()'s 0.1759) against 0.1892 by the warps' 16-byte stores,
+0.1893 at 16 a multiprocessor, 0.1872-0.1875 persistent; the grid-stride order by bulk copies 0.1856. So even a
+fill that does nothing else stays 5% above zero_() in this pattern, whichever unit stores it.
 """
 
 import argparse
@@ -70,7 +77,51 @@ region_pattern(float* __restrict__ out, int QD, int QH, int qh_blocks, long long
     const int region_planes = (qd == QD - 1 ? OUT_D : STRIDE_D * (qd + 1)) - STRIDE_D * qd;
     float* const block = out + n * syn + (long long)ob * COB * syc;
     const long long piece_floats = STRIDE_H * ROWS * OUT_W;
-#if PATTERN == 2 || PATTERN == 3
+#if PATTERN == 5 || PATTERN == 6 || PATTERN == 7
+    // 5: the region pattern in whole sectors (ALIGN 8), 6: the grid-stride order, 7: 5 by persistent programs (the
+    // program's tiles b, b + G, ... for G programs, no wait between them), each run a bulk copy
+    // (cp.async.bulk, the copy engine's store of shared memory into global memory) of BULK_ZEROS zeros in shared memory,
+    // issued by lane 0 of each warp, so that the stores leave the multiprocessor as whole runs, not as 16-byte stores.
+    __shared__ __align__(128) float4 zeros[BULK_ZEROS / 4];
+    for (int i = tid; i < BULK_ZEROS / 4; i += 128) zeros[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const unsigned zeros_at = (unsigned)__cvta_generic_to_shared(zeros);
+    auto bulk_run = [&](long long from, long long to) {  // floats [from, to) of out, 16-byte aligned ends
+        for (long long at = from; at < to; at += BULK_ZEROS) {
+            const unsigned bytes = (unsigned)(4 * min((long long)BULK_ZEROS, to - at));
+            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+                         :: "l"(out + at), "r"(zeros_at), "r"(bytes) : "memory");
+        }
+    };
+    if (lane == 0) {
+#if PATTERN == 5 || PATTERN == 7
+        const int tiles = PATTERN == 7 ? (int)(total / syn) * QD * qh_blocks * (C_OUT / COB) : 1;
+        for (int t = PATTERN == 7 ? blockIdx.x : 0; t < tiles; t += PATTERN == 7 ? gridDim.x : 1) {
+            int tile = PATTERN == 7 ? t : blockIdx.x;
+            const int ob = tile % (C_OUT / COB); tile /= C_OUT / COB;
+            const int qh0 = tile % qh_blocks * ROWS; tile /= qh_blocks;
+            const int qd = tile % QD, n = tile / QD;
+            const int row0 = STRIDE_H * qh0;
+            const int region_rows = (qh0 + ROWS >= QH ? OUT_H : STRIDE_H * (qh0 + ROWS)) - row0;
+            const int region_planes = (qd == QD - 1 ? OUT_D : STRIDE_D * (qd + 1)) - STRIDE_D * qd;
+            float* const block = out + n * syn + (long long)ob * COB * syc;
+            for (int s = warp; s < COB * region_planes; s += 4) {
+                const int k = s / COB, c = s % COB;
+                const int d = STRIDE_D * qd + (k == region_planes - 1 ? LATTICE_D : k + (k >= LATTICE_D));
+                const long long nominal = block + c * syc + d * syd + row0 * syh - out;
+                bulk_run((nominal + 7) / 8 * 8, min((nominal + region_rows * OUT_W + 7) / 8 * 8, total));
+            }
+        }
+#else
+        for (long long at = (blockIdx.x + (long long)warp * gridDim.x) * piece_floats; at < total;
+             at += 4LL * gridDim.x * piece_floats)
+            bulk_run((at + 7) / 8 * 8, min((at + piece_floats + 7) / 8 * 8, total));
+#endif
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the zeros read before the program ends
+    }
+#elif PATTERN == 2 || PATTERN == 3
     // 2: this program's chunk; 3: every gridDim.x-th piece from its own on.
     const long long chunk = (total + gridDim.x - 1) / gridDim.x, start = PATTERN == 2 ? chunk * blockIdx.x : 0;
     const long long end = PATTERN == 2 ? min(start + chunk, total) : total;
@@ -143,13 +194,19 @@ FORMS = (
     ("contiguous, 16 a multiprocessor", 16, False, True, 2),
     ("grid-stride, 3 a multiprocessor", 3, True, True, 3),
     ("grid-stride planes without lattice points, own lattice rows, 3 a multiprocessor", 3, True, True, 4),
+    ("bulk copies, region pattern in whole sectors, 3 a multiprocessor", 3, True, True, 5),
+    ("bulk copies, region pattern in whole sectors, 16 a multiprocessor", 16, False, True, 5),
+    ("bulk copies, grid-stride, 3 a multiprocessor", 3, True, True, 6),
+    ("bulk copies, region pattern in whole sectors, persistent, 1 a multiprocessor", 1, False, True, 7),
+    ("bulk copies, region pattern in whole sectors, persistent, 2 a multiprocessor", 2, False, True, 7),
 )
 
 
 def source(min_blocks: int, streamed: bool, pattern: int, align: int = 1) -> str:
     (_, c_out, out_d, out_h, out_w) = OUT_SHAPE
     defines = dict(C_OUT=c_out, ROWS=row_runs.ROWS, OUT_D=out_d, OUT_H=out_h, OUT_W=out_w, STRIDE_D=2, STRIDE_H=2,
-                   LATTICE_D=1, MIN_BLOCKS=min_blocks, EVICT_FIRST=int(streamed), PATTERN=pattern, ALIGN=align)
+                   LATTICE_D=1, MIN_BLOCKS=min_blocks, EVICT_FIRST=int(streamed), PATTERN=pattern, ALIGN=align,
+                   BULK_ZEROS=1024)
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + row_runs.REGION_HELPERS + SOURCE
 
 
@@ -190,8 +247,10 @@ def main():
             continue
         kernel = cuda._Kernel(source(blocks, streamed, *pattern), "region_pattern",
                               correlation_shared_bytes() if reserve else 0, 128)
-        launch = (lambda k: lambda: k.launch(programs, (out.data_ptr(),), (qd, qh, qh_blocks),
-                                             tuple(out.stride()[:4]) + (out.numel(),), stream))(kernel)
+        grid = (torch.cuda.get_device_properties(0).multi_processor_count * blocks if pattern[0] == 7
+                else programs)  # (persistent programs: as many as the multiprocessors hold)
+        launch = (lambda k, g: lambda: k.launch(g, (out.data_ptr(),), (qd, qh, qh_blocks),
+                                                tuple(out.stride()[:4]) + (out.numel(),), stream))(kernel, grid)
         forms.append((f"{name} ({occupancy(kernel)} held)", launch))
     forms.append(("out.zero_()", out.zero_))
     rows = []
