@@ -11,7 +11,7 @@ fill back: its pattern (each program writes 64 channels x 2 planes of 8 rows, ru
 its few warps (three programs of four warps a multiprocessor, held there by the correlation's registers and shared
 memory), or the correlation beside it. This script times the fill alone, with the correlation's grid and
 programs and fill_run<STREAMED> of row_runs.py's REGION_HELPERS (evict-first off the lattice plane) but no MMAs,
-loads or lattice stores, in three patterns:
+loads or lattice stores, in these patterns:
 
 - "region pattern": the library's, each program's region by runs of a row block (2,080 bytes);
 - "whole planes": the planes without lattice points by whole planes (16.9 KB runs), a depth's eight programs sharing
