@@ -79,9 +79,9 @@ region_pattern(float* __restrict__ out, int QD, int QH, int qh_blocks, long long
     const long long piece_floats = STRIDE_H * ROWS * OUT_W;
 #if PATTERN == 5 || PATTERN == 6 || PATTERN == 7
     // 5: the region pattern in whole sectors (ALIGN 8), 6: the grid-stride order, 7: 5 by persistent programs (the
-    // program's tiles b, b + G, ... for G programs, no wait between them), each run a bulk copy
-    // (cp.async.bulk, the copy engine's store of shared memory into global memory) of BULK_ZEROS zeros in shared memory,
-    // issued by lane 0 of each warp, so that the stores leave the multiprocessor as whole runs, not as 16-byte stores.
+    // program's tiles b, b + G, ... for G programs, no wait between them), each run a bulk copy (cp.async.bulk, the
+    // copy engine's store of shared memory into global memory) of BULK_ZEROS zeros in shared memory, issued by lane 0
+    // of each warp, so that the stores leave the multiprocessor as whole runs, not as 16-byte stores.
     __shared__ __align__(128) float4 zeros[BULK_ZEROS / 4];
     for (int i = tid; i < BULK_ZEROS / 4; i += 128) zeros[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");

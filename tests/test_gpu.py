@@ -527,9 +527,9 @@ def test_row_runs_kernel_serves_problem_77_as_phase_conv_would(tf32, bias, nan_p
 @pytest.mark.parametrize("growth", [2.0 ** 8, 2.0 ** -8], ids=["rising", "falling"])
 def test_problem_77_with_depth_planes_of_far_apart_magnitudes(growth, nan_poisoned_allocator):
     """Problem 77's geometry at batch 2 in TF32 mode (FP16 on scaled operands), each input depth plane growth times
-    the one before (2^-64 to 2^56, or 2^64 to 2^-56): every output depth plane within TF32's accuracy of float64 (1e-3 by its
-    norm, as the TF32 tests above), though the three input planes that reach it lie 2^16 apart, and the correlation's
-    sums meet planes of larger magnitude along its depth taps (one way or the other)."""
+    the one before (2^-64 to 2^56, or 2^64 to 2^-56): every output depth plane within TF32's accuracy of float64
+    (1e-3 by its norm, as the TF32 tests above), though the three input planes that reach it lie 2^16 apart, and the
+    correlation's sums meet planes of larger magnitude along its depth taps (one way or the other)."""
     x = torch.rand(2, 32, 16, 32, 32, device="cuda") * 2 - 1
     x = x * (growth ** (torch.arange(16, device="cuda") - 8.0)).view(1, 1, 16, 1, 1)
     w = torch.randn(32, 64, 3, 3, 3, device="cuda") * 0.05

@@ -119,6 +119,8 @@ def write_phases(input: torch.Tensor, weight: torch.Tensor, bias, plan: Plan, ph
         bias = bias.contiguous()  # the correlation reads bias[c] at c elements from its start
     start, extent, launches = _forward_launches(plan, phase_list, split, out.stride(), lattice_geometry)
     direct = _direct_input(input, plan, phase_list, split, bias is not None, region)
+    # (The pass compiled as prepare_write's, early included, so that its prepared call finds this launch compiled;
+    # correlate_phases launches no dependent, and the pass's early start then lets nothing start.)
     window, weight_taps, scales = correlation_operands(input, 0, input.shape, input.stride(), start, extent, weight,
                                                        grad_input_orientation=False, split=split,
                                                        window=direct is None, early=_early(input.device),
