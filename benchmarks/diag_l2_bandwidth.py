@@ -15,7 +15,6 @@ import triton.language as tl
 @triton.jit
 def _read(x_ptr, out_ptr, numel, REPEAT: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
-    programs = tl.num_programs(0)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for r in range(REPEAT):
         # program pid starts at its own offset, so that the programs spread over the L2's slices
