@@ -581,11 +581,11 @@ def test_region_macros_hold_every_lattice_point_and_move_segment_ends_where_rows
                                                                                        sector_edges, monkeypatch):
     """row_runs.region_macros, from region_fill's region: the lattice's residues and last column, which the kernel's
     sector_edge takes as a superset of the phase's lattice (every lattice position of the plan inside it, the last
-    column the last of its residue in a row), and SECTOR_EDGES where rows are 16 floats or more (problem 77's 65,
-    unpadded 21; not 11) unless CONVT3D_SECTOR_EDGES is off."""
+    column the last of its residue in a row), and SECTOR_EDGES in FP16 (split 3) where rows are 16 floats or more
+    (problem 77's 65, unpadded 21; not 11) unless CONVT3D_SECTOR_EDGES is off; never in 3xFP16 (split 2)."""
     plan, phases = _only_phases(input_shape, (32, 64, 3, 3, 3), 2, padding, 2)
     region = cuda_phases._region(plan, phases, 3, torch.empty(plan.output_shape, device="meta").stride())
-    macros = row_runs.region_macros(region)
+    macros = row_runs.region_macros(region, 3)
     out_w = plan.output_shape[4]
     (phase,) = phases
     lattice = [[p.out_start + p_step * j for j in range(p.out_count)]
@@ -597,8 +597,9 @@ def test_region_macros_hold_every_lattice_point_and_move_segment_ends_where_rows
     assert max(lattice[2]) <= last < out_w <= last + macros["STRIDE_W"] and last % macros["STRIDE_W"] == \
         macros["LATTICE_W"]
     assert macros["SECTOR_EDGES"] == sector_edges
+    assert row_runs.region_macros(region, 2)["SECTOR_EDGES"] == 0
     monkeypatch.setattr(row_runs, "SECTOR_EDGES", False)
-    assert row_runs.region_macros(region)["SECTOR_EDGES"] == 0
+    assert row_runs.region_macros(region, 3)["SECTOR_EDGES"] == 0
 
 
 # Problem 77's input (N, 32, 16, 32, 32), contiguous, for the kernel that reads it itself: its sizes, the window's start

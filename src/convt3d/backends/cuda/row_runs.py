@@ -44,8 +44,10 @@ from ... import environment
 from .phase_conv import COPY_HELPERS, FP16_HELPERS, MAX_PHASES, PHASE_FIELDS, PHASE_HELPERS, TILE_HELPERS
 
 ROWS = 4
-# REGION_FILL: the segments' ends at sectors' edges (region_macros, SOURCE's sector_edge); CONVT3D_SECTOR_EDGES=0 leaves
-# them where the rows fall.
+# REGION_FILL in FP16: the segments' ends at sectors' edges (region_macros, SOURCE's sector_edge);
+# CONVT3D_SECTOR_EDGES=0 leaves them where the rows fall. 3xFP16 always leaves them there: on the H200 problem 77's
+# forward took 0.296-0.297 ms so against 0.299-0.300 with the edges, where FP16 took 0.221 with them against 0.224
+# (an H100 had 3xFP16 1% faster with them; ninety-first and ninety-eighth sessions).
 SECTOR_EDGES = environment.switch("CONVT3D_SECTOR_EDGES", True)
 # FP16: each window plane scaled by its own largest magnitude, which the kernel finds in the values it loads, holding
 # every load round of the plane (OWN_MAXIMA, up to MAX_HELD_ROUNDS rounds), rather than by the operand pass's block
@@ -572,7 +574,7 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
     the kernel then runs in blocks of block_threads()."""
     (kd, kh, kw), (dd, dh, dw) = taps, dilation
     input_defines = input_macros(input_geometry) if input_geometry is not None else {}
-    region_defines = region_macros(region) if region is not None else {}
+    region_defines = region_macros(region, split) if region is not None else {}
     defines = dict(C_IN=32, C_OUT=c_out, KD=kd, KH=kh, KW=kw, DD=dd, DH=dh, DW=dw, XW=window_columns, ROWS=ROWS,
                    HAS_BIAS=int(has_bias), SPLIT=int(split), INPUT_DIRECT=int(input_geometry is not None),
                    **input_defines, REGION_FILL=int(region is not None), **region_defines,
@@ -587,15 +589,15 @@ def source(c_out: int, taps, dilation, window_columns: int, has_bias: bool, spli
             + mma_helpers(window_columns) + SOURCE)
 
 
-def region_macros(region) -> dict:
+def region_macros(region, split: int) -> dict:
     """REGION_FILL's macros: the output's sizes, the lattice's steps, its first plane and its rows' and columns'
-    residues, and whether the segments' ends move to sectors' edges (SECTOR_EDGES, where rows are 16 floats or
+    residues, and whether the segments' ends move to sectors' edges (SECTOR_EDGES: FP16, where rows are 16 floats or
     more, so that a sector holds parts of two rows at most and each segment keeps some floats)."""
     (out_d, out_h, out_w), (stride_d, stride_h, stride_w), (lattice_d, lattice_h, lattice_w) = region
     last_column = lattice_w % stride_w + (out_w - 1 - lattice_w % stride_w) // stride_w * stride_w
     return dict(OUT_D=out_d, OUT_H=out_h, OUT_W=out_w, STRIDE_D=stride_d, STRIDE_H=stride_h, STRIDE_W=stride_w,
                 LATTICE_D=lattice_d, LATTICE_H=lattice_h % stride_h, LATTICE_W=lattice_w % stride_w,
-                LAST_LATTICE_W=last_column, SECTOR_EDGES=int(SECTOR_EDGES and out_w >= 16))
+                LAST_LATTICE_W=last_column, SECTOR_EDGES=int(SECTOR_EDGES and split == 3 and out_w >= 16))
 
 
 def input_macros(input_geometry) -> dict:
