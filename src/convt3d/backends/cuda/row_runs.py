@@ -47,7 +47,7 @@ ROWS = 4
 # REGION_FILL in FP16: the segments' ends at sectors' edges (region_macros, SOURCE's sector_edge);
 # CONVT3D_SECTOR_EDGES=0 leaves them where the rows fall. 3xFP16 always leaves them there: on the H200 problem 77's
 # forward took 0.296-0.297 ms so against 0.299-0.300 with the edges, where FP16 took 0.221 with them against 0.224
-# (an H100 had 3xFP16 1% faster with them; ninety-first and ninety-eighth sessions).
+# (an H100 had 3xFP16 1-3% faster with them; ninety-first and ninety-eighth sessions).
 SECTOR_EDGES = environment.switch("CONVT3D_SECTOR_EDGES", True)
 # FP16: each window plane scaled by its own largest magnitude, which the kernel finds in the values it loads, holding
 # every load round of the plane (OWN_MAXIMA, up to MAX_HELD_ROUNDS rounds), rather than by the operand pass's block
