@@ -8,7 +8,9 @@ steps=${*:-"env tune tests bench"}
 for step in $steps; do
   case $step in
     # Stops the call unless its GPU is an H200 (issue 3's criteria are the H200's; a call for one may get an H100).
-    h200) nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200: stopping"; exit 3; } ;;
+    # (The name taken first: under pipefail, grep -q's early exit could fail the pipeline on an H200.)
+    h200) gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+          [[ $gpu == *H200* ]] || { echo "not an H200 (${gpu:-no GPU}): stopping"; exit 3; } ;;
     env) nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
          python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())" ;;
     tune) python3 benchmarks/diag_p77.py --only configs 2>&1 | tee "$OUT/tune.log" ;;
